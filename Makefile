@@ -1,0 +1,25 @@
+# The three entry points: `make build`, `make test`, `make demo`.
+# Each installs what it needs (Debian packages) and builds first.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: deps build test demo clean
+
+deps:
+	@bash tools/install_deps.sh
+
+$(BUILD_DIR)/build.ninja: | deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_FLAGS)
+
+build: deps $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+demo: build
+	$(BUILD_DIR)/bin/rollpack demo
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,93 @@
+#include "scheduler/topology.h"
+
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace rollpack {
+namespace {
+
+bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+absl::Status RequirePositive(const char* field, int64_t value) {
+  if (value < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topology: ", field, " is ", value, ", must be >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateTopologySizes(const Topology& t) {
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"dp", t.dp},
+                              {"cp", t.cp},
+                              {"tp", t.tp},
+                              {"pp", t.pp},
+                              {"vpp", t.vpp},
+                              {"pad_multiple", t.pad_multiple},
+                              {"microbatch_group_size", t.microbatch_group_size},
+                              {"min_cp", t.min_cp}}) {
+    if (absl::Status s = RequirePositive(field, value); !s.ok()) return s;
+  }
+  if (t.num_layers_in_first_pipeline_stage < 0 ||
+      t.num_layers_in_last_pipeline_stage < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topology: num_layers_in_first_pipeline_stage ",
+        t.num_layers_in_first_pipeline_stage,
+        " and num_layers_in_last_pipeline_stage ",
+        t.num_layers_in_last_pipeline_stage, " must not be negative"));
+  }
+  if (t.max_tokens_per_rank < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topology: max_tokens_per_rank is ", t.max_tokens_per_rank,
+                     ", must be set (>= 1)"));
+  }
+  if (t.vpp > 1 && t.microbatch_group_size < t.pp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topology: microbatch_group_size ", t.microbatch_group_size,
+        " is below pp ", t.pp,
+        "; interleaved pipelines (vpp ", t.vpp, ") need at least pp"));
+  }
+  if (t.scheduler == SchedulerKind::kDynamicCp) {
+    const int r = t.num_dpcp_ranks();
+    if (!IsPowerOfTwo(t.min_cp) || r % t.min_cp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topology: min_cp ", t.min_cp,
+          " must be a power of two that divides dp*cp = ", r));
+    }
+  }
+  if (t.cost.linear < 0 || t.cost.quadratic < 0 ||
+      t.cost.linear + t.cost.quadratic <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topology: cost model linear ", t.cost.linear,
+                     ", quadratic ", t.cost.quadratic,
+                     " must be non-negative and not both 0"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t SequenceAlignment(const Topology& t, int cp_size) {
+  const int64_t s = t.sequence_parallel_size();
+  const int64_t base = cp_size > 1 ? 2 * int64_t{cp_size} * s : s;
+  return std::lcm(base, int64_t{t.pad_multiple});
+}
+
+int MaxCpGroupSize(const Topology& t) {
+  if (t.scheduler == SchedulerKind::kStaticCp) return t.cp;
+  int c = 1;
+  while (c * 2 <= t.num_dpcp_ranks()) c *= 2;
+  return c;
+}
+
+int MinCpGroupSizeFor(const Topology& t, int64_t n) {
+  if (t.scheduler == SchedulerKind::kStaticCp) {
+    return PaddedLength(t, n, t.cp) / t.cp <= t.max_tokens_per_rank ? t.cp : 0;
+  }
+  for (int c = t.min_cp; c <= MaxCpGroupSize(t); c *= 2) {
+    if (PaddedLength(t, n, c) / c <= t.max_tokens_per_rank) return c;
+  }
+  return 0;
+}
+
+}  // namespace rollpack
