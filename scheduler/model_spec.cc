@@ -1,0 +1,54 @@
+#include "scheduler/model_spec.h"
+
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace rollpack {
+
+std::vector<int> ModelSpec::ResolvedMoeLayers() const {
+  if (is_dense()) return {};
+  if (!moe_layers.empty()) return moe_layers;
+  std::vector<int> all(num_layers);
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
+absl::Status ValidateModelSpec(const ModelSpec& spec) {
+  const std::string who = absl::StrCat("model \"", spec.name, "\": ");
+  if (spec.num_layers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, "num_layers is ", spec.num_layers, ", must be >= 1"));
+  }
+  for (size_t i = 0; i < spec.moe_layers.size(); ++i) {
+    const int l = spec.moe_layers[i];
+    if (l < 0 || l >= spec.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, "moe_layers[", i, "] is ", l, ", outside [0, ", spec.num_layers, ")"));
+    }
+    if (i > 0 && l <= spec.moe_layers[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, "moe_layers must be strictly increasing; moe_layers[", i, "] is ", l,
+          " after ", spec.moe_layers[i - 1]));
+    }
+  }
+  if (spec.num_experts < 0 || spec.num_experts > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "num_experts is ", spec.num_experts, ", must be in [0, 65536]"));
+  }
+  if (spec.is_dense()) {
+    if (spec.topk != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, "topk is ", spec.topk, " but num_experts is 0 (a dense model)"));
+    }
+    return absl::OkStatus();
+  }
+  if (spec.topk < 1 || spec.topk > spec.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "topk is ", spec.topk, ", must be in [1, num_experts = ",
+        spec.num_experts, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rollpack
