@@ -1,0 +1,36 @@
+// rollpack: the command-line tool (demo, offline planning, ingest).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "client/cli/demo_command.h"
+#include "client/cli/plan_command.h"
+
+namespace {
+
+void Usage() {
+  std::fprintf(stderr,
+               "usage: rollpack <command> [flags]\n"
+               "  demo   end-to-end run on an embedded server; exits 0 only if every rank's\n"
+               "         bytes match the independent reference\n"
+               "  plan   offline packing plan and statistics for a file of lengths\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    Usage();
+    return 2;
+  }
+  const std::string command = argv[1];
+  if (command == "demo") return rollpack::RunDemoCommand(argc - 1, argv + 1);
+  if (command == "plan") return rollpack::RunPlanCommand(argc - 1, argv + 1);
+  if (command == "-h" || command == "--help" || command == "help") {
+    Usage();
+    return 0;
+  }
+  std::fprintf(stderr, "rollpack: unknown command \"%s\"\n", command.c_str());
+  Usage();
+  return 2;
+}

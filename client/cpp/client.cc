@@ -1,0 +1,112 @@
+#include "client/cpp/client.h"
+
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace rollpack {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+RollpackClient::RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : channel_(std::move(channel)),
+      options_(options),
+      rollouts_(v1::Rollouts::NewStub(channel_)),
+      scheduler_(v1::Scheduler::NewStub(channel_)) {}
+
+std::unique_ptr<grpc::ClientContext> RollpackClient::NewContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.deadline));
+  return context;
+}
+
+absl::StatusOr<bool> RollpackClient::RegisterModel(const std::string& pool,
+                                                   const v1::ModelSpec& model) {
+  v1::RegisterModelRequest request;
+  request.set_pool(pool);
+  *request.mutable_model() = model;
+  v1::RegisterModelResponse response;
+  auto context = NewContext();
+  grpc::Status status = rollouts_->RegisterModel(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.created();
+}
+
+absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamples(
+    const std::string& pool, absl::Span<const v1::Sample> samples) {
+  v1::PutSamplesResponse response;
+  auto context = NewContext();
+  std::unique_ptr<grpc::ClientWriter<v1::PutSamplesRequest>> writer =
+      rollouts_->PutSamples(context.get(), &response);
+  v1::PutSamplesRequest request;
+  int64_t bytes = 0;
+  bool open = true;
+  auto flush = [&]() {
+    if (request.samples_size() == 0 || !open) return;
+    request.set_pool(pool);
+    open = writer->Write(request);
+    request.Clear();
+    bytes = 0;
+  };
+  for (const v1::Sample& sample : samples) {
+    const int64_t size = static_cast<int64_t>(sample.ByteSizeLong());
+    if (bytes > 0 && bytes + size > options_.batch_bytes) flush();
+    *request.add_samples() = sample;
+    bytes += size;
+  }
+  flush();
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::PoolInfo> RollpackClient::GetPool(const std::string& pool) {
+  v1::GetPoolRequest request;
+  request.set_pool(pool);
+  v1::PoolInfo response;
+  auto context = NewContext();
+  grpc::Status status = rollouts_->GetPool(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::StepInfo> RollpackClient::CreateStep(const v1::CreateStepRequest& request) {
+  v1::StepInfo response;
+  auto context = NewContext();
+  grpc::Status status = scheduler_->CreateStep(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::Plan> RollpackClient::GetPlan(const std::string& step_id) {
+  v1::GetPlanRequest request;
+  request.set_step_id(step_id);
+  v1::Plan response;
+  auto context = NewContext();
+  grpc::Status status = scheduler_->GetPlan(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::ReleaseStepResponse> RollpackClient::ReleaseStep(const std::string& step_id) {
+  v1::ReleaseStepRequest request;
+  request.set_step_id(step_id);
+  v1::ReleaseStepResponse response;
+  auto context = NewContext();
+  grpc::Status status = scheduler_->ReleaseStep(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+}  // namespace rollpack

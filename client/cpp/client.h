@@ -1,0 +1,63 @@
+// C++ client of rollpackd for producers and controllers: register models,
+// push samples, create and release steps, read plans.
+#ifndef ROLLPACK_CLIENT_CPP_CLIENT_H_
+#define ROLLPACK_CLIENT_CPP_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "grpcpp/channel.h"
+#include "rollpack/v1/rollouts.grpc.pb.h"
+#include "rollpack/v1/scheduler.grpc.pb.h"
+#include "rollpack/v1/trainer.grpc.pb.h"
+
+namespace rollpack {
+
+struct ClientOptions {
+  int max_message_bytes = 512 << 20;
+  // Samples are streamed in request messages of about this many bytes.
+  int64_t batch_bytes = 8 << 20;
+  absl::Duration deadline = absl::Minutes(5);
+};
+
+// A channel to rollpackd with the limits raised for large payloads.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ClientOptions& options = {});
+
+class RollpackClient {
+ public:
+  explicit RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options = {});
+
+  // OK(true) when created, OK(false) when the pool already had this model.
+  absl::StatusOr<bool> RegisterModel(const std::string& pool, const v1::ModelSpec& model);
+  // Streams the samples in messages of about batch_bytes; each message is
+  // committed all or nothing by the server.
+  absl::StatusOr<v1::PutSamplesResponse> PutSamples(const std::string& pool,
+                                                    absl::Span<const v1::Sample> samples);
+  absl::StatusOr<v1::PoolInfo> GetPool(const std::string& pool);
+  absl::StatusOr<v1::StepInfo> CreateStep(const v1::CreateStepRequest& request);
+  absl::StatusOr<v1::Plan> GetPlan(const std::string& step_id);
+  absl::StatusOr<v1::ReleaseStepResponse> ReleaseStep(const std::string& step_id);
+
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  ClientOptions options_;
+  std::unique_ptr<v1::Rollouts::Stub> rollouts_;
+  std::unique_ptr<v1::Scheduler::Stub> scheduler_;
+};
+
+// grpc::Status -> absl::Status (the codes are shared).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_CLIENT_CPP_CLIENT_H_

@@ -1,0 +1,67 @@
+// One trainer rank's stream of micro-batches, read ahead into a bounded queue
+// on a background thread so the training loop never waits on the network for
+// a micro-batch that could already be here. Resumes a broken stream at the
+// next micro-batch (the server re-sends identical bytes).
+#ifndef ROLLPACK_CLIENT_CPP_TRAINER_STREAM_H_
+#define ROLLPACK_CLIENT_CPP_TRAINER_STREAM_H_
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "rollpack/v1/trainer.grpc.pb.h"
+
+namespace rollpack {
+
+struct TrainerStreamOptions {
+  // Micro-batches held ahead of the consumer (>= 1).
+  int prefetch = 2;
+  bool all_fields = false;
+  int start_index = 0;
+  // Reconnects after UNAVAILABLE / transport errors before giving up.
+  int max_resumes = 5;
+};
+
+class TrainerStream {
+ public:
+  TrainerStream(std::shared_ptr<grpc::Channel> channel, std::string step_id,
+                v1::RankCoords rank, TrainerStreamOptions options = {});
+  // Cancels the stream and joins the reader.
+  ~TrainerStream();
+  TrainerStream(const TrainerStream&) = delete;
+  TrainerStream& operator=(const TrainerStream&) = delete;
+
+  // The next micro-batch, std::nullopt after the last one, or the error that
+  // ended the stream.
+  absl::StatusOr<std::optional<v1::Microbatch>> Next();
+
+  // Times the stream was resumed after a transport error.
+  int resumes() const;
+
+ private:
+  void ReadLoop();
+
+  const std::string step_id_;
+  const v1::RankCoords rank_;
+  const TrainerStreamOptions options_;
+  std::unique_ptr<v1::Trainer::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  std::deque<v1::Microbatch> queue_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int resumes_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread reader_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_CLIENT_CPP_TRAINER_STREAM_H_

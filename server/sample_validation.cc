@@ -1,0 +1,295 @@
+#include "server/sample_validation.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/ndarray.h"
+
+namespace rollpack {
+namespace {
+
+constexpr size_t kMaxSampleIdBytes = 1024;
+
+// Reads element `i` of an integer payload as int64.
+class IdReader {
+ public:
+  explicit IdReader(const ArrayView& view) : view_(view) {}
+  int64_t operator()(int64_t i) const {
+    switch (view_.dtype) {
+      case v1::UINT8:
+        return view_.as<uint8_t>()[i];
+      case v1::UINT16:
+        return view_.as<uint16_t>()[i];
+      case v1::INT16:
+        return view_.as<int16_t>()[i];
+      default:
+        return view_.as<int32_t>()[i];
+    }
+  }
+
+ private:
+  const ArrayView& view_;
+};
+
+struct ExpertsInput {
+  ArrayView view;
+  int64_t row_offset = 0;
+  int64_t rows = 0;
+  int payload_layers = 0;
+  // Payload layer index of each MoE layer, in M order.
+  std::vector<int> moe_payload_index;
+};
+
+class SampleValidator {
+ public:
+  SampleValidator(const v1::Sample& sample, const ModelSpec& model)
+      : sample_(sample), model_(model),
+        who_(absl::StrCat("sample \"", sample.sample_id(), "\": ")) {}
+
+  absl::StatusOr<StoredSample> Run() {
+    if (sample_.sample_id().empty()) {
+      return absl::InvalidArgumentError("sample_id is empty");
+    }
+    if (sample_.sample_id().size() > kMaxSampleIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample_id of ", sample_.sample_id().size(), " bytes is longer than ",
+          kMaxSampleIdBytes));
+    }
+    StoredSample out;
+    out.sample_id = sample_.sample_id();
+    out.group_id = sample_.group_id();
+    out.policy_version = sample_.policy_version();
+    out.scalars.insert(sample_.scalars().begin(), sample_.scalars().end());
+
+    if (absl::Status s = ConvertTokens(out); !s.ok()) return s;
+    if (absl::Status s = ConvertExperts(out); !s.ok()) return s;
+    if (absl::Status s = ConvertTokenFields(out); !s.ok()) return s;
+    return out;
+  }
+
+ private:
+  absl::Status Invalid(absl::string_view message) const {
+    return absl::InvalidArgumentError(absl::StrCat(who_, message));
+  }
+
+  absl::Status ConvertTokens(StoredSample& out) {
+    if (!sample_.has_tokens() || IsEmptyArray(sample_.tokens())) {
+      return Invalid("tokens is missing");
+    }
+    absl::StatusOr<ArrayView> tokens = ViewArray(sample_.tokens(), who_ + "tokens");
+    if (!tokens.ok()) return tokens.status();
+    if (tokens->dtype != v1::INT32) {
+      return Invalid(absl::StrCat("tokens has dtype ", DTypeName(tokens->dtype),
+                                  ", must be int32"));
+    }
+    if (tokens->rank() != 1) {
+      return Invalid(absl::StrCat("tokens has rank ", tokens->rank(), ", must be 1"));
+    }
+    n_ = tokens->dim(0);
+    if (n_ < 1) return Invalid("tokens is empty, need at least 1 token");
+    out.tokens.resize(n_);
+    std::memcpy(out.tokens.data(), tokens->data.data(), tokens->data.size());
+    return absl::OkStatus();
+  }
+
+  absl::Status ConvertExperts(StoredSample& out) {
+    const bool sent = sample_.has_routed_experts() && !IsEmptyArray(sample_.routed_experts());
+    if (model_.is_dense()) {
+      if (sent) {
+        return Invalid(absl::StrCat("routed_experts sent, but model \"", model_.name,
+                                    "\" is dense (num_experts 0)"));
+      }
+      return absl::OkStatus();
+    }
+    if (!sent) return Invalid("routed_experts is missing (the model is MoE)");
+    absl::StatusOr<ExpertsInput> input = CheckExpertsShape();
+    if (!input.ok()) return input.status();
+    return ConvertExpertRows(*input, out);
+  }
+
+  absl::StatusOr<ExpertsInput> CheckExpertsShape() {
+    ExpertsInput in;
+    absl::StatusOr<ArrayView> view = ViewArray(sample_.routed_experts(), who_ + "routed_experts");
+    if (!view.ok()) return view.status();
+    in.view = *std::move(view);
+    const v1::DType dtype = in.view.dtype;
+    if (dtype != v1::UINT8 && dtype != v1::UINT16 && dtype != v1::INT16 &&
+        dtype != v1::INT32) {
+      return Invalid(absl::StrCat("routed_experts has dtype ", DTypeName(dtype),
+                                  ", must be uint8, uint16, int16 or int32"));
+    }
+    if (dtype == v1::UINT8 && model_.num_experts > 256) {
+      return Invalid(absl::StrCat(
+          "routed_experts is uint8 but num_experts is ", model_.num_experts,
+          " (> 256): the ids were truncated by the producer"));
+    }
+    if (in.view.rank() != 3) {
+      return Invalid(absl::StrCat("routed_experts has rank ", in.view.rank(),
+                                  ", must be 3 [rows, layers, topk]"));
+    }
+    in.rows = in.view.dim(0);
+    const int64_t layers = in.view.dim(1);
+    const int64_t k = in.view.dim(2);
+    moe_layers_ = model_.ResolvedMoeLayers();
+    const int64_t num_moe = static_cast<int64_t>(moe_layers_.size());
+    if (layers != model_.num_layers && layers != num_moe) {
+      return Invalid(absl::StrCat("routed_experts has ", layers,
+                                  " layers, must be num_layers = ", model_.num_layers,
+                                  " (full) or len(moe_layers) = ", num_moe, " (compact)"));
+    }
+    if (k != model_.topk) {
+      return Invalid(absl::StrCat("routed_experts has topk ", k, ", model topk is ",
+                                  model_.topk));
+    }
+    in.payload_layers = static_cast<int>(layers);
+    const bool full = layers == model_.num_layers;
+    for (size_t i = 0; i < moe_layers_.size(); ++i) {
+      in.moe_payload_index.push_back(full ? moe_layers_[i] : static_cast<int>(i));
+    }
+    in.row_offset = sample_.routed_experts_row_offset();
+    if (in.row_offset < 0) {
+      return Invalid(absl::StrCat("routed_experts_row_offset is ", in.row_offset,
+                                  ", must be >= 0"));
+    }
+    const int64_t end = in.row_offset + in.rows;
+    if (end != n_ && end != n_ - 1) {
+      return Invalid(absl::StrCat("routed_experts has ", in.rows, " rows from offset ",
+                                  in.row_offset, ", ending at ", end, "; must end at n = ", n_,
+                                  " or n - 1 = ", n_ - 1));
+    }
+    return in;
+  }
+
+  // One pass over the payload: classify each row (replay or missing), check
+  // ids, and copy MoE layers into the compact stored layout.
+  absl::Status ConvertExpertRows(const ExpertsInput& in, StoredSample& out) {
+    const int k = model_.topk;
+    const int num_moe = static_cast<int>(moe_layers_.size());
+    const int id_bytes = model_.stored_id_bytes();
+    const bool is_signed = in.view.dtype == v1::INT16 || in.view.dtype == v1::INT32;
+    const int64_t e = model_.num_experts;
+    out.row_valid.assign(n_, 0);
+    out.experts.assign(static_cast<size_t>(n_) * num_moe * k * id_bytes, '\0');
+    auto* dst8 = reinterpret_cast<uint8_t*>(out.experts.data());
+    auto* dst16 = reinterpret_cast<uint16_t*>(out.experts.data());
+    const IdReader read(in.view);
+    const int64_t row_stride = int64_t{in.payload_layers} * k;
+
+    std::vector<uint8_t> layer_nonzero(num_moe, 0);
+    int64_t covered_rows = 0;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      const int64_t token = in.row_offset + r;
+      const int64_t row_base = r * row_stride;
+      if (is_signed && RowIsAllMissing(read, in, row_base)) continue;
+      ++covered_rows;
+      for (int m = 0; m < num_moe; ++m) {
+        const int64_t base = row_base + int64_t{in.moe_payload_index[m]} * k;
+        for (int j = 0; j < k; ++j) {
+          const int64_t id = read(base + j);
+          if (id < 0 || id >= e) {
+            return Invalid(absl::StrCat(
+                "routed_experts row ", r, " (token ", token, ") layer ", moe_layers_[m],
+                " has expert id ", id, ", must be in [0, ", e, ")",
+                id == -1 ? " (-1 marks a missing token only when the whole row is -1)" : ""));
+          }
+          for (int j2 = 0; j2 < j; ++j2) {
+            if (read(base + j2) == id) {
+              if (absl::Status s = CheckZeroLayer(read, in, m); !s.ok()) return s;
+              return Invalid(absl::StrCat("routed_experts row ", r, " (token ", token,
+                                          ") layer ", moe_layers_[m], " repeats expert id ",
+                                          id, " (topk ids must be distinct)"));
+            }
+          }
+          layer_nonzero[m] |= id != 0;
+          const int64_t dst = (token * num_moe + m) * k + j;
+          if (id_bytes == 1) {
+            dst8[dst] = static_cast<uint8_t>(id);
+          } else {
+            dst16[dst] = static_cast<uint16_t>(id);
+          }
+        }
+      }
+      out.row_valid[token] = 1;
+    }
+    if (!model_.allow_all_zero_layers && covered_rows > 1) {
+      for (int m = 0; m < num_moe; ++m) {
+        if (!layer_nonzero[m]) return ZeroLayerError(m, covered_rows);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  bool RowIsAllMissing(const IdReader& read, const ExpertsInput& in, int64_t row_base) const {
+    const int k = model_.topk;
+    for (int idx : in.moe_payload_index) {
+      for (int j = 0; j < k; ++j) {
+        if (read(row_base + int64_t{idx} * k + j) != -1) return false;
+      }
+    }
+    return true;
+  }
+
+  // A duplicate 0 is what a zero-filled layer looks like with topk > 1; name
+  // the real cause when the whole layer is zero.
+  absl::Status CheckZeroLayer(const IdReader& read, const ExpertsInput& in, int m) const {
+    if (model_.allow_all_zero_layers) return absl::OkStatus();
+    const int k = model_.topk;
+    const bool is_signed = in.view.dtype == v1::INT16 || in.view.dtype == v1::INT32;
+    const int64_t row_stride = int64_t{in.payload_layers} * k;
+    int64_t covered = 0;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      const int64_t row_base = r * row_stride;
+      if (is_signed && RowIsAllMissing(read, in, row_base)) continue;
+      ++covered;
+      const int64_t base = row_base + int64_t{in.moe_payload_index[m]} * k;
+      for (int j = 0; j < k; ++j) {
+        if (read(base + j) != 0) return absl::OkStatus();
+      }
+    }
+    return covered > 1 ? ZeroLayerError(m, covered) : absl::OkStatus();
+  }
+
+  absl::Status ZeroLayerError(int m, int64_t covered_rows) const {
+    return Invalid(absl::StrCat("routed_experts MoE layer ", moe_layers_[m],
+                                " is 0 for all ", covered_rows,
+                                " covered tokens: a broken capture (register the model with "
+                                "allow_all_zero_layers to accept it)"));
+  }
+
+  absl::Status ConvertTokenFields(StoredSample& out) {
+    for (const auto& [name, array] : sample_.token_fields()) {
+      const std::string what = absl::StrCat(who_, "token_fields[\"", name, "\"]");
+      if (name.empty()) return Invalid("token_fields has an empty name");
+      absl::StatusOr<ArrayView> view = ViewArray(array, what);
+      if (!view.ok()) return view.status();
+      if (view->rank() < 1 || view->dim(0) != n_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " has first dimension ", view->rank() < 1 ? 0 : view->dim(0),
+            ", must be n = ", n_, " (one entry per token)"));
+      }
+      StoredField field;
+      field.dtype = view->dtype;
+      field.trailing_shape.assign(view->shape.begin() + 1, view->shape.end());
+      field.data.assign(view->data.data(), view->data.size());
+      out.token_fields.emplace(name, std::move(field));
+    }
+    return absl::OkStatus();
+  }
+
+  const v1::Sample& sample_;
+  const ModelSpec& model_;
+  const std::string who_;
+  int64_t n_ = 0;
+  std::vector<int> moe_layers_;
+};
+
+}  // namespace
+
+absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample,
+                                            const ModelSpec& model) {
+  return SampleValidator(sample, model).Run();
+}
+
+}  // namespace rollpack
