@@ -1,0 +1,20 @@
+"""rollpack producer: push RL rollouts (tokens + MoE routed experts +
+per-token fields) from vLLM / SGLang to a rollpackd sidecar.
+
+Public names: Producer, AsyncProducer, ModelSpec, Sample, PutResult, the
+exceptions of rollpack.errors, and the engine adapters in rollpack.adapters.
+"""
+
+from rollpack.errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition,  # noqa: F401
+                             InvalidArgument, NotFound, PayloadError, ResourceExhausted,
+                             RollpackError, Unauthenticated, Unavailable)
+from rollpack.spec import ModelSpec  # noqa: F401
+from rollpack.sample import Sample, narrow_routed_experts  # noqa: F401
+from rollpack.producer import AsyncProducer, Producer, PutResult  # noqa: F401
+from rollpack import adapters  # noqa: F401
+
+__version__ = "0.1.0"
+__all__ = ["Producer", "AsyncProducer", "PutResult", "ModelSpec", "Sample", "adapters",
+           "narrow_routed_experts", "RollpackError", "InvalidArgument", "AlreadyExists",
+           "FailedPrecondition", "NotFound", "ResourceExhausted", "Unavailable",
+           "DeadlineExceeded", "Unauthenticated", "PayloadError"]

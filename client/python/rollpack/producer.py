@@ -1,0 +1,467 @@
+"""Producer: pushes samples to a rollpackd pool (Rollouts service).
+
+    import rollpack
+    from rollpack import adapters
+
+    spec = rollpack.ModelSpec("Qwen3-30B-A3B", num_layers=48, num_experts=128, topk=8)
+    with rollpack.Producer("127.0.0.1:50051", pool="grpo") as p:
+        p.register_model(spec)
+        p.put(rollpack.Sample(f"r{i}", toks, *adapters.from_vllm_choice(ch, toks, spec))
+              for i, (toks, ch) in enumerate(rollouts))
+
+``put`` streams samples over one PutSamples client stream, packed into
+request messages of at most ``max_message_bytes`` (each validated and
+committed all or nothing by the server). The messages of a stream are kept
+until the server answers, so a stream is closed and a new one opened after
+``max_unacked_bytes``: that bounds the client's memory whatever the size of
+the iterable, and lets a failed stream be re-sent whole (identical re-sends
+of stored samples are idempotent successes on the server).
+
+RESOURCE_EXHAUSTED (the server is over its memory limit: trainers have not
+released steps yet) and UNAVAILABLE are retried with exponential backoff and
+jitter; every other error raises the matching :mod:`rollpack.errors` class
+carrying the server's message.
+"""
+
+import asyncio
+import random
+import threading
+import time
+
+import grpc
+
+from rollpack import errors
+from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc
+from rollpack.sample import Sample
+from rollpack.spec import ModelSpec
+
+RETRYABLE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
+
+
+class PutResult:
+    """What one ``put`` did. ``accepted``/``duplicates``/``stored_bytes`` sum
+    the server's PutSamplesResponse over the streams (a retried stream's
+    re-sent samples count as duplicates); ``samples``, ``messages`` and
+    ``wire_bytes`` count what the client sent (retries included)."""
+
+    __slots__ = ("accepted", "duplicates", "stored_bytes", "samples", "messages", "streams",
+                 "retries", "wire_bytes")
+
+    def __init__(self):
+        for k in self.__slots__:
+            setattr(self, k, 0)
+
+    def _add(self, resp):
+        self.accepted += resp.accepted
+        self.duplicates += resp.duplicates
+        self.stored_bytes += resp.stored_bytes
+        self.streams += 1
+
+    def __repr__(self):
+        return "PutResult(%s)" % ", ".join("%s=%d" % (k, getattr(self, k)) for k in self.__slots__)
+
+
+def _read(x):
+    if x is None or isinstance(x, bytes):
+        return x
+    with open(x, "rb") as f:
+        return f.read()
+
+
+def _target(address):
+    for prefix in ("grpc://", "http://"):
+        if address.startswith(prefix):
+            return address[len(prefix):]
+    return address
+
+
+def _is_size_error(err):
+    d = (err.details() or "").lower() if callable(getattr(err, "details", None)) else ""
+    return "larger than max" in d or "message larger" in d or "max message size" in d
+
+
+class _Feed:
+    """Turns samples into PutSamplesRequest messages, lazily, remembering
+    the messages of the current stream for a re-send. An error while
+    encoding (or from the caller's iterable) ends the stream cleanly: the
+    samples before it are sent and committed, and the caller re-raises it
+    after the server's answer."""
+
+    def __init__(self, samples, pool, spec, max_message_bytes, max_unacked_bytes, result):
+        if isinstance(samples, Sample):
+            samples = [samples]
+        self.pool, self.spec = pool, spec
+        self.max_message_bytes, self.max_unacked_bytes = max_message_bytes, max_unacked_bytes
+        self.result = result
+        self.unacked, self.unacked_bytes = [], 0
+        self.error = None
+        self.done = False
+        self.is_async = hasattr(samples, "__aiter__")
+        self._it = samples.__aiter__() if self.is_async else iter(samples)
+        self._cur, self._cur_size = None, 0
+        self._gen = 0
+        self._lock = threading.Lock()
+        self._alock = None
+
+    def _push(self, s):
+        """Adds a sample; returns the previous message when it is full."""
+        if not isinstance(s, Sample):
+            raise TypeError("put() takes rollpack.Sample objects, got %s" % type(s).__name__)
+        hint = s.wire_size_hint()
+        out = None
+        if self._cur is not None and self._cur_size + hint > self.max_message_bytes:
+            out = self._flush()
+        if self._cur is None:
+            self._cur, self._cur_size = rollouts_pb2.PutSamplesRequest(pool=self.pool), 0
+        pb = self._cur.samples.add()
+        try:
+            s.to_proto(self.spec, pb)
+        except BaseException:
+            del self._cur.samples[-1]
+            if out is not None:  # keep the full message: _step flushes it
+                self._cur = out
+            raise
+        self._cur_size += hint
+        return out
+
+    def _flush(self):
+        req, self._cur, self._cur_size = self._cur, None, 0
+        return req if req is not None and len(req.samples) else None
+
+    def _record(self, req):
+        n = req.ByteSize()
+        self.unacked.append(req)
+        self.unacked_bytes += n
+        self._count(req, n)
+
+    def _count(self, req, n):
+        self.result.messages += 1
+        self.result.samples += len(req.samples)
+        self.result.wire_bytes += n
+
+    def _open(self):
+        return not self.done and self.error is None and self.unacked_bytes < self.max_unacked_bytes
+
+    def _begin(self):
+        """Starts a stream attempt: later pulls of older attempts' iterators
+        (grpc may still run one in its consumer thread) stop."""
+        self._gen += 1
+        replay = list(self.unacked)
+        for req in replay:  # re-send after a failed attempt
+            self._count(req, req.ByteSize())
+        return self._gen, replay
+
+    def _step(self, s, end, err):
+        """Handles one pulled sample (or the end / an error); returns the
+        message to send, if any."""
+        if err is not None:
+            self.error = err
+            req = self._flush()
+        elif end:
+            self.done = True
+            req = self._flush()
+        else:
+            try:
+                req = self._push(s)
+            except BaseException as e:  # noqa: B902 - re-raised by put()
+                self.error = e
+                req = self._flush()
+        if req is not None:
+            self._record(req)
+        return req
+
+    def stream(self):
+        """Request iterator of one stream attempt (sync source)."""
+        with self._lock:
+            gen, replay = self._begin()
+        yield from replay
+        while True:
+            with self._lock:
+                if gen != self._gen or not self._open():
+                    return
+                s, end, err = None, False, None
+                try:
+                    s = next(self._it)
+                except StopIteration:
+                    end = True
+                except BaseException as e:  # noqa: B902
+                    err = e
+                req = self._step(s, end, err)
+            if req is not None:
+                yield req
+
+    async def astream(self):
+        """Request iterator of one stream attempt (sync or async source)."""
+        async with self._alock:
+            gen, replay = self._begin()
+        for req in replay:
+            yield req
+        while True:
+            async with self._alock:
+                if gen != self._gen or not self._open():
+                    return
+                s, end, err = None, False, None
+                try:
+                    s = (await self._it.__anext__()) if self.is_async else next(self._it)
+                except (StopIteration, StopAsyncIteration):
+                    end = True
+                except Exception as e:
+                    err = e
+                req = self._step(s, end, err)
+            if req is not None:
+                yield req
+
+    def acked(self):
+        self.unacked, self.unacked_bytes = [], 0
+
+
+class _Backoff:
+    def __init__(self, initial, maximum, multiplier, attempts):
+        self.initial, self.maximum, self.multiplier, self.attempts = (
+            initial, maximum, multiplier, attempts)
+
+    def delay(self, attempt):
+        base = min(self.maximum, self.initial * self.multiplier ** (attempt - 1))
+        return base * (0.5 + 0.5 * random.random())
+
+
+class _Base:
+    def __init__(self, address, pool, *, token=None, tls=False, root_certificates=None,
+                 client_certificate=None, client_key=None, server_name=None, timeout=60.0,
+                 max_message_bytes=16 << 20, max_unacked_bytes=64 << 20,
+                 max_attempts=8, initial_backoff=0.1, max_backoff=5.0, backoff_multiplier=2.0,
+                 channel_options=()):
+        if not pool:
+            raise ValueError("pool must be a non-empty string")
+        self.address, self.pool = _target(address), pool
+        self.timeout = timeout
+        self.max_message_bytes = int(max_message_bytes)
+        self.max_unacked_bytes = int(max_unacked_bytes)
+        self.backoff = _Backoff(initial_backoff, max_backoff, backoff_multiplier,
+                                max(1, int(max_attempts)))
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
+        self._spec = None
+        use_tls = tls or root_certificates or client_certificate
+        self._creds = None
+        if use_tls:
+            if bool(client_certificate) != bool(client_key):
+                raise ValueError("client_certificate and client_key go together (mutual TLS)")
+            self._creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(root_certificates), private_key=_read(client_key),
+                certificate_chain=_read(client_certificate))
+        self._options = [("grpc.max_send_message_length", -1),
+                         ("grpc.max_receive_message_length", -1)]
+        if server_name:
+            self._options.append(("grpc.ssl_target_name_override", server_name))
+        self._options.extend(channel_options)
+
+    def _deadline(self, timeout):
+        return self.timeout if timeout is None else timeout
+
+    def _spec_arg(self, spec, fields):
+        if spec is None:
+            spec = ModelSpec(**fields)
+        elif fields:
+            raise TypeError("register_model takes a ModelSpec or its fields, not both")
+        elif isinstance(spec, dict):
+            spec = ModelSpec.from_dict(spec)
+        return spec
+
+    def _retryable(self, err):
+        return err.code() in RETRYABLE and not _is_size_error(err)
+
+    def _fail(self, err, what, attempts):
+        e = errors.from_rpc_error(err, what, attempts)
+        if _is_size_error(err):
+            e.args = (e.args[0] + " (a request message exceeds the server's message size "
+                      "limit: lower max_message_bytes, now %d, or raise the server's limit)"
+                      % self.max_message_bytes,)
+        return e
+
+
+class Producer(_Base):
+    """Synchronous producer. Thread-safe for ``put`` from several threads
+    (each call runs its own streams).
+
+    Options: ``token`` (sent as ``authorization: Bearer <token>``), ``tls``
+    / ``root_certificates`` / ``client_certificate`` + ``client_key`` (paths
+    or PEM bytes) / ``server_name`` (TLS name override), ``timeout``
+    (seconds, deadline of each RPC attempt; None = none),
+    ``max_message_bytes`` (request message target size),
+    ``max_unacked_bytes`` (bytes in flight before the stream is closed and
+    acknowledged), ``max_attempts`` / ``initial_backoff`` / ``max_backoff`` /
+    ``backoff_multiplier`` (retries on RESOURCE_EXHAUSTED and UNAVAILABLE).
+    """
+
+    def __init__(self, address, pool, **options):
+        super().__init__(address, pool, **options)
+        if self._creds is not None:
+            self._channel = grpc.secure_channel(self.address, self._creds, self._options)
+        else:
+            self._channel = grpc.insecure_channel(self.address, self._options)
+        self._stub = rollouts_pb2_grpc.RolloutsStub(self._channel)
+        self._lock = threading.Lock()
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, what, fn):
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except grpc.RpcError as err:
+                if not self._retryable(err) or attempt >= self.backoff.attempts:
+                    raise self._fail(err, what, attempt) from None
+                time.sleep(self.backoff.delay(attempt))
+
+    def register_model(self, spec=None, timeout=None, **fields):
+        """Registers the pool's model (a ModelSpec, a dict, or its fields as
+        keyword arguments). Returns True when created, False when the pool
+        already had this exact model. Raises FailedPrecondition when the pool
+        holds a different one."""
+        spec = self._spec_arg(spec, fields)
+        req = rollouts_pb2.RegisterModelRequest(pool=self.pool, model=spec.to_proto())
+        resp = self._call("RegisterModel of pool %r" % self.pool, lambda: self._stub.RegisterModel(
+            req, timeout=self._deadline(timeout), metadata=self._metadata))
+        self._spec = ModelSpec.from_proto(resp.model) if resp.HasField("model") else spec
+        return resp.created
+
+    def pool_info(self, timeout=None):
+        """The server's PoolInfo message for this pool."""
+        req = rollouts_pb2.GetPoolRequest(pool=self.pool)
+        return self._call("GetPool of pool %r" % self.pool, lambda: self._stub.GetPool(
+            req, timeout=self._deadline(timeout), metadata=self._metadata))
+
+    def model(self, timeout=None):
+        """The pool's ModelSpec (registered by this producer, or fetched once)."""
+        if self._spec is None:
+            info = self.pool_info(timeout)
+            if not info.HasField("model") or info.model.num_layers < 1:
+                raise errors.NotFound("pool %r has no model registered: call register_model"
+                                      % self.pool)
+            self._spec = ModelSpec.from_proto(info.model)
+        return self._spec
+
+    def put(self, samples, timeout=None):
+        """Streams ``samples`` (a Sample or an iterable of them, consumed
+        lazily) to the pool. Returns a PutResult. Raises the server's error
+        (e.g. InvalidArgument naming the sample, AlreadyExists) or, for a
+        sample that cannot be encoded, PayloadError after the samples before
+        it were committed."""
+        spec = self.model(timeout)
+        result = PutResult()
+        feed = _Feed(samples, self.pool, spec, self.max_message_bytes, self.max_unacked_bytes,
+                     result)
+        what = "PutSamples to pool %r" % self.pool
+        while True:
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    resp = self._stub.PutSamples(feed.stream(), timeout=self._deadline(timeout),
+                                                 metadata=self._metadata)
+                    break
+                except grpc.RpcError as err:
+                    if not self._retryable(err) or attempt >= self.backoff.attempts:
+                        raise self._fail(err, what, attempt) from None
+                    result.retries += 1
+                    time.sleep(self.backoff.delay(attempt))
+            result._add(resp)
+            feed.acked()
+            if feed.error is not None:
+                raise feed.error
+            if feed.done:
+                return result
+
+
+class AsyncProducer(_Base):
+    """asyncio producer (grpc.aio), same options and semantics as Producer;
+    ``register_model``, ``pool_info``, ``model``, ``put`` and ``close`` are
+    coroutines. ``put`` also takes an async iterable of samples. Samples are
+    encoded on the event loop (about a millisecond per 8k-token sample)."""
+
+    def __init__(self, address, pool, **options):
+        super().__init__(address, pool, **options)
+        if self._creds is not None:
+            self._channel = grpc.aio.secure_channel(self.address, self._creds, self._options)
+        else:
+            self._channel = grpc.aio.insecure_channel(self.address, self._options)
+        self._stub = rollouts_pb2_grpc.RolloutsStub(self._channel)
+
+    async def close(self):
+        await self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def _call(self, what, make):
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await make()
+            except grpc.RpcError as err:
+                if not self._retryable(err) or attempt >= self.backoff.attempts:
+                    raise self._fail(err, what, attempt) from None
+                await asyncio.sleep(self.backoff.delay(attempt))
+
+    async def register_model(self, spec=None, timeout=None, **fields):
+        spec = self._spec_arg(spec, fields)
+        req = rollouts_pb2.RegisterModelRequest(pool=self.pool, model=spec.to_proto())
+        resp = await self._call("RegisterModel of pool %r" % self.pool, lambda: self._stub.RegisterModel(
+            req, timeout=self._deadline(timeout), metadata=self._metadata))
+        self._spec = ModelSpec.from_proto(resp.model) if resp.HasField("model") else spec
+        return resp.created
+
+    async def pool_info(self, timeout=None):
+        req = rollouts_pb2.GetPoolRequest(pool=self.pool)
+        return await self._call("GetPool of pool %r" % self.pool, lambda: self._stub.GetPool(
+            req, timeout=self._deadline(timeout), metadata=self._metadata))
+
+    async def model(self, timeout=None):
+        if self._spec is None:
+            info = await self.pool_info(timeout)
+            if not info.HasField("model") or info.model.num_layers < 1:
+                raise errors.NotFound("pool %r has no model registered: call register_model"
+                                      % self.pool)
+            self._spec = ModelSpec.from_proto(info.model)
+        return self._spec
+
+    async def put(self, samples, timeout=None):
+        spec = await self.model(timeout)
+        result = PutResult()
+        feed = _Feed(samples, self.pool, spec, self.max_message_bytes, self.max_unacked_bytes,
+                     result)
+        feed._alock = asyncio.Lock()
+        what = "PutSamples to pool %r" % self.pool
+        while True:
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    resp = await self._stub.PutSamples(feed.astream(),
+                                                       timeout=self._deadline(timeout),
+                                                       metadata=self._metadata)
+                    break
+                except grpc.RpcError as err:
+                    if not self._retryable(err) or attempt >= self.backoff.attempts:
+                        raise self._fail(err, what, attempt) from None
+                    result.retries += 1
+                    await asyncio.sleep(self.backoff.delay(attempt))
+            result._add(resp)
+            feed.acked()
+            if feed.error is not None:
+                raise feed.error
+            if feed.done:
+                return result

@@ -1,0 +1,108 @@
+"""ModelSpec: the routing payload a pool carries (layout.md section 1)."""
+
+import json
+
+from rollpack._proto import rollouts_pb2
+
+
+class ModelSpec:
+    """Routing payload description of a model.
+
+    ``num_layers`` N (decoder layers, MTP excluded), ``moe_layers`` M (sorted
+    global ids of the MoE layers; empty = all N), ``num_experts`` E (0 = dense
+    model), ``topk`` K. Validated like the server does (same rules and
+    messages), so a bad spec fails before any RPC.
+    """
+
+    __slots__ = ("name", "num_layers", "moe_layers", "num_experts", "topk",
+                 "allow_all_zero_layers")
+
+    def __init__(self, name="", num_layers=0, moe_layers=(), num_experts=0, topk=0,
+                 allow_all_zero_layers=False):
+        self.name = str(name)
+        self.num_layers = int(num_layers)
+        self.moe_layers = tuple(int(x) for x in moe_layers)
+        self.num_experts = int(num_experts)
+        self.topk = int(topk)
+        self.allow_all_zero_layers = bool(allow_all_zero_layers)
+        self.validate()
+
+    # -- rules -------------------------------------------------------------
+    def validate(self):
+        who = 'model "%s": ' % self.name
+        if self.num_layers < 1:
+            raise ValueError(who + "num_layers is %d, must be >= 1" % self.num_layers)
+        for i, l in enumerate(self.moe_layers):
+            if l < 0 or l >= self.num_layers:
+                raise ValueError(who + "moe_layers[%d] is %d, outside [0, %d)"
+                                 % (i, l, self.num_layers))
+            if i > 0 and l <= self.moe_layers[i - 1]:
+                raise ValueError(who + "moe_layers must be strictly increasing; "
+                                 "moe_layers[%d] is %d after %d"
+                                 % (i, l, self.moe_layers[i - 1]))
+        if self.num_experts < 0 or self.num_experts > 65536:
+            raise ValueError(who + "num_experts is %d, must be in [0, 65536]"
+                             % self.num_experts)
+        if self.is_dense:
+            if self.topk != 0:
+                raise ValueError(who + "topk is %d but num_experts is 0 (a dense model)"
+                                 % self.topk)
+            return
+        if self.topk < 1 or self.topk > self.num_experts:
+            raise ValueError(who + "topk is %d, must be in [1, num_experts = %d]"
+                             % (self.topk, self.num_experts))
+
+    @property
+    def is_dense(self):
+        return self.num_experts == 0
+
+    @property
+    def resolved_moe_layers(self):
+        """M with the "empty means all" default applied (empty when dense)."""
+        if self.is_dense:
+            return ()
+        return self.moe_layers if self.moe_layers else tuple(range(self.num_layers))
+
+    @property
+    def num_moe_layers(self):
+        return len(self.resolved_moe_layers)
+
+    # -- conversions ---------------------------------------------------------
+    def to_proto(self):
+        return rollouts_pb2.ModelSpec(
+            name=self.name, num_layers=self.num_layers, moe_layers=list(self.moe_layers),
+            num_experts=self.num_experts, topk=self.topk,
+            allow_all_zero_layers=self.allow_all_zero_layers)
+
+    @classmethod
+    def from_proto(cls, pb):
+        return cls(pb.name, pb.num_layers, list(pb.moe_layers), pb.num_experts, pb.topk,
+                   pb.allow_all_zero_layers)
+
+    def to_dict(self):
+        return {"name": self.name, "num_layers": self.num_layers,
+                "moe_layers": list(self.moe_layers), "num_experts": self.num_experts,
+                "topk": self.topk, "allow_all_zero_layers": self.allow_all_zero_layers}
+
+    @classmethod
+    def from_dict(cls, d):
+        unknown = set(d) - set(cls.__slots__)
+        if unknown:
+            raise ValueError("model spec: unknown keys %s (known: %s)"
+                             % (sorted(unknown), ", ".join(cls.__slots__)))
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text):
+        return cls.from_dict(json.loads(text))
+
+    def __eq__(self, other):
+        if not isinstance(other, ModelSpec):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    def __hash__(self):
+        return hash(json.dumps(self.to_dict(), sort_keys=True))
+
+    def __repr__(self):
+        return "ModelSpec(%s)" % ", ".join("%s=%r" % (k, v) for k, v in self.to_dict().items())
