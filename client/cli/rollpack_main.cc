@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "client/cli/bench_layout_command.h"
 #include "client/cli/demo_command.h"
 #include "client/cli/plan_command.h"
 
@@ -13,7 +14,8 @@ void Usage() {
                "usage: rollpack <command> [flags]\n"
                "  demo   end-to-end run on an embedded server; exits 0 only if every rank's\n"
                "         bytes match the independent reference\n"
-               "  plan   offline packing plan and statistics for a file of lengths\n");
+               "  plan   offline packing plan and statistics for a file of lengths\n"
+               "  bench layout   bytes per rank vs the minimum and vs DP-partition fetching\n");
 }
 
 }  // namespace
@@ -26,6 +28,12 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "demo") return rollpack::RunDemoCommand(argc - 1, argv + 1);
   if (command == "plan") return rollpack::RunPlanCommand(argc - 1, argv + 1);
+  if (command == "bench" && argc >= 3) {
+    const std::string bench = argv[2];
+    if (bench == "layout") return rollpack::RunBenchLayoutCommand(argc - 2, argv + 2);
+    std::fprintf(stderr, "rollpack bench: unknown benchmark \"%s\"\n", bench.c_str());
+    return 2;
+  }
   if (command == "-h" || command == "--help" || command == "help") {
     Usage();
     return 0;
