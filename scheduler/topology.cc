@@ -73,6 +73,16 @@ int64_t SequenceAlignment(const Topology& t, int cp_size) {
   return std::lcm(base, int64_t{t.pad_multiple});
 }
 
+CostModel CostModelForTransformer(int64_t hidden_size, int num_layers,
+                                  int64_t ffn_hidden_size) {
+  const double h = static_cast<double>(hidden_size);
+  const double f = ffn_hidden_size > 0 ? static_cast<double>(ffn_hidden_size) : 4 * h;
+  CostModel c;
+  c.linear = num_layers * (8 * h * h + 4 * h * f);
+  c.quadratic = num_layers * 4 * h;
+  return c;
+}
+
 int MaxCpGroupSize(const Topology& t) {
   if (t.scheduler == SchedulerKind::kStaticCp) return t.cp;
   int c = 1;

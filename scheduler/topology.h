@@ -23,6 +23,14 @@ struct CostModel {
   }
 };
 
+// Forward FLOPs of one transformer sequence of length L, summed over
+// `num_layers` layers: linear = layers * (8 h^2 + 4 h f) (QKV/O projections
+// and the MLP, 2 FLOPs per multiply-add) and quadratic = layers * 4 h (QK^T and
+// AV). ffn_hidden_size 0 means 4 h, which gives the default's 6h : 1 ratio.
+// Only the ratio matters to the scheduler.
+CostModel CostModelForTransformer(int64_t hidden_size, int num_layers,
+                                  int64_t ffn_hidden_size = 0);
+
 // Every size here is already normalised (>= 1); see NormalizeTopology in
 // the server for how the wire's zeros and unset fields map to these.
 struct Topology {
