@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,27 +12,6 @@ namespace rollpack {
 namespace {
 
 constexpr size_t kMaxSampleIdBytes = 1024;
-
-// Reads element `i` of an integer payload as int64.
-class IdReader {
- public:
-  explicit IdReader(const ArrayView& view) : view_(view) {}
-  int64_t operator()(int64_t i) const {
-    switch (view_.dtype) {
-      case v1::UINT8:
-        return view_.as<uint8_t>()[i];
-      case v1::UINT16:
-        return view_.as<uint16_t>()[i];
-      case v1::INT16:
-        return view_.as<int16_t>()[i];
-      default:
-        return view_.as<int32_t>()[i];
-    }
-  }
-
- private:
-  const ArrayView& view_;
-};
 
 struct ExpertsInput {
   ArrayView view;
@@ -163,53 +143,72 @@ class SampleValidator {
   }
 
   // One pass over the payload: classify each row (replay or missing), check
-  // ids, and copy MoE layers into the compact stored layout.
+  // ids, and copy MoE layers into the compact stored layout. Typed on the
+  // input and stored id widths: this loop is ingest's hot path.
   absl::Status ConvertExpertRows(const ExpertsInput& in, StoredSample& out) {
+    const bool narrow = model_.stored_id_bytes() == 1;
+    switch (in.view.dtype) {
+      case v1::UINT8:
+        return ConvertTyped<uint8_t, uint8_t>(in, out);
+      case v1::UINT16:
+        return narrow ? ConvertTyped<uint16_t, uint8_t>(in, out)
+                      : ConvertTyped<uint16_t, uint16_t>(in, out);
+      case v1::INT16:
+        return narrow ? ConvertTyped<int16_t, uint8_t>(in, out)
+                      : ConvertTyped<int16_t, uint16_t>(in, out);
+      default:
+        return narrow ? ConvertTyped<int32_t, uint8_t>(in, out)
+                      : ConvertTyped<int32_t, uint16_t>(in, out);
+    }
+  }
+
+  template <typename In, typename Stored>
+  absl::Status ConvertTyped(const ExpertsInput& in, StoredSample& out) {
     const int k = model_.topk;
     const int num_moe = static_cast<int>(moe_layers_.size());
-    const int id_bytes = model_.stored_id_bytes();
-    const bool is_signed = in.view.dtype == v1::INT16 || in.view.dtype == v1::INT32;
     const int64_t e = model_.num_experts;
     out.row_valid.assign(n_, 0);
-    out.experts.assign(static_cast<size_t>(n_) * num_moe * k * id_bytes, '\0');
-    auto* dst8 = reinterpret_cast<uint8_t*>(out.experts.data());
-    auto* dst16 = reinterpret_cast<uint16_t*>(out.experts.data());
-    const IdReader read(in.view);
+    out.experts.assign(static_cast<size_t>(n_) * num_moe * k * sizeof(Stored), '\0');
+    Stored* dst_all = reinterpret_cast<Stored*>(out.experts.data());
+    const In* src_all = in.view.as<In>();
     const int64_t row_stride = int64_t{in.payload_layers} * k;
 
+    // seen[id] == stamp marks ids already taken in the current (row, layer):
+    // a duplicate check in O(K) without clearing between rows.
+    std::vector<uint32_t> seen(e, 0);
+    uint32_t stamp = 0;
     std::vector<uint8_t> layer_nonzero(num_moe, 0);
     int64_t covered_rows = 0;
     for (int64_t r = 0; r < in.rows; ++r) {
       const int64_t token = in.row_offset + r;
-      const int64_t row_base = r * row_stride;
-      if (is_signed && RowIsAllMissing(read, in, row_base)) continue;
+      const In* row = src_all + r * row_stride;
+      if (std::is_signed_v<In> && RowIsAllMissing(row, in)) continue;
       ++covered_rows;
+      Stored* dst = dst_all + token * num_moe * k;
       for (int m = 0; m < num_moe; ++m) {
-        const int64_t base = row_base + int64_t{in.moe_payload_index[m]} * k;
+        const In* ids = row + int64_t{in.moe_payload_index[m]} * k;
+        ++stamp;
+        In any = 0;
         for (int j = 0; j < k; ++j) {
-          const int64_t id = read(base + j);
+          const int64_t id = ids[j];
           if (id < 0 || id >= e) {
             return Invalid(absl::StrCat(
                 "routed_experts row ", r, " (token ", token, ") layer ", moe_layers_[m],
                 " has expert id ", id, ", must be in [0, ", e, ")",
                 id == -1 ? " (-1 marks a missing token only when the whole row is -1)" : ""));
           }
-          for (int j2 = 0; j2 < j; ++j2) {
-            if (read(base + j2) == id) {
-              if (absl::Status s = CheckZeroLayer(read, in, m); !s.ok()) return s;
-              return Invalid(absl::StrCat("routed_experts row ", r, " (token ", token,
-                                          ") layer ", moe_layers_[m], " repeats expert id ",
-                                          id, " (topk ids must be distinct)"));
-            }
+          if (seen[id] == stamp) {
+            if (absl::Status s = CheckZeroLayer<In>(in, m); !s.ok()) return s;
+            return Invalid(absl::StrCat("routed_experts row ", r, " (token ", token, ") layer ",
+                                        moe_layers_[m], " repeats expert id ", id,
+                                        " (topk ids must be distinct)"));
           }
-          layer_nonzero[m] |= id != 0;
-          const int64_t dst = (token * num_moe + m) * k + j;
-          if (id_bytes == 1) {
-            dst8[dst] = static_cast<uint8_t>(id);
-          } else {
-            dst16[dst] = static_cast<uint16_t>(id);
-          }
+          seen[id] = stamp;
+          any |= ids[j];
+          dst[j] = static_cast<Stored>(id);
         }
+        layer_nonzero[m] |= any != 0;
+        dst += k;
       }
       out.row_valid[token] = 1;
     }
@@ -221,11 +220,12 @@ class SampleValidator {
     return absl::OkStatus();
   }
 
-  bool RowIsAllMissing(const IdReader& read, const ExpertsInput& in, int64_t row_base) const {
+  template <typename In>
+  bool RowIsAllMissing(const In* row, const ExpertsInput& in) const {
     const int k = model_.topk;
     for (int idx : in.moe_payload_index) {
       for (int j = 0; j < k; ++j) {
-        if (read(row_base + int64_t{idx} * k + j) != -1) return false;
+        if (row[int64_t{idx} * k + j] != -1) return false;
       }
     }
     return true;
@@ -233,19 +233,19 @@ class SampleValidator {
 
   // A duplicate 0 is what a zero-filled layer looks like with topk > 1; name
   // the real cause when the whole layer is zero.
-  absl::Status CheckZeroLayer(const IdReader& read, const ExpertsInput& in, int m) const {
+  template <typename In>
+  absl::Status CheckZeroLayer(const ExpertsInput& in, int m) const {
     if (model_.allow_all_zero_layers) return absl::OkStatus();
     const int k = model_.topk;
-    const bool is_signed = in.view.dtype == v1::INT16 || in.view.dtype == v1::INT32;
     const int64_t row_stride = int64_t{in.payload_layers} * k;
     int64_t covered = 0;
     for (int64_t r = 0; r < in.rows; ++r) {
-      const int64_t row_base = r * row_stride;
-      if (is_signed && RowIsAllMissing(read, in, row_base)) continue;
+      const In* row = in.view.as<In>() + r * row_stride;
+      if (std::is_signed_v<In> && RowIsAllMissing(row, in)) continue;
       ++covered;
-      const int64_t base = row_base + int64_t{in.moe_payload_index[m]} * k;
+      const In* ids = row + int64_t{in.moe_payload_index[m]} * k;
       for (int j = 0; j < k; ++j) {
-        if (read(base + j) != 0) return absl::OkStatus();
+        if (ids[j] != 0) return absl::OkStatus();
       }
     }
     return covered > 1 ? ZeroLayerError(m, covered) : absl::OkStatus();

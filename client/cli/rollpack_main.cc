@@ -4,6 +4,7 @@
 #include <string>
 
 #include "client/cli/bench_layout_command.h"
+#include "client/cli/bench_transport_command.h"
 #include "client/cli/demo_command.h"
 #include "client/cli/plan_command.h"
 
@@ -15,7 +16,8 @@ void Usage() {
                "  demo   end-to-end run on an embedded server; exits 0 only if every rank's\n"
                "         bytes match the independent reference\n"
                "  plan   offline packing plan and statistics for a file of lengths\n"
-               "  bench layout   bytes per rank vs the minimum and vs DP-partition fetching\n");
+               "  bench layout   bytes per rank vs the minimum and vs DP-partition fetching\n"
+               "  bench transport   loopback limits vs rollpackd ingest and fetch throughput\n");
 }
 
 }  // namespace
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
   if (command == "bench" && argc >= 3) {
     const std::string bench = argv[2];
     if (bench == "layout") return rollpack::RunBenchLayoutCommand(argc - 2, argv + 2);
+    if (bench == "transport") return rollpack::RunBenchTransportCommand(argc - 2, argv + 2);
     std::fprintf(stderr, "rollpack bench: unknown benchmark \"%s\"\n", bench.c_str());
     return 2;
   }

@@ -72,7 +72,7 @@ std::vector<v1::Sample> MakeSyntheticRollouts(const v1::ModelSpec& model,
     }
     // Forms: 0 = vLLM (int32, full, n-1 rows); 1 = compact uint8/uint16, n
     // rows; 2 = int16 compact with a missing row and a row offset.
-    const int form = options.mixed_forms ? i % 3 : 0;
+    const int form = options.mixed_forms ? i % 3 : options.narrow_when_uniform ? 1 : 0;
     const bool full = form == 0;
     const int64_t offset = form == 2 ? std::min<int64_t>(n - 1, 3) : 0;
     const int64_t rows = (form == 1 ? n : n - 1) - offset;

@@ -21,6 +21,10 @@ struct SyntheticOptions {
   // Vary payload forms (dtype, full/compact, n/n-1 rows, missing rows) the
   // way a fleet of mixed engines would.
   bool mixed_forms = true;
+  // Without mixed forms: true = what a narrowing producer sends (compact
+  // layer axis, uint8/uint16, n rows); false = raw engine output (int32,
+  // full layer axis, n - 1 rows).
+  bool narrow_when_uniform = false;
   bool token_fields = true;
 };
 

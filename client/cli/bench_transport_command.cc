@@ -1,0 +1,413 @@
+#include "client/cli/bench_transport_command.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cpp/client.h"
+#include "client/cpp/synthetic_rollouts.h"
+#include "client/cpp/trainer_stream.h"
+#include "grpcpp/create_channel.h"
+
+namespace rollpack {
+namespace {
+
+double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+// Single-stream TCP over 127.0.0.1: the ceiling for one gRPC connection.
+double LoopbackTcpGBps(int64_t total_bytes) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(listener);
+    return 0;
+  }
+  std::thread sender([addr, total_bytes] {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) return;
+    std::vector<char> buffer(1 << 20, 'x');
+    for (int64_t sent = 0; sent < total_bytes;) {
+      const ssize_t n = write(fd, buffer.data(), std::min<int64_t>(buffer.size(), total_bytes - sent));
+      if (n <= 0) break;
+      sent += n;
+    }
+    close(fd);
+  });
+  int fd = accept(listener, nullptr, nullptr);
+  std::vector<char> buffer(1 << 20);
+  const absl::Time start = absl::Now();
+  int64_t received = 0;
+  while (true) {
+    const ssize_t n = read(fd, buffer.data(), buffer.size());
+    if (n <= 0) break;
+    received += n;
+  }
+  const double s = Seconds(start);
+  sender.join();
+  close(fd);
+  close(listener);
+  return received / s / 1e9;
+}
+
+// memcpy of a buffer larger than the caches: bytes copied per second.
+double MemcpyGBps(int64_t bytes, int repeats) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < repeats; ++i) std::memcpy((i % 2 ? a : b).data(), (i % 2 ? b : a).data(), bytes);
+  return static_cast<double>(bytes) * repeats / Seconds(start) / 1e9;
+}
+
+// A rollpackd child process whose CPU time and peak RSS we can read.
+class Daemon {
+ public:
+  static std::unique_ptr<Daemon> Start(const std::string& binary, int64_t max_memory) {
+    const std::string port_file = absl::StrCat("/tmp/rollpack-bench-", getpid(), ".port");
+    unlink(port_file.c_str());
+    pid_t pid = fork();
+    if (pid == 0) {
+      const std::string mem = absl::StrCat(max_memory);
+      execl(binary.c_str(), binary.c_str(), "--listen", "127.0.0.1:0", "--port-file",
+            port_file.c_str(), "--max-memory", mem.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    auto daemon = std::unique_ptr<Daemon>(new Daemon(pid));
+    for (int i = 0; i < 200; ++i) {
+      std::ifstream in(port_file);
+      int port = 0;
+      if (in >> port && port > 0) {
+        daemon->address_ = absl::StrCat("127.0.0.1:", port);
+        unlink(port_file.c_str());
+        return daemon;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return nullptr;
+  }
+  ~Daemon() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  const std::string& address() const { return address_; }
+  double CpuSeconds() const {
+    std::ifstream in(absl::StrCat("/proc/", pid_, "/stat"));
+    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::istringstream fields(content.substr(content.rfind(')') + 2));
+    std::string f;
+    long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> f; ++i) {
+      if (i == 14) utime = std::stol(f);
+      if (i == 15) stime = std::stol(f);
+    }
+    return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+  }
+  int64_t PeakRssBytes() const {
+    std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    }
+    return 0;
+  }
+
+ private:
+  explicit Daemon(pid_t pid) : pid_(pid) {}
+  pid_t pid_;
+  std::string address_;
+};
+
+// Distinct sample ids over a small set of distinct payloads: generating
+// routing for millions of tokens would dominate the run, copying does not.
+std::vector<v1::Sample> Replicate(const std::vector<v1::Sample>& base, int count,
+                                  const std::string& prefix) {
+  std::vector<v1::Sample> out(count);
+  for (int i = 0; i < count; ++i) {
+    out[i] = base[i % base.size()];
+    out[i].set_sample_id(absl::StrCat(prefix, "-", i));
+  }
+  return out;
+}
+
+int64_t WireBytes(const std::vector<v1::Sample>& samples) {
+  int64_t bytes = 0;
+  for (const v1::Sample& s : samples) bytes += static_cast<int64_t>(s.ByteSizeLong());
+  return bytes;
+}
+
+std::shared_ptr<grpc::Channel> DistinctChannel(const std::string& address, int id) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(512 << 20);
+  args.SetMaxSendMessageSize(512 << 20);
+  args.SetInt("rollpack.connection", id);  // a connection of its own
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+struct IngestResult {
+  double gbps = 0, samples_per_s = 0, server_cpu_s_per_gb = 0;
+  int64_t bytes = 0;
+};
+
+IngestResult Ingest(const Daemon& daemon, const std::string& pool,
+                    const std::vector<std::vector<v1::Sample>>& per_producer) {
+  IngestResult r;
+  int64_t samples = 0;
+  for (const auto& batch : per_producer) {
+    r.bytes += WireBytes(batch);
+    samples += static_cast<int64_t>(batch.size());
+  }
+  const double cpu0 = daemon.CpuSeconds();
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  std::atomic<bool> ok{true};
+  for (size_t p = 0; p < per_producer.size(); ++p) {
+    threads.emplace_back([&, p] {
+      RollpackClient client(DistinctChannel(daemon.address(), static_cast<int>(p)));
+      if (!client.PutSamples(pool, per_producer[p]).ok()) ok = false;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double s = Seconds(start);
+  if (!ok) return IngestResult{};
+  r.gbps = r.bytes / s / 1e9;
+  r.samples_per_s = samples / s;
+  r.server_cpu_s_per_gb = (daemon.CpuSeconds() - cpu0) / (r.bytes / 1e9);
+  return r;
+}
+
+struct FetchResult {
+  int streams = 0;
+  double gbps = 0, first_all_ms = 0, server_cpu_s_per_gb = 0;
+  int64_t bytes = 0;
+};
+
+FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::string& pool,
+                  int num_samples, const v1::Topology& topology, bool first_only) {
+  FetchResult r;
+  v1::CreateStepRequest create;
+  create.set_step_id(absl::StrCat(pool, "-step"));
+  create.set_pool(pool);
+  create.set_num_samples(num_samples);
+  *create.mutable_topology() = topology;
+  std::vector<v1::RankCoords> ranks;
+  for (int d = 0; d < topology.dp(); ++d)
+    for (int c = 0; c < std::max(1, topology.cp()); ++c)
+      for (int t = 0; t < std::max(1, topology.tp()); ++t)
+        for (int p = 0; p < std::max(1, topology.pp()); ++p) {
+          v1::RankCoords rank;
+          rank.set_dp(d);
+          rank.set_cp(c);
+          rank.set_tp(t);
+          rank.set_pp(p);
+          ranks.push_back(rank);
+        }
+  r.streams = static_cast<int>(ranks.size());
+  // Each trainer rank is its own process in real life: its own connection.
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    channels.push_back(DistinctChannel(daemon.address(), 1000 + static_cast<int>(i)));
+    channels.back()->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
+  const double cpu0 = daemon.CpuSeconds();
+  const absl::Time start = absl::Now();
+  if (!control.CreateStep(create).ok()) return FetchResult{};
+  std::vector<double> first_ms(ranks.size(), 0);
+  std::vector<int64_t> bytes(ranks.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      TrainerStream stream(channels[i], create.step_id(), ranks[i]);
+      bool first = true;
+      while (true) {
+        absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
+        if (!next.ok() || !next->has_value()) return;
+        if (first) {
+          first_ms[i] = Seconds(start) * 1e3;
+          first = false;
+          if (first_only) return;
+        }
+        bytes[i] += static_cast<int64_t>((*next)->ByteSizeLong());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double s = Seconds(start);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    r.bytes += bytes[i];
+    r.first_all_ms = std::max(r.first_all_ms, first_ms[i]);
+  }
+  r.gbps = r.bytes / s / 1e9;
+  r.server_cpu_s_per_gb = r.bytes > 0 ? (daemon.CpuSeconds() - cpu0) / (r.bytes / 1e9) : 0;
+  (void)control.ReleaseStep(create.step_id());
+  return r;
+}
+
+v1::Topology MakeTopology(int dp, int cp, int tp, int pp, int64_t max_tokens) {
+  v1::Topology t;
+  t.set_dp(dp);
+  t.set_cp(cp);
+  t.set_tp(tp);
+  t.set_pp(pp);
+  t.set_max_tokens_per_rank(max_tokens);
+  return t;
+}
+
+}  // namespace
+
+int RunBenchTransportCommand(int argc, char** argv) {
+  int samples_per_case = 1024;
+  int first_mb_samples = 8192;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--samples" && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &samples_per_case)) {
+      ++i;
+    } else if (arg == "--first-mb-samples" && i + 1 < argc &&
+               absl::SimpleAtoi(argv[i + 1], &first_mb_samples)) {
+      ++i;
+    } else {
+      std::fprintf(stderr, "usage: rollpack bench transport [--samples N] [--first-mb-samples N]\n");
+      return 2;
+    }
+  }
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return 1;
+  self[n] = '\0';
+  std::string binary(self);
+  binary = binary.substr(0, binary.rfind('/')) + "/rollpackd";
+  std::unique_ptr<Daemon> daemon = Daemon::Start(binary, int64_t{16} << 30);
+  if (daemon == nullptr) {
+    std::fprintf(stderr, "bench transport: cannot start %s\n", binary.c_str());
+    return 1;
+  }
+  RollpackClient control(MakeChannel(daemon->address()));
+  v1::ModelSpec model;
+  model.set_name("Qwen3-30B-A3B");
+  model.set_num_layers(48);
+  model.set_num_experts(128);
+  model.set_topk(8);
+
+  const double tcp = LoopbackTcpGBps(int64_t{4} << 30);
+  const double memcpy_gbps = MemcpyGBps(int64_t{256} << 20, 8);
+
+  SyntheticOptions synth;
+  synth.num_samples = 64;
+  synth.median_length = 4096;
+  synth.sigma = 0.9;
+  synth.min_length = 1024;
+  synth.max_length = 32768;
+  synth.mixed_forms = false;
+  synth.narrow_when_uniform = true;
+  const std::vector<v1::Sample> base = MakeSyntheticRollouts(model, synth);
+
+  std::printf("rollpack bench transport: rollpackd child process, %s rollouts (48 MoE layers, "
+              "top-8, uint8), lengths 1k-32k\n\n",
+              model.name().c_str());
+  std::printf("%-44s %12s\n", "limit", "GB/s");
+  std::printf("%-44s %12.2f\n", "loopback TCP, one stream", tcp);
+  std::printf("%-44s %12.2f\n", "memcpy (bytes copied)", memcpy_gbps);
+  std::string json = absl::StrCat("{\"loopback_tcp_gbps\": ", tcp, ", \"memcpy_gbps\": ", memcpy_gbps);
+
+  std::printf("\n%-44s %10s %10s %10s %12s\n", "ingest", "GB/s", "x TCP", "samples/s",
+              "srv CPU s/GB");
+  int pool_id = 0;
+  for (int producers : {1, 4}) {
+    const std::string pool = absl::StrCat("ingest-", pool_id++);
+    if (!control.RegisterModel(pool, model).ok()) return 1;
+    std::vector<std::vector<v1::Sample>> batches;
+    for (int p = 0; p < producers; ++p) {
+      batches.push_back(Replicate(base, samples_per_case / producers, absl::StrCat(pool, "-", p)));
+    }
+    const IngestResult r = Ingest(*daemon, pool, batches);
+    std::printf("%-44s %10.2f %10.2f %10.0f %12.2f\n",
+                absl::StrCat(producers, " producer(s), ", samples_per_case, " samples").c_str(),
+                r.gbps, r.gbps / tcp, r.samples_per_s, r.server_cpu_s_per_gb);
+    absl::StrAppend(&json, ", \"ingest_", producers, "_gbps\": ", r.gbps, ", \"ingest_",
+                    producers, "_samples_per_s\": ", r.samples_per_s, ", \"ingest_", producers,
+                    "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb);
+    // Free the pool's samples: a step over all of them, released.
+    v1::CreateStepRequest drop;
+    drop.set_step_id(pool);
+    drop.set_pool(pool);
+    drop.set_num_samples(samples_per_case / producers * producers);
+    *drop.mutable_topology() = MakeTopology(1, 1, 1, 1, 1 << 20);
+    if (!control.CreateStep(drop).ok() || !control.ReleaseStep(pool).ok()) return 1;
+  }
+
+  std::printf("\n%-44s %10s %10s %12s %14s\n", "fetch (all ranks concurrently)", "GB/s",
+              "x TCP", "srv CPU s/GB", "first mb, ms");
+  int64_t peak_payload = 0;
+  struct FetchCase {
+    int dp, cp, tp, pp;
+  };
+  for (const FetchCase& c : {FetchCase{8, 1, 1, 1}, FetchCase{8, 2, 2, 1}, FetchCase{8, 2, 2, 2}}) {
+    const std::string pool = absl::StrCat("fetch-", pool_id++);
+    if (!control.RegisterModel(pool, model).ok()) return 1;
+    if (!control.PutSamples(pool, Replicate(base, samples_per_case, pool)).ok()) return 1;
+    peak_payload = std::max(peak_payload, control.GetPool(pool)->stored_bytes());
+    const FetchResult r =
+        Fetch(*daemon, control, pool, samples_per_case, MakeTopology(c.dp, c.cp, c.tp, c.pp, 32768), false);
+    std::printf("%-44s %10.2f %10.2f %12.2f %14.1f\n",
+                absl::StrCat(r.streams, " streams (dp", c.dp, " cp", c.cp, " tp", c.tp, " pp", c.pp,
+                             ")").c_str(),
+                r.gbps, r.gbps / tcp, r.server_cpu_s_per_gb, r.first_all_ms);
+    absl::StrAppend(&json, ", \"fetch_", r.streams, "_gbps\": ", r.gbps, ", \"fetch_", r.streams,
+                    "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb);
+  }
+
+  // CreateStep to first micro-batch on 64 ranks for a large step. Short
+  // sequences keep the payload in memory modest; planning cost is per sample.
+  {
+    const std::string pool = absl::StrCat("first-", pool_id++);
+    if (!control.RegisterModel(pool, model).ok()) return 1;
+    SyntheticOptions small = synth;
+    small.median_length = 512;
+    small.min_length = 64;
+    small.max_length = 8192;
+    const std::vector<v1::Sample> short_base = MakeSyntheticRollouts(model, small);
+    for (int done = 0; done < first_mb_samples; done += 1024) {
+      std::vector<v1::Sample> part = Replicate(short_base, std::min(1024, first_mb_samples - done),
+                                               absl::StrCat(pool, "-", done));
+      if (!control.PutSamples(pool, part).ok()) return 1;
+    }
+    const FetchResult r = Fetch(*daemon, control, pool, first_mb_samples,
+                                MakeTopology(8, 2, 2, 2, 16384), /*first_only=*/true);
+    std::printf("\n%-44s %10.1f ms\n",
+                absl::StrCat("CreateStep -> first mb on all ", r.streams, " ranks, ",
+                             first_mb_samples, " samples").c_str(),
+                r.first_all_ms);
+    absl::StrAppend(&json, ", \"create_to_first_mb_all_ranks_ms\": ", r.first_all_ms,
+                    ", \"first_mb_samples\": ", first_mb_samples);
+  }
+  const int64_t rss = daemon->PeakRssBytes();
+  std::printf("%-44s %10.2f   (peak RSS %.2f GB / payload held %.2f GB)\n",
+              "peak RSS / payload held", static_cast<double>(rss) / peak_payload, rss / 1e9,
+              peak_payload / 1e9);
+  absl::StrAppend(&json, ", \"peak_rss_bytes\": ", rss, ", \"peak_payload_bytes\": ", peak_payload,
+                  ", \"peak_rss_over_payload\": ", static_cast<double>(rss) / peak_payload, "}");
+  std::printf("\nJSON: %s\n", json.c_str());
+  return 0;
+}
+
+}  // namespace rollpack
