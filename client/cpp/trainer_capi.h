@@ -1,0 +1,91 @@
+/* C ABI of the trainer client (librollpack_trainer.so), docs/trainer.md.
+ *
+ * One shared library holds the gRPC client, the device stream (pinned
+ * staging, async copies, the unpack kernel, TP-leader mode over NCCL) and the
+ * replay kernels (CPU references and, when built with CUDA, the CUDA
+ * versions). Its C ABI lets it be built on one machine and loaded from any
+ * Python (the pybind11 extension rollpack._trainer, or ctypes where the
+ * extension cannot be built) without linking libtorch: arrays leave as DLPack
+ * DLManagedTensor pointers.
+ *
+ * Every int-returning function returns 0 on success, else an absl/gRPC status
+ * code, with the message in rpt_last_error() (per thread).
+ */
+#ifndef ROLLPACK_CLIENT_CPP_TRAINER_CAPI_H_
+#define ROLLPACK_CLIENT_CPP_TRAINER_CAPI_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RPT_ABI_VERSION 1
+
+int rpt_abi_version(void);
+const char* rpt_last_error(void);
+/* 1 when built with CUDA (device >= 0 and TP-leader mode available). */
+int rpt_has_cuda(void);
+
+/* Opens one rank's stream. device -1 = host arrays (CPU reference unpack).
+ * tp_leader_size > 1 = TP-leader mode (CUDA + NCCL). */
+int rpt_open(const char* address, const char* step_id, int dp, int cp, int tp, int pp,
+             int device, int prefetch, int all_fields, int start_index, int ids_int32,
+             int masked_fill_minus_one, int tp_leader_size, int rendezvous_timeout_s,
+             const char* rendezvous_tag, void** out_stream);
+/* *out_batch = NULL after the last micro-batch. consumer_stream: a
+ * cudaStream_t (NULL = legacy default stream) made to wait for the batch. */
+int rpt_next(void* stream, void* consumer_stream, void** out_batch);
+void rpt_close(void* stream);
+
+void rpt_batch_free(void* batch);
+/* name: index, num_microbatches, local_cp_size, local_cp_rank, max_seqlen,
+ * device. -1 for an unknown name. */
+int64_t rpt_batch_int(void* batch, const char* name);
+double rpt_batch_workload(void* batch);
+const char* rpt_batch_step_id(void* batch);
+int rpt_batch_num_samples(void* batch);
+const char* rpt_batch_sample_id(void* batch, int i);
+int rpt_batch_num_layers(void* batch);
+int rpt_batch_layer(void* batch, int i);
+int rpt_batch_num_fields(void* batch);
+const char* rpt_batch_field_name(void* batch, int i);
+/* A new DLManagedTensor* (keeps the batch's memory alive until its deleter
+ * runs) for: tokens, cu_seqlens, cu_seqlens_padded, replay_experts,
+ * replay_mask, replay_ids, field:<name>. NULL for an unknown name. uint16
+ * replay ids are exported as int16 (ids < 1024, same bits). */
+void* rpt_batch_dlpack(void* batch, const char* name);
+/* Frees a DLManagedTensor nobody consumed. */
+void rpt_dlpack_free(void* managed);
+
+/* Kernels (semantics in kernels/replay_kernels.h). device < 0: CPU
+ * reference on host pointers; else the CUDA version on device pointers,
+ * asynchronous on `stream`. Type codes: index 0=u8 1=u16 2=i32 3=i64;
+ * float 0=f32 1=bf16; score 0=softmax 1=sigmoid. stats: int64[layers * 3]
+ * (rows_counted, rows_differ, overlap_sum), host or device memory. */
+int rpt_unpack(int device, const void* experts, int in_type, const uint8_t* mask, int64_t rows,
+               int64_t layers, int k, void* out, int out_type, int masked_fill_minus_one,
+               void* stream);
+int rpt_apply_forward(int device, const void* logits, int logits_type, const void* ids,
+                      int ids_type, int64_t ids_row_stride, int64_t rows, int e, int k, int score,
+                      int renormalize, float scale, float* probs, uint8_t* routing_map,
+                      float* probs_dense, void* stream);
+int rpt_apply_backward(int device, const void* logits, int logits_type, const void* ids,
+                       int ids_type, int64_t ids_row_stride, int64_t rows, int e, int k,
+                       int score, int renormalize, float scale, const float* grad_probs,
+                       void* grad_logits, void* stream);
+int rpt_agreement_logits(int device, const void* logits, int logits_type,
+                         int64_t logits_layer_stride, const void* replay, int replay_type,
+                         int64_t replay_row_stride, int64_t replay_layer_stride,
+                         const uint8_t* mask, int64_t rows, int64_t layers, int e, int k,
+                         int64_t* stats, void* stream);
+int rpt_agreement_ids(int device, const void* live, int live_type, int64_t live_row_stride,
+                      int64_t live_layer_stride, const void* replay, int replay_type,
+                      int64_t replay_row_stride, int64_t replay_layer_stride, const uint8_t* mask,
+                      int64_t rows, int64_t layers, int k, int64_t* stats, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ROLLPACK_CLIENT_CPP_TRAINER_CAPI_H_ */

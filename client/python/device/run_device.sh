@@ -1,0 +1,28 @@
+#!/bin/bash
+# One device-tool call (nvidia-h200): GPU tests, the R3 proof, the benchmark.
+# Carry `.device` (pack_for_device.sh makes it). Logs/JSON go to $OUT.
+#   bash client/python/device/run_device.sh [tests|proof|bench|all]
+set -u
+OUT=${OUT:-/tmp/rollpack_out}
+mkdir -p "$OUT"
+what=${1:-all}
+source client/python/device/build_on_device.sh > "$OUT/build.log" 2>&1
+cat "$OUT/build.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+export PYTHONUNBUFFERED=1
+rc=0
+if [ "$what" = all ] || [ "$what" = tests ]; then
+  (cd client/python && timeout 170 python3 -m unittest -v tests.gpu_trainer) > "$OUT/gpu_tests.log" 2>&1
+  r=$?; echo "gpu tests rc=$r"; tail -8 "$OUT/gpu_tests.log"; [ $r = 0 ] || rc=1
+fi
+if [ "$what" = all ] || [ "$what" = proof ]; then
+  timeout 150 python3 client/python/examples/r3_proof.py --device cuda --rollpackd "$ROLLPACKD" \
+    --json "$OUT/r3_proof.json" > "$OUT/r3_proof.log" 2>&1
+  r=$?; echo "proof rc=$r"; tail -60 "$OUT/r3_proof.log"; [ $r = 0 ] || rc=1
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  timeout 240 python3 client/python/bench/trainer_bench.py --rollpackd "$ROLLPACKD" \
+    --json "$OUT/trainer_bench.json" > "$OUT/trainer_bench.log" 2>&1
+  r=$?; echo "bench rc=$r"; tail -30 "$OUT/trainer_bench.log"; [ $r = 0 ] || rc=1
+fi
+exit $rc

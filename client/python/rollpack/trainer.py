@@ -1,0 +1,247 @@
+"""Trainer side: one rank's micro-batches as torch tensors (docs/trainer.md).
+
+    from rollpack.trainer import TrainerClient, install_replay_targets
+    for mb in TrainerClient("127.0.0.1:50051", step_id, rank=(dp, cp, tp, pp), device="cuda:0"):
+        install_replay_targets(mb)          # RouterReplay targets, layer order
+        loss = model(mb.tokens, cu_seqlens=mb.cu_seqlens_padded, ...)
+
+The work happens in librollpack_trainer.so (C++): a background thread reads
+the gRPC stream, a second one copies each micro-batch through pinned memory
+to the GPU on its own CUDA stream and unpacks the replay ids with the unpack
+kernel, while the training loop consumes the previous one. Tensors arrive via
+DLPack (no libtorch linked, so one build serves any torch). On "cpu" the
+arrays view the received bytes and the ids come from the CPU reference.
+
+Binding: the pybind11 extension rollpack._trainer when importable, else the
+same C ABI through ctypes (rollpack._capi).
+"""
+
+import os
+
+import grpc
+import torch
+import torch.utils.dlpack
+
+from rollpack import errors
+
+_BACKEND = None
+
+
+def backend():
+    """The binding module: rollpack._trainer (pybind11) or rollpack._capi."""
+    global _BACKEND
+    if _BACKEND is None:
+        try:
+            if os.environ.get("ROLLPACK_TRAINER_BINDING") == "ctypes":
+                raise ImportError("ctypes binding asked for")
+            from rollpack import _trainer as be
+        except ImportError:
+            from rollpack import _capi as be
+            be.abi_version()  # loads the library, or raises ImportError
+        _BACKEND = be
+    return _BACKEND
+
+
+def backend_name():
+    return "pybind11" if backend().__name__.endswith("_trainer") else "ctypes"
+
+
+def has_cuda():
+    """Whether librollpack_trainer.so was built with CUDA."""
+    return backend().has_cuda()
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _raise(e, what):
+    if len(e.args) == 2 and isinstance(e.args[0], int):
+        code = _CODES.get(e.args[0], grpc.StatusCode.UNKNOWN)
+        cls = errors._BY_CODE.get(code, errors.RollpackError)
+        raise cls("%s: %s" % (what, e.args[1]), code=code, details=e.args[1]) from None
+    raise e
+
+
+def call(fn, what, *args):
+    try:
+        return fn(*args)
+    except RuntimeError as e:
+        _raise(e, what)
+
+
+def _coords(rank):
+    if isinstance(rank, dict):
+        return tuple(int(rank.get(k, 0)) for k in ("dp", "cp", "tp", "pp"))
+    if hasattr(rank, "dp"):
+        return tuple(int(getattr(rank, k)) for k in ("dp", "cp", "tp", "pp"))
+    t = tuple(int(x) for x in rank)
+    if len(t) != 4:
+        raise ValueError("rank must be (dp, cp, tp, pp), got %r" % (rank,))
+    return t
+
+
+def _device_index(device):
+    if device is None:
+        return -1
+    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if d.type == "cpu":
+        return -1
+    if d.type != "cuda":
+        raise ValueError("device must be cpu or cuda, got %s" % d)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+class Microbatch:
+    """One micro-batch of one rank (layout.md section 7) as tensors on the
+    client's device. ``replay_indices`` is [layers, rows, K] int64 (int32 with
+    index_dtype=torch.int32): ``replay_indices[l]`` is local MoE layer l's
+    RouterReplay target. ``replay_experts`` is the received [rows, layers, K]
+    buffer (uint8, or int16 holding the uint16 ids). Empty arrays (e.g. tokens
+    off the first pipeline stage) are tensors with 0 elements."""
+
+    __slots__ = ("step_id", "index", "num_microbatches", "local_cp_size", "local_cp_rank",
+                 "max_seqlen", "workload", "sample_ids", "replay_layers", "tokens", "cu_seqlens",
+                 "cu_seqlens_padded", "replay_experts", "replay_mask", "replay_indices",
+                 "token_fields", "device")
+
+    def __repr__(self):
+        return ("Microbatch(step=%r, index=%d/%d, samples=%d, tokens=%s, replay=%s, device=%s)"
+                % (self.step_id, self.index, self.num_microbatches, len(self.sample_ids),
+                   tuple(self.tokens.shape), tuple(self.replay_indices.shape), self.device))
+
+    def replay_targets(self):
+        """List of per-layer [rows, K] tensors (views), in local layer order."""
+        return list(self.replay_indices.unbind(0))
+
+
+def _from_batch(be, b, device):
+    mb = Microbatch()
+    mb.step_id = be.batch_step_id(b)
+    for k in ("index", "num_microbatches", "local_cp_size", "local_cp_rank", "max_seqlen"):
+        setattr(mb, k, int(be.batch_int(b, k)))
+    mb.workload = be.batch_workload(b)
+    mb.sample_ids = be.batch_sample_ids(b)
+    mb.replay_layers = be.batch_layers(b)
+    mb.device = device
+
+    def t(name):
+        return torch.utils.dlpack.from_dlpack(be.batch_dlpack(b, name))
+
+    mb.tokens = t("tokens")
+    mb.cu_seqlens = t("cu_seqlens")
+    mb.cu_seqlens_padded = t("cu_seqlens_padded")
+    mb.replay_experts = t("replay_experts")
+    mb.replay_mask = t("replay_mask")
+    mb.replay_indices = t("replay_ids")
+    mb.token_fields = {n: t("field:" + n) for n in be.batch_fields(b)}
+    return mb
+
+
+class TrainerClient:
+    """Iterates one rank's micro-batches of a step as torch tensors.
+
+    rank: (dp, cp, tp, pp), a dict or an object with those attributes.
+    device: "cpu", "cuda", "cuda:N", an int or a torch.device.
+    prefetch: micro-batches read ahead from the network and (on a GPU)
+    staged ahead on the device. tp_leader=True with tp_size=<topology tp>:
+    TP-leader mode (every rank of the TP group creates its client the same
+    way; rank tp 0 fetches for the group and distributes over NCCL, whose id
+    is exchanged through rollpackd under (step, dp, cp, pp, start_index,
+    rendezvous_tag): pass a fresh rendezvous_tag when a group opens the same
+    step again). NCCL is found through
+    $ROLLPACK_NCCL_LIBRARY, else torch's bundled libnccl, else libnccl.so.2.
+
+    Tensors handed out stay valid while referenced; on a GPU they are
+    ordered on the current CUDA stream at the time of ``next`` (use
+    ``Tensor.record_stream`` before using them on another stream).
+    """
+
+    def __init__(self, address, step_id, rank, device="cpu", *, prefetch=2, all_fields=False,
+                 start_index=0, index_dtype=torch.int64, masked_fill_minus_one=False,
+                 tp_leader=False, tp_size=None, rendezvous_timeout_s=300, rendezvous_tag=""):
+        self._be = backend()
+        self._stream = 0
+        self.device_index = _device_index(device)
+        self.device = torch.device("cpu") if self.device_index < 0 else torch.device(
+            "cuda", self.device_index)
+        if index_dtype not in (torch.int64, torch.int32):
+            raise ValueError("index_dtype must be torch.int64 or torch.int32")
+        tp_leader_size = 0
+        if tp_leader:
+            if not tp_size or tp_size < 1:
+                raise ValueError("tp_leader needs tp_size (the topology's tp)")
+            tp_leader_size = int(tp_size)
+            _find_nccl()
+        dp, cp, tp, pp = _coords(rank)
+        self.rank = (dp, cp, tp, pp)
+        self.step_id = step_id
+        self._stream = call(self._be.open, "open %s rank %s" % (step_id, self.rank), address,
+                            step_id, dp, cp, tp, pp, self.device_index, int(prefetch),
+                            bool(all_fields), int(start_index), index_dtype == torch.int32,
+                            bool(masked_fill_minus_one), tp_leader_size,
+                            int(rendezvous_timeout_s), str(rendezvous_tag))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self._stream:
+            raise StopIteration
+        consumer = 0
+        if self.device_index >= 0:
+            consumer = torch.cuda.current_stream(self.device).cuda_stream
+        b = call(self._be.next, "fetch %s rank %s" % (self.step_id, self.rank), self._stream,
+                 consumer)
+        if not b:
+            self.close()
+            raise StopIteration
+        try:
+            return _from_batch(self._be, b, self.device)
+        finally:
+            self._be.batch_free(b)  # the tensors keep the memory alive
+
+    def close(self):
+        if self._stream:
+            s, self._stream = self._stream, 0
+            self._be.close(s)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _find_nccl():
+    """Points ROLLPACK_NCCL_LIBRARY at the libnccl torch uses: the one
+    already mapped in this process, else one under the nvidia pip packages."""
+    if os.environ.get("ROLLPACK_NCCL_LIBRARY"):
+        return
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if "/libnccl.so" in path and os.path.exists(path):
+                    os.environ["ROLLPACK_NCCL_LIBRARY"] = path
+                    return
+    except OSError:
+        pass
+    try:
+        import nvidia  # torch's pip dependencies (nvidia-nccl-cu*)
+        for root in list(getattr(nvidia, "__path__", [])):
+            for d, _, files in os.walk(root):
+                if "libnccl.so.2" in files:
+                    os.environ["ROLLPACK_NCCL_LIBRARY"] = os.path.join(d, "libnccl.so.2")
+                    return
+    except ImportError:
+        pass
+
+
+from rollpack.replay import (apply_replay, install_replay_targets,  # noqa: E402,F401
+                             routing_agreement)
