@@ -1,0 +1,146 @@
+"""rollpackd scraped by a real Prometheus (Debian's `prometheus`): a running
+rollpackd, a Prometheus on a loopback port scraping it every second with
+deploy/prometheus/rollpack-rules.yml loaded, the `rollpack demo` workload
+(register, put, plan, fetch every rank, release), then assertions through
+Prometheus's HTTP query API. `promtool check metrics` validates the
+exposition, `promtool check rules` the shipped rules."""
+
+import json
+import os
+import re
+import subprocess
+import time
+import unittest
+
+import harness
+
+RULES = os.path.join(harness.REPO, "deploy", "prometheus", "rollpack-rules.yml")
+DASHBOARD = os.path.join(harness.REPO, "deploy", "grafana", "rollpack-dashboard.json")
+NUM_SAMPLES = 64
+
+
+class PrometheusTest(unittest.TestCase):
+    def test_workload_as_seen_by_prometheus(self):
+        cli = harness.require_env_binary("ROLLPACK_CLI")
+        with harness.tempdir() as d, harness.Rollpackd(d) as rp, \
+                harness.Prometheus(d, ["127.0.0.1:%d" % rp.metrics_port], [RULES]) as prom:
+            prom.wait_for('up{job="rollpackd"}', 1.0)
+            demo = subprocess.run([cli, "demo", "--server", rp.address,
+                                   "--samples", str(NUM_SAMPLES)],
+                                  capture_output=True, text=True, timeout=300)
+            self.assertEqual(demo.returncode, 0, demo.stdout + demo.stderr)
+            # The demo's per-rank table: "(dp,cp,tp,pp)   mbs ...".
+            rows = re.findall(r"^\((\d+),(\d+),(\d+),(\d+)\)\s+(\d+)\s", demo.stdout, re.M)
+            self.assertGreater(len(rows), 1, demo.stdout)
+            ranks = len(rows)
+            microbatches = sum(int(r[4]) for r in rows)
+
+            # Nothing runs after the demo: a direct scrape is the truth that
+            # Prometheus must converge to.
+            direct = harness.parse_exposition(rp.scrape())
+            pools = [k for k in direct if k.startswith("rollpack_steps_created_total{")]
+            self.assertEqual(len(pools), 1, pools)
+            pool = re.search(r'pool="([^"]+)"', pools[0]).group(1)
+            self.assertTrue(pool.startswith("demo-"), pool)
+            prom.wait_for("rollpack_steps_released_total", 1.0)
+            prom.wait_for("sum(rollpack_ingested_samples_total)", float(NUM_SAMPLES))
+            prom.wait_for('rollpack_steps_created_total{pool="%s"}' % pool, 1.0)
+            prom.wait_for("rollpack_released_samples_total", float(NUM_SAMPLES))
+            prom.wait_for("rollpack_streamed_microbatches_total", float(microbatches))
+            prom.wait_for('sum(rollpack_grpc_server_handled_total{grpc_method="FetchMicrobatches",'
+                          'grpc_code="OK"})', float(ranks))
+            prom.wait_for('rollpack_grpc_server_handled_total{grpc_service="rollpack.v1.Rollouts",'
+                          'grpc_method="RegisterModel",grpc_code="OK"}', 1.0)
+            for expr, key in [
+                ('rollpack_ingested_bytes_total{pool="%s"}',
+                 'rollpack_ingested_bytes_total{pool="%s"}'),
+                ("rollpack_released_bytes_total", "rollpack_released_bytes_total"),
+                ("rollpack_streamed_bytes_total", "rollpack_streamed_bytes_total"),
+                ('rollpack_last_plan_padding_overhead_ratio{pool="%s"}',
+                 'rollpack_last_plan_padding_overhead_ratio{pool="%s"}'),
+                ('rollpack_last_plan_rank_imbalance_ratio{pool="%s"}',
+                 'rollpack_last_plan_rank_imbalance_ratio{pool="%s"}'),
+            ]:
+                expr, key = expr.replace("%s", pool), key.replace("%s", pool)
+                self.assertIn(key, direct)
+                prom.wait_for(expr, direct[key])
+            self.assertEqual(direct['rollpack_ingested_bytes_total{pool="%s"}' % pool],
+                             direct["rollpack_released_bytes_total"])
+            self.assertGreater(direct["rollpack_streamed_bytes_total"], 0)
+            prom.wait_for("rollpack_store_bytes", 0.0)
+            prom.wait_for("rollpack_active_streams", 0.0)
+            prom.wait_for("rollpack_live_steps", 0.0)
+            prom.wait_for("rollpack_store_max_bytes", 2e9)
+            prom.wait_for('rollpack_plan_duration_seconds_count{pool="%s"}' % pool, 1.0)
+
+            # Histograms work as histograms in PromQL.
+            p50 = prom.query_one(
+                'histogram_quantile(0.5, sum by (le) (rollpack_grpc_server_handling_seconds_bucket'
+                '{grpc_method="PutSamples"}))')
+            self.assertTrue(0 < p50 < 60, p50)
+
+            # The shipped rules load and evaluate without errors.
+            deadline = time.monotonic() + 30
+            while True:
+                groups = prom.api("rules")["groups"]
+                rules = [r for g in groups for r in g["rules"]]
+                evaluated = all(r.get("lastEvaluation", "").startswith("20") for r in rules)
+                if evaluated or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            self.assertEqual(len(rules), 11, groups)
+            for r in rules:
+                self.assertEqual(r["health"], "ok", r)
+            prom.wait_for("rollpack:store_utilization:ratio", 0.0)
+            # Nothing is wrong, so nothing fires.
+            self.assertEqual(prom.api("alerts")["alerts"], [])
+
+            # Every Grafana panel query is valid PromQL here, and the ones
+            # over gauges and counters (no rate window) have data.
+            with open(DASHBOARD) as f:
+                dash = json.load(f)
+            for panel in dash["panels"]:
+                for target in panel.get("targets", []):
+                    expr = target["expr"].replace("$instance", ".*")
+                    result = prom.query(expr)  # raises on a PromQL error
+                    if "rate(" not in expr:
+                        self.assertTrue(result, "%s: %s has no data" % (panel["title"], expr))
+
+    def test_promtool_checks_exposition(self):
+        promtool = harness.require_tool("promtool")
+        with harness.tempdir() as d, harness.Rollpackd(d) as rp:
+            # Some traffic so every kind of family has samples.
+            cli = harness.require_env_binary("ROLLPACK_CLI")
+            demo = subprocess.run([cli, "demo", "--server", rp.address, "--samples", "16"],
+                                  capture_output=True, text=True, timeout=300)
+            self.assertEqual(demo.returncode, 0, demo.stdout + demo.stderr)
+            text = rp.scrape()
+        for family in ["rollpack_grpc_server_handling_seconds", "rollpack_plan_duration_seconds"]:
+            self.assertIn("# TYPE %s histogram" % family, text)
+            self.assertIn('%s_bucket{' % family, text)
+            self.assertRegex(text, r'%s_bucket\{[^}]*le="\+Inf"\}' % family)
+        check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                               text=True, timeout=60)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        self.assertEqual(check.stdout.strip() + check.stderr.strip(), "")
+        # The check is not vacuous: promtool refuses a broken exposition and
+        # lints a counter without _total.
+        broken = subprocess.run([promtool, "check", "metrics"],
+                                input='# TYPE x counter\nx{a="b} 1\n',
+                                capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(broken.returncode, 0)
+        lint = subprocess.run([promtool, "check", "metrics"],
+                              input="# HELP rp_x x\n# TYPE rp_x counter\nrp_x 1\n",
+                              capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(lint.returncode, 0, lint.stdout + lint.stderr)
+
+    def test_promtool_checks_rules(self):
+        promtool = harness.require_tool("promtool")
+        check = subprocess.run([promtool, "check", "rules", RULES], capture_output=True,
+                               text=True, timeout=60)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        self.assertIn("SUCCESS: 11 rules found", check.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
