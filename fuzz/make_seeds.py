@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Writes the fuzzers' seed corpora under fuzz/corpus/ (deterministic).
+
+Needs Python modules generated from proto/ (protoc --python_out=DIR) on
+PYTHONPATH:  protoc --proto_path=proto --python_out=/tmp/pygen proto/rollpack/v1/*.proto
+             PYTHONPATH=/tmp/pygen /usr/bin/python3 fuzz/make_seeds.py
+"""
+import os
+import random
+import struct
+
+from rollpack.v1 import rollouts_pb2, ndarray_pb2, scheduler_pb2
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+rng = random.Random(8)
+
+
+def write(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def array(dtype, shape, fmt, values):
+    a = ndarray_pb2.NDArray(dtype=dtype, shape=shape)
+    a.data = struct.pack("<%d%s" % (len(values), fmt), *values)
+    return a
+
+
+def sample(model, n, form):
+    # model 0: E=8 K=2 L=4 all MoE; 1: E=300 K=2 M={1,3}; 2: dense.
+    s = rollouts_pb2.Sample(sample_id="s%d" % n, group_id="g", policy_version=3)
+    s.tokens.CopyFrom(array(ndarray_pb2.INT32, [n], "i", [rng.randrange(1000) for _ in range(n)]))
+    s.token_fields["logprobs"].CopyFrom(array(ndarray_pb2.FLOAT32, [n], "f", [-0.5] * n))
+    s.scalars["reward"] = 1.0
+    if model == 2:
+        return s
+    e, layers = (8, 4) if model == 0 else (300, 4 if form == "full" else 2)
+    rows = n - 1 if form == "full" else n
+    vals = []
+    for r in range(rows):
+        for _ in range(layers):
+            ids = rng.sample(range(e), 2)
+            if form == "missing" and r == 1:
+                ids = [-1, -1]
+            vals += ids
+    if form == "full" or form == "missing":
+        s.routed_experts.CopyFrom(array(ndarray_pb2.INT32, [rows, layers, 2], "i", vals))
+    else:
+        dt, fmt = (ndarray_pb2.UINT8, "B") if e <= 256 else (ndarray_pb2.UINT16, "H")
+        s.routed_experts.CopyFrom(array(dt, [rows, layers, 2], fmt, vals))
+    return s
+
+
+i = 0
+for model in (0, 1, 2):
+    for form in ("full", "compact", "missing"):
+        for n in (1, 3, 17):
+            if form == "missing" and n < 3:
+                continue
+            write("sample_validation", "seed_%02d" % i, bytes([model]) + sample(model, n, form).SerializeToString())
+            i += 1
+
+for j in range(12):
+    t = scheduler_pb2.Topology(dp=rng.choice([1, 2, 4]), cp=rng.choice([0, 1, 2, 4]), tp=rng.choice([0, 1, 2]),
+                               pp=rng.choice([0, 1, 2, 4]), vpp=rng.choice([0, 1, 2]),
+                               max_tokens_per_rank=rng.choice([512, 1024, 4096]), pad_multiple=rng.choice([0, 1, 8]),
+                               scheduler=rng.choice([0, 1]), min_cp=rng.choice([0, 1, 2]))
+    if j % 3 == 0:
+        t.sequence_parallel = False
+    if j % 4 == 1:
+        t.num_layers_in_first_pipeline_stage = 1
+        t.num_layers_in_last_pipeline_stage = 1
+    if j % 5 == 2:
+        t.cost.hidden_size = 4096
+    # FuzzedDataProvider takes integers from the end: the model follows the proto bytes.
+    write("topology", "seed_%02d" % j, t.SerializeToString() + bytes(rng.randrange(256) for _ in range(12)))
+
+for target in ("plan", "layout"):
+    for j in range(16):
+        write(target, "seed_%02d" % j, bytes(rng.randrange(256) for _ in range(rng.choice([32, 64, 200, 400]))))
