@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps build test demo clean
+.PHONY: deps build test demo clean bazel-test ci-extra
 
 deps:
 	@bash tools/install_deps.sh
@@ -17,6 +17,16 @@ build: deps $(BUILD_DIR)/build.ninja
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+# Every C++ target and test again with Bazel 4.2.3 (Debian bazel-bootstrap),
+# offline, system libraries (docs/bazel.md); prints `bazel: N passed, N failed`.
+bazel-test: deps
+	@bash tools/bazel_test.sh
+
+# Reliability checks after `make test` (docs/reliability.md): ASan+UBSan
+# unit tests of server/ and scheduler/, and a short libFuzzer run per target.
+ci-extra: deps
+	@bash tools/ci_extra.sh
 
 demo: build
 	$(BUILD_DIR)/bin/rollpack demo

@@ -14,8 +14,8 @@ namespace {
 // first refused message ends the stream; earlier ones stay committed.
 class PutSamplesReactor final : public grpc::ServerReadReactor<v1::PutSamplesRequest> {
  public:
-  PutSamplesReactor(SampleStore* store, v1::PutSamplesResponse* response)
-      : store_(store), response_(response) {
+  PutSamplesReactor(SampleStore* store, ServerMetrics* metrics, v1::PutSamplesResponse* response)
+      : store_(store), metrics_(metrics), response_(response) {
     StartRead(&request_);
   }
 
@@ -25,6 +25,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<v1::PutSamplesReq
       return;
     }
     if (absl::Status s = Commit(); !s.ok()) {
+      if (metrics_ != nullptr) metrics_->OnPutRefused(pool_, s.code());
       Finish(ToGrpcStatus(absl::Status(
           s.code(), absl::StrCat(s.message(), " [", response_->accepted(),
                                  " samples of earlier messages of this stream were committed; "
@@ -51,6 +52,9 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<v1::PutSamplesReq
     }
     absl::StatusOr<PutResult> result = store_->Put(pool_, std::move(samples));
     if (!result.ok()) return result.status();
+    if (metrics_ != nullptr) {
+      metrics_->OnPut(pool_, result->accepted, result->duplicates, result->stored_bytes);
+    }
     response_->set_accepted(response_->accepted() + result->accepted);
     response_->set_duplicates(response_->duplicates() + result->duplicates);
     response_->set_stored_bytes(response_->stored_bytes() + result->stored_bytes);
@@ -58,9 +62,17 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<v1::PutSamplesReq
   }
 
   SampleStore* const store_;
+  ServerMetrics* const metrics_;
   v1::PutSamplesResponse* const response_;
   v1::PutSamplesRequest request_;
   std::string pool_;
+};
+
+// A PutSamples refused before reading anything (authentication).
+class RefusedPut final : public grpc::ServerReadReactor<v1::PutSamplesRequest> {
+ public:
+  explicit RefusedPut(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
 };
 
 }  // namespace
@@ -69,6 +81,12 @@ grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerCon
                                                          const v1::RegisterModelRequest* request,
                                                          v1::RegisterModelResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->Check(*context, "/rollpack.v1.Rollouts/RegisterModel"); !s.ok()) {
+      reactor->Finish(s);
+      return reactor;
+    }
+  }
   absl::StatusOr<bool> created = store_->RegisterModel(request->pool(), FromProto(request->model()));
   if (created.ok()) {
     response->set_created(*created);
@@ -80,13 +98,24 @@ grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerCon
 
 grpc::ServerReadReactor<v1::PutSamplesRequest>* RolloutsService::PutSamples(
     grpc::CallbackServerContext* context, v1::PutSamplesResponse* response) {
-  return new PutSamplesReactor(store_, response);
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->Check(*context, "/rollpack.v1.Rollouts/PutSamples"); !s.ok()) {
+      return new RefusedPut(s);
+    }
+  }
+  return new PutSamplesReactor(store_, metrics_, response);
 }
 
 grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* context,
                                                    const v1::GetPoolRequest* request,
                                                    v1::PoolInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->Check(*context, "/rollpack.v1.Rollouts/GetPool"); !s.ok()) {
+      reactor->Finish(s);
+      return reactor;
+    }
+  }
   absl::StatusOr<PoolStats> stats = store_->GetPool(request->pool());
   if (stats.ok()) {
     response->set_pool(stats->pool);

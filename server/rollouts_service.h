@@ -3,13 +3,18 @@
 #define ROLLPACK_SERVER_ROLLOUTS_SERVICE_H_
 
 #include "rollpack/v1/rollouts.grpc.pb.h"
+#include "server/auth.h"
 #include "server/sample_store.h"
+#include "server/server_metrics.h"
 
 namespace rollpack {
 
 class RolloutsService final : public v1::Rollouts::CallbackService {
  public:
-  explicit RolloutsService(SampleStore* store) : store_(store) {}
+  // `metrics` and `auth` may be null (no metrics, no auth).
+  explicit RolloutsService(SampleStore* store, ServerMetrics* metrics = nullptr,
+                          const Authorizer* auth = nullptr)
+      : store_(store), metrics_(metrics), auth_(auth) {}
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
                                           const v1::RegisterModelRequest* request,
@@ -22,6 +27,8 @@ class RolloutsService final : public v1::Rollouts::CallbackService {
 
  private:
   SampleStore* const store_;
+  ServerMetrics* const metrics_;
+  const Authorizer* const auth_;
 };
 
 }  // namespace rollpack

@@ -1,6 +1,7 @@
 // rollpackd: the rollpack sidecar server.
 #include <algorithm>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -21,8 +22,36 @@ ABSL_FLAG(int64_t, max_memory, 0,
 ABSL_FLAG(int, max_message_bytes, 512 << 20, "largest gRPC message, either way");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound port to this file once serving (for port 0)");
+ABSL_FLAG(std::string, data_dir, "",
+          "durable mode: log every acknowledged mutation under this directory and recover "
+          "it at start (docs/reliability.md)");
+ABSL_FLAG(std::string, fsync, "always",
+          "durable mode: always (fdatasync before each acknowledgement, group commit), batch "
+          "(every --fsync-batch-ms) or never");
+ABSL_FLAG(int, fsync_batch_ms, 50, "fsync interval of --fsync batch");
+ABSL_FLAG(int64_t, compact_min_dead_bytes, int64_t{64} << 20,
+          "durable mode: compact the log once released records exceed this many bytes "
+          "and half the file");
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, let streams in flight finish for this long");
+// Operations (docs/operations.md).
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics (GET /metrics) on host:port; empty = off. "
+          "127.0.0.1:PORT keeps them on loopback");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "write the bound metrics port to this file once serving (for port 0)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "file of `ROLE TOKEN` lines (roles producer, trainer, admin): require "
+          "`authorization: Bearer TOKEN` metadata; empty = no auth");
+ABSL_FLAG(int, max_concurrent_streams, 0,
+          "FetchMicrobatches streams in flight at once before RESOURCE_EXHAUSTED; 0 = no limit");
+ABSL_FLAG(int64_t, max_pool_memory, 0,
+          "bytes one pool may hold before its PutSamples get RESOURCE_EXHAUSTED; 0 = only "
+          "--max-memory applies");
 
 namespace {
 
@@ -61,6 +90,31 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.max_memory_bytes = absl::GetFlag(FLAGS_max_memory);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (absl::StatusOr<rollpack::FsyncPolicy> fsync =
+          rollpack::ParseFsyncPolicy(absl::GetFlag(FLAGS_fsync));
+      fsync.ok()) {
+    options.fsync = *fsync;
+  } else {
+    spdlog::error("rollpackd: {}", std::string(fsync.status().message()));
+    return 2;
+  }
+  options.fsync_batch_interval = absl::Milliseconds(absl::GetFlag(FLAGS_fsync_batch_ms));
+  options.compact_min_dead_bytes = absl::GetFlag(FLAGS_compact_min_dead_bytes);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.max_pool_memory_bytes = absl::GetFlag(FLAGS_max_pool_memory);
+  if (!options.auth_tokens_file.empty()) {
+    struct stat st;
+    if (stat(options.auth_tokens_file.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO))) {
+      spdlog::warn("rollpackd: --auth-tokens {} is readable by group/others; chmod 600 it",
+                   options.auth_tokens_file);
+    }
+  }
   absl::StatusOr<std::unique_ptr<rollpack::RollpackServer>> server =
       rollpack::RollpackServer::Start(options);
   if (!server.ok()) {
@@ -68,12 +122,33 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  if (rollpack::DurableLog* log = (*server)->durable_log(); log != nullptr) {
+    const rollpack::RecoveryInfo& r = (*server)->recovery();
+    const rollpack::StoreStats stats = (*server)->store().Stats();
+    spdlog::info("rollpackd: durable log {} (fsync {}): replayed {} records, {} bytes; "
+                 "dropped a torn tail of {} bytes; {} samples, {} live steps recovered",
+                 log->path(), rollpack::FsyncPolicyName(log->options().fsync), r.records, r.bytes,
+                 r.torn_tail_bytes, stats.num_samples, stats.num_live_steps);
+  }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
     const std::string tmp = port_file + ".tmp";
     std::ofstream(tmp) << (*server)->port() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
+  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  if (!metrics_port_file.empty() && (*server)->metrics_port() > 0) {
+    const std::string tmp = metrics_port_file + ".tmp";
+    std::ofstream(tmp) << (*server)->metrics_port() << "\n";
+    std::rename(tmp.c_str(), metrics_port_file.c_str());
+  }
+  if ((*server)->metrics_port() > 0) {
+    spdlog::info("rollpackd: metrics on {} (port {})", options.metrics_listen,
+                 (*server)->metrics_port());
+  }
+  spdlog::info("rollpackd: {}{}", options.tls_cert.empty() ? "plaintext gRPC" : "TLS",
+               options.tls_client_ca.empty() ? "" : " with client certificates (mTLS)");
+  if (!options.auth_tokens_file.empty()) spdlog::info("rollpackd: token auth on");
   spdlog::info("rollpackd listening on {} (max memory {} bytes)", (*server)->address(),
                (*server)->store().Stats().max_memory_bytes);
   int signal_number = 0;

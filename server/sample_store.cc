@@ -1,5 +1,6 @@
 #include "server/sample_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -7,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "scheduler/pipeline_layers.h"
 #include "scheduler/plan.h"
+#include "server/durable_log.h"
 #include "server/ndarray.h"
 
 namespace rollpack {
@@ -26,22 +28,57 @@ int64_t LongestFitting(const Topology& topology, int c) {
 
 SampleStore::SampleStore(int64_t max_memory_bytes) : max_memory_bytes_(max_memory_bytes) {}
 
+std::vector<std::string> SampleStore::PoolNames() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::string> names;
+  names.reserve(pools_.size());
+  for (const auto& [name, pool] : pools_) names.push_back(name);
+  return names;
+}
+
+void SampleStore::set_max_pool_bytes(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  max_pool_bytes_ = bytes > 0 ? bytes : 0;
+}
+
+int64_t SampleStore::max_pool_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return max_pool_bytes_;
+}
+
 absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
                                                 const ModelSpec& model) {
   if (pool_name.empty()) return absl::InvalidArgumentError("pool name is empty");
   if (absl::Status s = ValidateModelSpec(model); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = pools_.try_emplace(pool_name);
-  if (inserted) {
-    it->second.model = model;
-    return true;
+  int64_t ticket = 0;
+  bool inserted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto emplaced = pools_.try_emplace(pool_name);
+    auto it = emplaced.first;
+    inserted = emplaced.second;
+    if (!inserted && it->second.model != model) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pool \"", pool_name, "\" already holds model \"", it->second.model.name,
+          "\" with another spec; a pool holds one model"));
+    }
+    if (inserted) it->second.model = model;
+    if (log_ == nullptr) return inserted;
+    if (inserted) {
+      absl::StatusOr<int64_t> written =
+          log_->Append(RecordType::kRegisterModel, EncodeRegisterModel(pool_name, model));
+      if (!written.ok()) {
+        pools_.erase(it);
+        return written.status();
+      }
+      ticket = *written;
+    } else {
+      // An identical re-register is acknowledged once the first is durable.
+      ticket = log_->written();
+    }
   }
-  if (it->second.model != model) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool \"", pool_name, "\" already holds model \"", it->second.model.name,
-        "\" with another spec; a pool holds one model"));
-  }
-  return false;
+  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  return inserted;
 }
 
 absl::StatusOr<ModelSpec> SampleStore::GetModel(const std::string& pool) const {
@@ -87,6 +124,25 @@ absl::Status SampleStore::CheckSchema(
 
 absl::StatusOr<PutResult> SampleStore::Put(const std::string& pool_name,
                                            std::vector<StoredSample> samples) {
+  if (log_ == nullptr) {
+    int64_t unused = 0;
+    return PutLocked(pool_name, std::move(samples), std::string(), &unused);
+  }
+  // Encode outside the lock: the common batch is all new samples.
+  std::string encoded =
+      samples.empty() ? std::string() : EncodeSamples(pool_name, absl::MakeConstSpan(samples));
+  int64_t ticket = 0;
+  absl::StatusOr<PutResult> result =
+      PutLocked(pool_name, std::move(samples), std::move(encoded), &ticket);
+  if (!result.ok()) return result;
+  // Acknowledged only once durable (and a duplicate only once its first copy is).
+  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  return result;
+}
+
+absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
+                                                 std::vector<StoredSample> samples,
+                                                 std::string encoded, int64_t* ticket) {
   absl::MutexLock lock(&mu_);
   auto pool_it = pools_.find(pool_name);
   if (pool_it == pools_.end()) {
@@ -136,6 +192,31 @@ absl::StatusOr<PutResult> SampleStore::Put(const std::string& pool_name,
         "memory limit: storing ", new_bytes, " more bytes would exceed --max-memory ",
         max_memory_bytes_, " (", stored_bytes_,
         " held); retry after the trainer releases a step"));
+  }
+  if (max_pool_bytes_ > 0 && pool.stored_bytes + new_bytes > max_pool_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool memory limit: storing ", new_bytes, " more bytes in pool \"", pool_name,
+        "\" would exceed --max-pool-memory ", max_pool_bytes_, " (", pool.stored_bytes,
+        " held by the pool); retry after the trainer releases a step"));
+  }
+  if (log_ != nullptr) {
+    // Written under the lock so the log's order is the store's order.
+    const bool all_new = std::find(is_new.begin(), is_new.end(), false) == is_new.end();
+    if (!all_new) {
+      std::vector<const StoredSample*> fresh;
+      for (size_t i = 0; i < samples.size(); ++i) {
+        if (is_new[i]) fresh.push_back(&samples[i]);
+      }
+      encoded = fresh.empty() ? std::string()
+                              : EncodeSamples(pool_name, absl::MakeConstSpan(fresh));
+    }
+    if (encoded.empty()) {
+      *ticket = log_->written();
+    } else {
+      absl::StatusOr<int64_t> written = log_->Append(RecordType::kPutSamples, encoded);
+      if (!written.ok()) return written.status();
+      *ticket = *written;
+    }
   }
 
   if (!pool.schema_fixed && !samples.empty()) {
@@ -277,16 +358,31 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
   };
   absl::StatusOr<std::shared_ptr<const Step>> step = build();
 
-  absl::MutexLock lock(&mu_);
-  pending_steps_.erase(step_id);
-  auto pool_it = pools_.find(pool_name);
-  if (!step.ok()) {
-    for (auto& [arrival, id] : reserved) pool_it->second.free_by_arrival.emplace(arrival, id);
-    return absl::Status(step.status().code(),
-                        absl::StrCat("step \"", step_id, "\": ", step.status().message()));
+  int64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    pending_steps_.erase(step_id);
+    auto pool_it = pools_.find(pool_name);
+    if (step.ok() && log_ != nullptr) {
+      absl::StatusOr<int64_t> written =
+          log_->Append(RecordType::kCreateStep, EncodeCreateStep(**step));
+      if (written.ok()) {
+        ticket = *written;
+      } else {
+        step = written.status();
+      }
+    }
+    if (!step.ok()) {
+      for (auto& [arrival, id] : reserved) pool_it->second.free_by_arrival.emplace(arrival, id);
+      return absl::Status(step.status().code(),
+                          absl::StrCat("step \"", step_id, "\": ", step.status().message()));
+    }
+    pool_it->second.live_steps++;
+    steps_[step_id] = *step;
   }
-  pool_it->second.live_steps++;
-  steps_[step_id] = *step;
+  if (log_ != nullptr) {
+    if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  }
   return step;
 }
 
@@ -301,10 +397,33 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::GetStep(
 }
 
 absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_id) {
+  int64_t ticket = 0;
+  absl::StatusOr<ReleaseResult> released = ReleaseStepLocked(step_id, &ticket);
+  if (!released.ok() || log_ == nullptr) return released;
+  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  if (log_->ShouldCompact()) {
+    // The release is durable whatever compaction does; a failed compaction
+    // leaves the old log in place and is retried at the next release.
+    CompactLog().IgnoreError();
+  }
+  return released;
+}
+
+absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& step_id,
+                                                             int64_t* ticket) {
   absl::MutexLock lock(&mu_);
   auto it = steps_.find(step_id);
   if (it == steps_.end()) {
     return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));
+  }
+  if (log_ != nullptr) {
+    const std::string record = EncodeReleaseStep(step_id);
+    absl::StatusOr<int64_t> written = log_->Append(RecordType::kReleaseStep, record);
+    if (!written.ok()) return written.status();
+    *ticket = *written;
+    int64_t dead = 2 * 9 + static_cast<int64_t>(record.size() + EncodeCreateStep(*it->second).size());
+    for (const auto& sample : it->second->samples) dead += EncodedSampleBytes(*sample);
+    log_->AddDeadBytes(dead);
   }
   std::shared_ptr<const Step> step = std::move(it->second);
   steps_.erase(it);
@@ -321,6 +440,55 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_i
     result.released_samples++;
   }
   return result;
+}
+
+absl::Status SampleStore::CompactLog() {
+  if (log_ == nullptr) return absl::FailedPreconditionError("no durable log");
+  // Readers (fetches, GetPool) go on; writers wait until the new log is in
+  // place, so no record can fall between the snapshot and the swap.
+  absl::ReaderMutexLock lock(&mu_);
+  return log_->Rewrite([&](DurableLog::Rewriter* out) -> absl::Status {
+    struct Item {
+      uint64_t arrival;
+      const std::string* pool;
+      const StoredSample* sample;
+    };
+    std::vector<Item> items;
+    for (const auto& [name, pool] : pools_) {
+      if (absl::Status s = out->Add(RecordType::kRegisterModel, EncodeRegisterModel(name, pool.model));
+          !s.ok()) {
+        return s;
+      }
+      for (const auto& [id, sample] : pool.samples) {
+        items.push_back({pool.arrival_of.at(id), &name, sample.get()});
+      }
+    }
+    // Samples in arrival order, so the recovered free list is in the same order.
+    std::sort(items.begin(), items.end(),
+              [](const Item& a, const Item& b) { return a.arrival < b.arrival; });
+    constexpr int64_t kChunkBytes = 8 << 20;
+    for (size_t i = 0; i < items.size();) {
+      std::vector<const StoredSample*> chunk;
+      int64_t bytes = 0;
+      size_t j = i;
+      for (; j < items.size() && *items[j].pool == *items[i].pool && (chunk.empty() || bytes < kChunkBytes); ++j) {
+        chunk.push_back(items[j].sample);
+        bytes += EncodedSampleBytes(*items[j].sample);
+      }
+      if (absl::Status s = out->Add(RecordType::kPutSamples,
+                                    EncodeSamples(*items[i].pool, absl::MakeConstSpan(chunk)));
+          !s.ok()) {
+        return s;
+      }
+      i = j;
+    }
+    for (const auto& [id, step] : steps_) {
+      if (absl::Status s = out->Add(RecordType::kCreateStep, EncodeCreateStep(*step)); !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace rollpack

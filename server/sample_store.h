@@ -53,6 +53,8 @@ struct ReleaseResult {
   int64_t freed_bytes = 0;
 };
 
+class DurableLog;
+
 class SampleStore {
  public:
   explicit SampleStore(int64_t max_memory_bytes);
@@ -74,6 +76,13 @@ class SampleStore {
                                 std::vector<StoredSample> samples);
 
   absl::StatusOr<PoolStats> GetPool(const std::string& pool) const;
+  // Names of the pools with a registered model, sorted.
+  std::vector<std::string> PoolNames() const;
+
+  // Bytes one pool may hold (--max-pool-memory); 0 = only the server-wide
+  // limit. Past it Put returns RESOURCE_EXHAUSTED naming the pool.
+  void set_max_pool_bytes(int64_t bytes);
+  int64_t max_pool_bytes() const;
   StoreStats Stats() const;
 
   // Takes samples out of the pool's free samples (the given ids, or the
@@ -93,6 +102,15 @@ class SampleStore {
   // Deletes the step and its samples, freeing their memory.
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id);
 
+  // Durable mode: from now on every mutation is written to `log` before it
+  // is acknowledged (see server/durable_log.h); a mutation the log refuses
+  // fails with the log's status and changes nothing. Call before serving,
+  // after replaying the log into this store. `log` must outlive the store.
+  void AttachLog(DurableLog* log) { log_ = log; }
+  // Rewrites the log from the live state (released steps' samples drop
+  // out). ReleaseStep calls it when the log's dead bytes pass its limits.
+  absl::Status CompactLog();
+
  private:
   struct Pool {
     ModelSpec model;
@@ -110,13 +128,20 @@ class SampleStore {
                            const std::map<std::string, FieldSchema>* batch_schema) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
+  absl::StatusOr<PutResult> PutLocked(const std::string& pool,
+                                      std::vector<StoredSample> samples,
+                                      std::string encoded, int64_t* ticket);
+  absl::StatusOr<ReleaseResult> ReleaseStepLocked(const std::string& step_id, int64_t* ticket);
+
   const int64_t max_memory_bytes_;
+  DurableLog* log_ = nullptr;
   mutable absl::Mutex mu_;
   std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Step>> steps_ ABSL_GUARDED_BY(mu_);
   // Step ids being planned, reserved so two creates cannot race.
   absl::flat_hash_map<std::string, bool> pending_steps_ ABSL_GUARDED_BY(mu_);
   int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

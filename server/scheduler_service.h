@@ -3,13 +3,18 @@
 #define ROLLPACK_SERVER_SCHEDULER_SERVICE_H_
 
 #include "rollpack/v1/scheduler.grpc.pb.h"
+#include "server/auth.h"
 #include "server/sample_store.h"
+#include "server/server_metrics.h"
 
 namespace rollpack {
 
 class SchedulerService final : public v1::Scheduler::CallbackService {
  public:
-  explicit SchedulerService(SampleStore* store) : store_(store) {}
+  // `metrics` and `auth` may be null (no metrics, no auth).
+  explicit SchedulerService(SampleStore* store, ServerMetrics* metrics = nullptr,
+                           const Authorizer* auth = nullptr)
+      : store_(store), metrics_(metrics), auth_(auth) {}
 
   grpc::ServerUnaryReactor* CreateStep(grpc::CallbackServerContext* context,
                                        const v1::CreateStepRequest* request,
@@ -23,6 +28,8 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
 
  private:
   SampleStore* const store_;
+  ServerMetrics* const metrics_;
+  const Authorizer* const auth_;
 };
 
 }  // namespace rollpack

@@ -2,7 +2,12 @@
 
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -17,30 +22,122 @@ int64_t DefaultMaxMemoryBytes() {
   return pages * page_size / 2;
 }
 
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is not PEM"));
+  }
+  return text.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty() && options.tls_key.empty() && options.tls_client_ca.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (options.tls_cert.empty() || options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  absl::StatusOr<std::string> cert = ReadPem(options.tls_cert, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(options.tls_key, "--tls-key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!options.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem(options.tls_client_ca, "--tls-client-ca");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  } else {
+    ssl.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+int RollpackServer::metrics_port() const {
+  return exporter_ != nullptr ? exporter_->port() : 0;
+}
+
 absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     const ServerOptions& options) {
   std::unique_ptr<RollpackServer> server(new RollpackServer());
   server->store_ = std::make_unique<SampleStore>(
       options.max_memory_bytes > 0 ? options.max_memory_bytes : DefaultMaxMemoryBytes());
-  server->rollouts_ = std::make_unique<RolloutsService>(server->store_.get());
-  server->scheduler_ = std::make_unique<SchedulerService>(server->store_.get());
-  server->trainer_ = std::make_unique<TrainerService>(server->store_.get());
+  server->store_->set_max_pool_bytes(options.max_pool_memory_bytes);
+  if (!options.data_dir.empty()) {
+    DurableLogOptions log_options;
+    log_options.dir = options.data_dir;
+    log_options.fsync = options.fsync;
+    log_options.batch_interval = options.fsync_batch_interval;
+    log_options.compact_min_dead_bytes = options.compact_min_dead_bytes;
+    std::vector<LogRecord> records;
+    absl::StatusOr<std::unique_ptr<DurableLog>> log =
+        DurableLog::Open(log_options, &records, &server->recovery_);
+    if (!log.ok()) return log.status();
+    if (absl::Status s = ReplayLog(records, server->store_.get()); !s.ok()) return s;
+    server->log_ = *std::move(log);
+    server->store_->AttachLog(server->log_.get());
+  }
+  server->registry_ = std::make_unique<metrics::Registry>();
+  server->metrics_ = std::make_unique<ServerMetrics>(server->registry_.get(), server->store_.get());
+  if (!options.auth_tokens_file.empty()) {
+    absl::StatusOr<Authorizer> auth = Authorizer::FromFile(options.auth_tokens_file);
+    if (!auth.ok()) return auth.status();
+    server->auth_ = std::make_unique<Authorizer>(*std::move(auth));
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options);
+  if (!credentials.ok()) return credentials.status();
+  server->rollouts_ = std::make_unique<RolloutsService>(
+      server->store_.get(), server->metrics_.get(), server->auth_.get());
+  server->scheduler_ = std::make_unique<SchedulerService>(
+      server->store_.get(), server->metrics_.get(), server->auth_.get());
+  server->trainer_ = std::make_unique<TrainerService>(server->store_.get(), server->metrics_.get(),
+                                                      server->auth_.get(),
+                                                      options.max_concurrent_streams);
 
   grpc::EnableDefaultHealthCheckService(true);
+  // Links grpc/health/v1/health.pb.cc (and so registers its descriptor) for
+  // reflection: grpcurl / buf curl can then call grpc.health.v1.Health/Check.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, *credentials, &port);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(server->metrics_->InterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(server->rollouts_.get());
   builder.RegisterService(server->scheduler_.get());
   builder.RegisterService(server->trainer_.get());
+  server->rendezvous_ = std::make_unique<RendezvousService>();
+  server->rendezvous_->set_authorizer(server->auth_.get());
+  builder.RegisterService(server->rendezvous_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
   server->port_ = port;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<metrics::HttpExporter>> exporter =
+        metrics::HttpExporter::Start(options.metrics_listen, server->registry_.get());
+    if (!exporter.ok()) {
+      server->Shutdown(absl::ZeroDuration());
+      return exporter.status();
+    }
+    server->exporter_ = *std::move(exporter);
+  }
   server->host_ = options.listen.substr(0, options.listen.rfind(':'));
   if (server->host_.empty() || server->host_ == "0.0.0.0" || server->host_ == "[::]") {
     server->host_ = "127.0.0.1";
@@ -58,6 +155,7 @@ void RollpackServer::Shutdown(absl::Duration grace) {
   server_->GetHealthCheckService()->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
+  if (exporter_ != nullptr) exporter_->Stop();
 }
 
 void RollpackServer::Wait() {

@@ -10,10 +10,17 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "server/auth.h"
+#include "server/metrics/http_exporter.h"
+#include "server/metrics/registry.h"
 #include "server/rollouts_service.h"
+#include "server/durable_log.h"
+#include "server/rendezvous_service.h"
 #include "server/sample_store.h"
 #include "server/scheduler_service.h"
+#include "server/server_metrics.h"
 #include "server/trainer_service.h"
 
 namespace rollpack {
@@ -26,10 +33,37 @@ struct ServerOptions {
   // Largest gRPC message either way. One 32k-token sample of a 94-layer
   // top-8 model is 24 MB at uint8.
   int max_message_bytes = 512 << 20;
+  // Durable mode (server/durable_log.h): when set, every acknowledged
+  // mutation is logged under this directory and replayed at start.
+  std::string data_dir;
+  FsyncPolicy fsync = FsyncPolicy::kAlways;
+  absl::Duration fsync_batch_interval = absl::Milliseconds(50);
+  int64_t compact_min_dead_bytes = int64_t{64} << 20;
+
+  // --- Operations (docs/operations.md) ---
+  // host:port of the Prometheus endpoint (GET /metrics); empty = off.
+  std::string metrics_listen;
+  // TLS on the gRPC port: PEM certificate chain and private key files. With
+  // tls_client_ca too, clients must present a certificate signed by it
+  // (mutual TLS). All empty = plaintext.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  // `ROLE TOKEN` lines (server/auth.h); empty = no auth.
+  std::string auth_tokens_file;
+  // FetchMicrobatches streams in flight at once; 0 = no limit.
+  int max_concurrent_streams = 0;
+  // Bytes one pool may hold; 0 = only max_memory_bytes applies.
+  int64_t max_pool_memory_bytes = 0;
 };
 
 // Half of physical memory: the default --max-memory.
 int64_t DefaultMaxMemoryBytes();
+
+// Plaintext, TLS or mutual TLS from the tls_* options; INVALID_ARGUMENT
+// for a missing or non-PEM file or a cert without a key.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerOptions& options);
 
 class RollpackServer {
  public:
@@ -41,6 +75,12 @@ class RollpackServer {
   // "127.0.0.1:PORT" style address clients can dial.
   std::string address() const;
   SampleStore& store() { return *store_; }
+  // Null unless durable mode; what startup recovered from it.
+  DurableLog* durable_log() { return log_.get(); }
+  const RecoveryInfo& recovery() const { return recovery_; }
+  // Port of the metrics endpoint, 0 when off.
+  int metrics_port() const;
+  metrics::Registry& metrics_registry() { return *registry_; }
 
   // Stops accepting calls, lets streams in flight finish within `grace`,
   // then cancels what is left. Idempotent.
@@ -52,10 +92,18 @@ class RollpackServer {
 
   std::string host_;
   int port_ = 0;
+  // Declared before the store: destroyed after it.
+  std::unique_ptr<DurableLog> log_;
+  RecoveryInfo recovery_;
   std::unique_ptr<SampleStore> store_;
+  std::unique_ptr<metrics::Registry> registry_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<metrics::HttpExporter> exporter_;
+  std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<RolloutsService> rollouts_;
   std::unique_ptr<SchedulerService> scheduler_;
   std::unique_ptr<TrainerService> trainer_;
+  std::unique_ptr<RendezvousService> rendezvous_;
   std::unique_ptr<grpc::Server> server_;
   bool shut_down_ = false;
 };

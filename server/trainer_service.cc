@@ -13,10 +13,15 @@ namespace {
 // handed to the transport, so a slow trainer holds one message, not a step.
 class FetchReactor final : public grpc::ServerWriteReactor<v1::Microbatch> {
  public:
-  FetchReactor(std::shared_ptr<const Step> step, const v1::FetchRequest& request)
+  // `active` was already incremented for this stream; OnDone decrements it.
+  FetchReactor(std::shared_ptr<const Step> step, const v1::FetchRequest& request,
+               ServerMetrics* metrics, std::atomic<int>* active)
       : step_(std::move(step)),
         next_(request.start_index()),
-        all_fields_(request.all_fields()) {
+        all_fields_(request.all_fields()),
+        metrics_(metrics),
+        active_(active) {
+    if (metrics_ != nullptr) metrics_->OnStreamStart(request.start_index() > 0);
     coords_ = {request.rank().dp(), request.rank().cp(), request.rank().tp(), request.rank().pp()};
     WriteNext();
   }
@@ -26,10 +31,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::Microbatch> {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
       return;
     }
+    if (metrics_ != nullptr) metrics_->OnMicrobatchSent(static_cast<int64_t>(written_bytes_));
     WriteNext();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    active_->fetch_sub(1);
+    if (metrics_ != nullptr) metrics_->OnStreamEnd();
+    delete this;
+  }
 
  private:
   void WriteNext() {
@@ -43,6 +53,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::Microbatch> {
       return;
     }
     ++next_;
+    written_bytes_ = message_.ByteSizeLong();
     StartWrite(&message_);
   }
 
@@ -50,6 +61,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::Microbatch> {
   RankCoords coords_;
   int next_;
   const bool all_fields_;
+  ServerMetrics* const metrics_;
+  std::atomic<int>* const active_;
+  size_t written_bytes_ = 0;
   RankMicrobatchLayout scratch_;
   v1::Microbatch message_;
 };
@@ -57,6 +71,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::Microbatch> {
 class FailedFetch final : public grpc::ServerWriteReactor<v1::Microbatch> {
  public:
   explicit FailedFetch(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  explicit FailedFetch(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
@@ -64,6 +79,12 @@ class FailedFetch final : public grpc::ServerWriteReactor<v1::Microbatch> {
 
 grpc::ServerWriteReactor<v1::Microbatch>* TrainerService::FetchMicrobatches(
     grpc::CallbackServerContext* context, const v1::FetchRequest* request) {
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->Check(*context, "/rollpack.v1.Trainer/FetchMicrobatches");
+        !s.ok()) {
+      return new FailedFetch(s);
+    }
+  }
   absl::StatusOr<std::shared_ptr<const Step>> step = store_->GetStep(request->step_id());
   if (!step.ok()) return new FailedFetch(step.status());
   const RankCoords coords{request->rank().dp(), request->rank().cp(), request->rank().tp(),
@@ -77,7 +98,15 @@ grpc::ServerWriteReactor<v1::Microbatch>* TrainerService::FetchMicrobatches(
         "start_index ", request->start_index(), " is outside [0, ", num, "] for step \"",
         request->step_id(), "\"")));
   }
-  return new FetchReactor(*std::move(step), *request);
+  const int active = active_streams_.fetch_add(1) + 1;
+  if (max_concurrent_streams_ > 0 && active > max_concurrent_streams_) {
+    active_streams_.fetch_sub(1);
+    if (metrics_ != nullptr) metrics_->OnStreamRefused();
+    return new FailedFetch(absl::ResourceExhaustedError(absl::StrCat(
+        max_concurrent_streams_, " FetchMicrobatches streams are in flight "
+        "(--max-concurrent-streams); retry later")));
+  }
+  return new FetchReactor(*std::move(step), *request, metrics_, &active_streams_);
 }
 
 }  // namespace rollpack

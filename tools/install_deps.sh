@@ -13,12 +13,25 @@ packages=(
 if [[ "${ROLLPACK_WITH_TORCH:-1}" == 1 ]]; then
   packages+=(python3-torch)
 fi
+# Operations tests (issue 7): a real Prometheus + promtool, openssl for test
+# certificates, PyYAML to parse deploy/ manifests, npm for buf (below).
+packages+=(prometheus openssl python3-yaml)
+# Reliability (issue 8): clang + its libFuzzer/sanitizer runtimes for fuzz/.
+packages+=(clang libclang-rt-14-dev)
+# Bazel 4.2.3 for `make bazel-test` (docs/bazel.md), offline.
+packages+=(bazel-bootstrap)
+# Debian's npm, unless a node/npm is already installed (e.g. NodeSource's
+# nodejs, which conflicts with Debian's npm package).
+if ! command -v npm >/dev/null; then packages+=(npm); fi
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
+# buf (npm @bufbuild/buf) into .tools/npm, idempotent; after apt when npm is missing.
+install_buf() { bash "$(dirname "$0")/install_buf.sh" >/dev/null; }
 if ((${#missing[@]} == 0)); then
+  install_buf
   exit 0
 fi
 
@@ -28,3 +41,4 @@ echo "install_deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+install_buf

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "client/cli/bench_layout_command.h"
+#include "client/cli/bench_load_command.h"
 #include "client/cli/bench_transport_command.h"
 #include "client/cli/demo_command.h"
 #include "client/cli/plan_command.h"
@@ -17,7 +18,9 @@ void Usage() {
                "         bytes match the independent reference\n"
                "  plan   offline packing plan and statistics for a file of lengths\n"
                "  bench layout   bytes per rank vs the minimum and vs DP-partition fetching\n"
-               "  bench transport   loopback limits vs rollpackd ingest and fetch throughput\n");
+               "  bench transport   loopback limits vs rollpackd ingest and fetch throughput\n"
+               "  bench load   producers + trainer streams for D seconds: throughput, latencies,\n"
+               "               peak RSS, every acknowledged sample fetched once per replica\n");
 }
 
 }  // namespace
@@ -34,6 +37,7 @@ int main(int argc, char** argv) {
     const std::string bench = argv[2];
     if (bench == "layout") return rollpack::RunBenchLayoutCommand(argc - 2, argv + 2);
     if (bench == "transport") return rollpack::RunBenchTransportCommand(argc - 2, argv + 2);
+    if (bench == "load") return rollpack::RunBenchLoadCommand(argc - 2, argv + 2);
     std::fprintf(stderr, "rollpack bench: unknown benchmark \"%s\"\n", bench.c_str());
     return 2;
   }

@@ -15,7 +15,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (options.tls_root_certs_pem.empty()) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = options.tls_root_certs_pem;
+  ssl.pem_cert_chain = options.tls_client_cert_pem;
+  ssl.pem_private_key = options.tls_client_key_pem;
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
 RollpackClient::RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
@@ -27,6 +35,9 @@ RollpackClient::RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOpt
 std::unique_ptr<grpc::ClientContext> RollpackClient::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + options_.deadline));
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  }
   return context;
 }
 

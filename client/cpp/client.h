@@ -23,9 +23,20 @@ struct ClientOptions {
   // Samples are streamed in request messages of about this many bytes.
   int64_t batch_bytes = 8 << 20;
   absl::Duration deadline = absl::Minutes(5);
+  // Sent as `authorization: Bearer <auth_token>` when set (rollpackd
+  // --auth-tokens; docs/operations.md).
+  std::string auth_token;
+  // TLS (rollpackd --tls-cert): PEM of the CA to trust; with client_cert_pem
+  // and client_key_pem too, mutual TLS. All empty = plaintext.
+  std::string tls_root_certs_pem;
+  std::string tls_client_cert_pem;
+  std::string tls_client_key_pem;
+  // Overrides the name checked against the server certificate.
+  std::string tls_server_name;
 };
 
-// A channel to rollpackd with the limits raised for large payloads.
+// A channel to rollpackd with the limits raised for large payloads; TLS when
+// options.tls_root_certs_pem is set.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const ClientOptions& options = {});
 

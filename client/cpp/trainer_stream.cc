@@ -24,6 +24,12 @@ TrainerStream::~TrainerStream() {
   reader_.join();
 }
 
+void TrainerStream::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (context_ != nullptr) context_->TryCancel();
+}
+
 int TrainerStream::resumes() const {
   absl::MutexLock lock(&mu_);
   return resumes_;
@@ -97,6 +103,7 @@ void TrainerStream::ReadLoop() {
   }
   absl::MutexLock lock(&mu_);
   error_ = final_status;
+  if (cancelled_ && error_.ok()) error_ = absl::CancelledError("trainer stream cancelled");
   finished_ = true;
 }
 

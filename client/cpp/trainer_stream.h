@@ -41,6 +41,10 @@ class TrainerStream {
   // ended the stream.
   absl::StatusOr<std::optional<v1::Microbatch>> Next();
 
+  // Ends the stream: a blocked or later Next() returns CANCELLED (or what
+  // was already queued). Safe from any thread.
+  void Cancel();
+
   // Times the stream was resumed after a transport error.
   int resumes() const;
 

@@ -13,6 +13,19 @@ from rollpack.sample import Sample, narrow_routed_experts  # noqa: F401
 from rollpack.producer import AsyncProducer, Producer, PutResult  # noqa: F401
 from rollpack import adapters  # noqa: F401
 
+
+_TRAINER_NAMES = ("TrainerClient", "Microbatch", "apply_replay", "routing_agreement",
+                  "install_replay_targets")
+
+
+def __getattr__(name):
+    # Trainer-side names need torch: imported on first use only.
+    if name in _TRAINER_NAMES:
+        from rollpack import trainer
+        return getattr(trainer, name)
+    raise AttributeError("module 'rollpack' has no attribute %r" % (name,))
+
+
 __version__ = "0.1.0"
 __all__ = ["Producer", "AsyncProducer", "PutResult", "ModelSpec", "Sample", "adapters",
            "narrow_routed_experts", "RollpackError", "InvalidArgument", "AlreadyExists",
