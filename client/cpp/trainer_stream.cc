@@ -57,6 +57,9 @@ void TrainerStream::ReadLoop() {
   absl::Status final_status;
   while (true) {
     grpc::ClientContext context;
+    if (!options_.auth_token.empty()) {
+      context.AddMetadata("authorization", "Bearer " + options_.auth_token);
+    }
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) break;

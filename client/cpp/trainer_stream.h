@@ -26,6 +26,9 @@ struct TrainerStreamOptions {
   int start_index = 0;
   // Reconnects after UNAVAILABLE / transport errors before giving up.
   int max_resumes = 5;
+  // Sent as `authorization: Bearer <token>` when rollpackd runs with
+  // --auth-tokens (the trainer role may fetch).
+  std::string auth_token;
 };
 
 class TrainerStream {

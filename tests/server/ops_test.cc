@@ -511,6 +511,20 @@ TEST_F(AuthTest, AllowedCallsReachTheHandlers) {
   EXPECT_EQ(release.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(AuthTest, TrainerStreamSendsItsToken) {
+  auto first_status = [&](const std::string& token) {
+    TrainerStreamOptions options;
+    options.auth_token = token;
+    TrainerStream stream(channel_, "no-such-step", v1::RankCoords(), options);
+    absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
+    return next.ok() ? absl::OkStatus() : next.status();
+  };
+  EXPECT_EQ(first_status("").code(), absl::StatusCode::kUnauthenticated);
+  // With the trainer's token the call reaches the handler, which names the step.
+  const absl::Status with_token = first_status(kTrainer);
+  EXPECT_EQ(with_token.code(), absl::StatusCode::kNotFound) << with_token;
+}
+
 TEST_F(AuthTest, HealthStaysOpen) {
   grpc::ClientContext ctx;
   grpc::Slice empty("");  // empty HealthCheckRequest: the server overall
