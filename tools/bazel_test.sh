@@ -36,10 +36,10 @@ skipped=$(sed -nE 's/.* ([0-9]+) (was|were) skipped.*/\1/p' <<<"$summary")
 total=${total:-0} passed=${passed:-0} skipped=${skipped:-0}
 failed=$((total - passed - skipped))
 if ((skipped > 0)); then
-  echo "bazel: $skipped test target(s) skipped (incompatible: CUDA needs --config=cuda)"
+  echo "($skipped Bazel test target(s) skipped as incompatible: the CUDA ones need --config=cuda)"
 fi
 if ((rc != 0 && passed + failed == 0)); then
-  echo "bazel: build failed before any test ran (exit $rc)"
+  echo "Bazel failed before any test ran (exit $rc)"
 fi
 echo "bazel: $passed passed, $failed failed"
 if ((rc == 0 && sources_rc != 0)); then rc=1; fi
