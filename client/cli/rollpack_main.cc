@@ -2,6 +2,10 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
+
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "client/cli/bench_layout_command.h"
 #include "client/cli/bench_load_command.h"
@@ -17,6 +21,8 @@ void Usage() {
                "  demo   end-to-end run on an embedded server; exits 0 only if every rank's\n"
                "         bytes match the independent reference\n"
                "  plan   offline packing plan and statistics for a file of lengths\n"
+               "  put    ingest captured engine responses: put --from-jsonl FILE --server ADDR\n"
+               "         --pool P (runs the Python producer, see docs/producer.md)\n"
                "  bench layout   bytes per rank vs the minimum and vs DP-partition fetching\n"
                "  bench transport   loopback limits vs rollpackd ingest and fetch throughput\n"
                "  bench load   producers + trainer streams for D seconds: throughput, latencies,\n"
@@ -24,6 +30,26 @@ void Usage() {
 }
 
 }  // namespace
+
+#ifndef ROLLPACK_PYTHON_DIR
+#define ROLLPACK_PYTHON_DIR "client/python"  // relative to the repository root
+#endif
+
+// `rollpack put` is the Python producer's JSONL ingester (client/python/
+// rollpack/__main__.py): the engine adapters live there, once.
+int ForwardToPythonPut(int argc, char** argv) {
+  const char* existing = getenv("PYTHONPATH");
+  std::string path = ROLLPACK_PYTHON_DIR;
+  if (existing != nullptr && *existing != '\0') path += std::string(":") + existing;
+  setenv("PYTHONPATH", path.c_str(), 1);
+  std::vector<char*> args = {const_cast<char*>("/usr/bin/python3"), const_cast<char*>("-m"),
+                             const_cast<char*>("rollpack")};
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::perror("rollpack put: cannot run /usr/bin/python3");
+  return 127;
+}
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -33,6 +59,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "demo") return rollpack::RunDemoCommand(argc - 1, argv + 1);
   if (command == "plan") return rollpack::RunPlanCommand(argc - 1, argv + 1);
+  if (command == "put") return ForwardToPythonPut(argc, argv);
   if (command == "bench" && argc >= 3) {
     const std::string bench = argv[2];
     if (bench == "layout") return rollpack::RunBenchLayoutCommand(argc - 2, argv + 2);
