@@ -30,6 +30,19 @@ absl::Status ValidateTopologySizes(const Topology& t) {
                               {"min_cp", t.min_cp}}) {
     if (absl::Status s = RequirePositive(field, value); !s.ok()) return s;
   }
+  // The world size must fit the int arithmetic downstream (dp * cp is an
+  // int): refuse absurd sizes instead of overflowing (found by
+  // fuzz/topology_fuzzer: dp 4855592 x cp 38015).
+  constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+  int64_t world = 1;
+  for (int64_t size : {int64_t{t.dp}, int64_t{t.cp}, int64_t{t.tp}, int64_t{t.pp}, int64_t{t.vpp}}) {
+    world *= size;
+    if (world > kMaxWorldSize) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topology: dp ", t.dp, " x cp ", t.cp, " x tp ", t.tp, " x pp ", t.pp, " x vpp ", t.vpp,
+          " exceeds ", kMaxWorldSize, " ranks"));
+    }
+  }
   if (t.num_layers_in_first_pipeline_stage < 0 ||
       t.num_layers_in_last_pipeline_stage < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -5,6 +5,7 @@
 #define ROLLPACK_SERVER_STORED_SAMPLE_H_
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,6 +26,19 @@ struct StoredField {
     return a.dtype == b.dtype && a.trailing_shape == b.trailing_shape && a.data == b.data;
   }
 };
+
+// Bit-for-bit, so an identical re-send with a NaN scalar is a duplicate
+// (NaN != NaN); found by fuzz/sample_validation_fuzzer.
+inline bool SameScalars(const std::map<std::string, double>& a,
+                        const std::map<std::string, double>& b) {
+  if (a.size() != b.size()) return false;
+  for (auto i = a.begin(), j = b.begin(); i != a.end(); ++i, ++j) {
+    if (i->first != j->first || std::memcmp(&i->second, &j->second, sizeof(double)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
 
 struct StoredSample {
   std::string sample_id;
@@ -50,7 +64,7 @@ struct StoredSample {
     return a.sample_id == b.sample_id && a.group_id == b.group_id &&
            a.policy_version == b.policy_version && a.tokens == b.tokens &&
            a.experts == b.experts && a.row_valid == b.row_valid &&
-           a.token_fields == b.token_fields && a.scalars == b.scalars;
+           a.token_fields == b.token_fields && SameScalars(a.scalars, b.scalars);
   }
 };
 

@@ -325,7 +325,9 @@ TEST(DurableLogTest, CompactionDropsReleasedStepsAndKeepsTheState) {
       peak = std::max(peak, d->log->file_bytes());
       const std::string id = "step" + std::to_string(round);
       ASSERT_TRUE(d->store->CreateStep(id, "p", {}, 12, SmallTopology()).ok());
-      if (round < 5) ASSERT_TRUE(d->store->ReleaseStep(id).ok());
+      if (round < 5) {
+        ASSERT_TRUE(d->store->ReleaseStep(id).ok());
+      }
     }
     EXPECT_GE(d->log->compactions(), 1);
     fingerprint = StepFingerprint(**d->store->GetStep("step5"));
