@@ -23,6 +23,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
+#include "tests/server/deterministic_bytes.h"
 #include "server/durable_log.h"
 #include "tests/server/daemon_process.h"
 
@@ -32,16 +33,6 @@
 
 namespace rollpack {
 namespace {
-
-std::string Bytes(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  message.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return out;
-}
 
 v1::ModelSpec Model() {
   v1::ModelSpec m;
@@ -84,7 +75,7 @@ absl::StatusOr<uint32_t> StepDigest(const std::shared_ptr<grpc::Channel>& channe
   for (int d = 0; d < dp; ++d) {
     absl::StatusOr<std::vector<v1::Microbatch>> mbs = FetchRank(channel, step_id, d);
     if (!mbs.ok()) return mbs.status();
-    for (const v1::Microbatch& mb : *mbs) crc = Crc32c(Bytes(mb), crc);
+    for (const v1::Microbatch& mb : *mbs) crc = Crc32c(DeterministicBytes(mb), crc);
   }
   return crc;
 }

@@ -14,20 +14,11 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
+#include "tests/server/deterministic_bytes.h"
 #include "server/server.h"
 
 namespace rollpack {
 namespace {
-
-std::string Bytes(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  message.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return out;
-}
 
 v1::ModelSpec Model() {
   v1::ModelSpec m;
@@ -73,7 +64,7 @@ class FaultTest : public ::testing::Test {
     auto reader = stub->FetchMicrobatches(&context, request);
     std::vector<std::string> out;
     v1::Microbatch mb;
-    while (static_cast<int>(out.size()) != stop_after && reader->Read(&mb)) out.push_back(Bytes(mb));
+    while (static_cast<int>(out.size()) != stop_after && reader->Read(&mb)) out.push_back(DeterministicBytes(mb));
     if (stop_after >= 0) context.TryCancel();  // the connection is cut here
     reader->Finish();
     return out;

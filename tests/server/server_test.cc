@@ -16,23 +16,13 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
+#include "tests/server/deterministic_bytes.h"
 #include "server/server.h"
 
 namespace rollpack {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Deterministic bytes of a message (map fields sorted), for comparisons.
-std::string Bytes(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  message.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return out;
-}
 
 class ServerTest : public ::testing::Test {
  protected:
@@ -231,7 +221,7 @@ TEST_F(ServerTest, ResumedStreamIsByteIdentical) {
       auto next = stream.Next();
       ASSERT_TRUE(next.ok());
       if (!next->has_value()) break;
-      first.push_back(Bytes(**next));
+      first.push_back(DeterministicBytes(**next));
     }
   }
   ASSERT_GE(first.size(), 3u);
@@ -240,7 +230,7 @@ TEST_F(ServerTest, ResumedStreamIsByteIdentical) {
   {
     // A stream cut after k micro-batches: the consumer destroys it.
     TrainerStream cut(channel_, "r", rank, {.prefetch = 1});
-    for (int i = 0; i < k; ++i) resumed.push_back(Bytes(**cut.Next()));
+    for (int i = 0; i < k; ++i) resumed.push_back(DeterministicBytes(**cut.Next()));
   }
   TrainerStreamOptions options;
   options.start_index = k;
@@ -249,7 +239,7 @@ TEST_F(ServerTest, ResumedStreamIsByteIdentical) {
     auto next = rest.Next();
     ASSERT_TRUE(next.ok());
     if (!next->has_value()) break;
-    resumed.push_back(Bytes(**next));
+    resumed.push_back(DeterministicBytes(**next));
   }
   ASSERT_EQ(resumed.size(), first.size());
   for (size_t i = 0; i < first.size(); ++i) {
