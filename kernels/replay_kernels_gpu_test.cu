@@ -82,59 +82,105 @@ void StoreIdx(std::vector<uint8_t>& buf, IndexType t, int64_t off, int64_t v) {
 }
 
 // ------------------------------------------------------------------ unpack
+struct UnpackCase {
+  int64_t rows, layers;
+  int k;
+  bool u16, i64, fill, use_mask;
+  int variant;  // 0..4 = UnpackVariant, 5 = UnpackPipelined(cfg)
+  cuda::UnpackConfig cfg;
+  int64_t pad;
+  bool default_stride;
+  size_t in_off, out_off;  // misalignment of the input / output pointers, bytes
+};
+
+void CheckUnpack(std::mt19937_64& rng, const UnpackCase& u, int it) {
+  const int64_t rows = u.rows, layers = u.layers;
+  const int k = u.k;
+  const int64_t ls = rows * k + u.pad;
+  const int esz = u.i64 ? 8 : 4;
+  const int64_t n = rows * layers * k;
+  const int isz = u.u16 ? 2 : 1;
+  std::vector<uint8_t> in(n * isz);
+  for (auto& b : in) b = uint8_t(rng());
+  std::vector<uint8_t> mask(rows);
+  for (auto& m : mask) m = rng() % 3 != 0;
+  const size_t out_bytes = size_t(layers * ls) * esz;
+  std::vector<uint8_t> want(out_bytes, 0x5A), got(out_bytes, 0);
+  DevBuf din(in.size() + u.in_off), dmask(rows), dout(out_bytes + u.out_off);
+  Upload(din.as<char>(u.in_off), in.data(), in.size());
+  Upload(dmask.p, mask.data(), rows);
+  CK(cudaMemset(dout.p, 0x5A, out_bytes + u.out_off));
+  UnpackArgs a;
+  a.in_type = u.u16 ? IndexType::kU16 : IndexType::kU8;
+  a.mask = u.use_mask ? dmask.as<uint8_t>() : nullptr;
+  a.rows = rows;
+  a.layers = layers;
+  a.k = k;
+  a.out_type = u.i64 ? OutIndexType::kI64 : OutIndexType::kI32;
+  a.out_layer_stride = u.pad == 0 && u.default_stride ? -1 : ls;
+  a.masked_fill_minus_one = u.fill;
+  a.experts = din.as<char>(u.in_off);
+  a.out = dout.as<char>(u.out_off);
+  char tag[256];
+  std::snprintf(tag, sizeof tag, "unpack it=%d rows=%lld L=%lld K=%d u16=%d i64=%d fill=%d mask=%d var=%d tr=%d bps=%d cs=%d pad=%lld inoff=%zu outoff=%zu",
+                it, (long long)rows, (long long)layers, k, u.u16, u.i64, u.fill, u.use_mask, u.variant,
+                u.cfg.tile_rows, u.cfg.blocks_per_sm, u.cfg.streaming_stores, (long long)u.pad,
+                u.in_off, u.out_off);
+  KernelStatus s = u.variant == 5 ? cuda::UnpackPipelined(a, u.cfg, nullptr)
+                                  : cuda::UnpackWithVariant(a, cuda::UnpackVariant(u.variant), nullptr);
+  if (s.code == StatusCode::kInvalidArgument && u.variant != int(cuda::UnpackVariant::kAuto) &&
+      u.variant != int(cuda::UnpackVariant::kDirect)) {
+    s = cuda::UnpackWithVariant(a, cuda::UnpackVariant::kDirect, nullptr);  // tile too big
+  }
+  CheckStatus(s, tag);
+  CK(cudaDeviceSynchronize());
+  Download(got.data(), dout.as<char>(u.out_off), out_bytes);
+  UnpackArgs c = a;
+  c.experts = in.data();
+  c.mask = u.use_mask ? mask.data() : nullptr;
+  c.out = want.data();
+  CheckStatus(cpu::Unpack(c), std::string(tag) + " cpu");
+  Check(got == want, tag);
+}
+
 void FuzzUnpack(std::mt19937_64& rng, int iters) {
   for (int it = 0; it < iters; ++it) {
-    const int64_t rows = it % 10 == 0 ? 0 : std::uniform_int_distribution<int>(1, it % 3 ? 300 : 5000)(rng);
-    const int64_t layers = std::uniform_int_distribution<int>(1, it % 7 == 0 ? 200 : 64)(rng);
-    const int k = std::uniform_int_distribution<int>(1, 16)(rng);
-    const bool u16 = rng() & 1, i64 = rng() & 1, fill = rng() & 1, use_mask = rng() & 1;
-    const int variant = int(rng() % 4);
-    const int64_t pad = (rng() & 1) ? 0 : int64_t(rng() % 5);
-    const int64_t ls = rows * k + pad;
-    const size_t in_off = (rng() % 4 == 0) ? (u16 ? 2 : 1) : 0;    // misaligned input
-    const int esz = i64 ? 8 : 4;
-    const size_t out_off = (rng() % 4 == 0) ? size_t(esz) : 0;      // misaligned output
-    const int64_t n = rows * layers * k;
-    const int isz = u16 ? 2 : 1;
-    std::vector<uint8_t> in(n * isz);
-    for (auto& b : in) b = uint8_t(rng());
-    std::vector<uint8_t> mask(rows);
-    for (auto& m : mask) m = rng() % 3 != 0;
-    const size_t out_bytes = size_t(layers * ls) * esz;
-    std::vector<uint8_t> want(out_bytes, 0x5A), got(out_bytes, 0);
-    DevBuf din(in.size() + in_off), dmask(rows), dout(out_bytes + out_off);
-    Upload(din.as<char>(in_off), in.data(), in.size());
-    Upload(dmask.p, mask.data(), rows);
-    CK(cudaMemset(dout.p, 0x5A, out_bytes + out_off));
-    UnpackArgs a;
-    a.in_type = u16 ? IndexType::kU16 : IndexType::kU8;
-    a.mask = use_mask ? dmask.as<uint8_t>() : nullptr;
-    a.rows = rows;
-    a.layers = layers;
-    a.k = k;
-    a.out_type = i64 ? OutIndexType::kI64 : OutIndexType::kI32;
-    a.out_layer_stride = pad == 0 && (rng() & 1) ? -1 : ls;
-    a.masked_fill_minus_one = fill;
-    a.experts = din.as<char>(in_off);
-    a.out = dout.as<char>(out_off);
-    char tag[200];
-    std::snprintf(tag, sizeof tag, "unpack it=%d rows=%lld L=%lld K=%d u16=%d i64=%d fill=%d mask=%d var=%d pad=%lld inoff=%zu outoff=%zu",
-                  it, (long long)rows, (long long)layers, k, u16, i64, fill, use_mask, variant,
-                  (long long)pad, in_off, out_off);
-    KernelStatus s = cuda::UnpackWithVariant(a, cuda::UnpackVariant(variant), nullptr);
-    if (s.code == StatusCode::kInvalidArgument && (variant == int(cuda::UnpackVariant::kTiled) ||
-                                                   variant == int(cuda::UnpackVariant::kTiledFlat))) {
-      s = cuda::UnpackWithVariant(a, cuda::UnpackVariant::kDirect, nullptr);  // tile too big
-    }
-    CheckStatus(s, tag);
-    CK(cudaDeviceSynchronize());
-    Download(got.data(), dout.as<char>(out_off), out_bytes);
-    UnpackArgs c = a;
-    c.experts = in.data();
-    c.mask = use_mask ? mask.data() : nullptr;
-    c.out = want.data();
-    CheckStatus(cpu::Unpack(c), std::string(tag) + " cpu");
-    Check(got == want, tag);
+    UnpackCase u;
+    u.rows = it % 10 == 0 ? 0 : std::uniform_int_distribution<int>(1, it % 3 ? 300 : 5000)(rng);
+    u.layers = std::uniform_int_distribution<int>(1, it % 7 == 0 ? 200 : 64)(rng);
+    u.k = std::uniform_int_distribution<int>(1, 16)(rng);
+    u.u16 = rng() & 1;
+    u.i64 = rng() & 1;
+    u.fill = rng() & 1;
+    u.use_mask = rng() & 1;
+    // 5 = kPipelined with random knobs: tile rows down to one granule,
+    // partial last tiles, few or many blocks.
+    u.variant = int(rng() % 6);
+    u.cfg.tile_rows = int(rng() % 70);
+    u.cfg.blocks_per_sm = int(rng() % 9);
+    u.cfg.streaming_stores = int(rng() % 3) - 1;
+    u.pad = (rng() & 1) ? 0 : int64_t(rng() % 5);
+    u.default_stride = rng() & 1;
+    u.in_off = (rng() % 4 == 0) ? (u.u16 ? 2 : 1) : 0;
+    u.out_off = (rng() % 4 == 0) ? size_t(u.i64 ? 8 : 4) : 0;
+    CheckUnpack(rng, u, it);
+  }
+  // Rows of 48 KB (kPipelined: one row per stage) and of 80 KB (no tile fits:
+  // kAuto falls back to kDirect, explicit kPipelined refuses).
+  int it = 100000;
+  for (int64_t layers : {1500, 2500})
+    for (int variant : {0, 4})
+      for (int i64 = 0; i64 <= 1; ++i64) {
+        UnpackCase u{37, layers, 16, true, bool(i64), true, true, variant, {}, 0, true, 0, 0};
+        CheckUnpack(rng, u, it++);
+      }
+  // Large, smaller, large again on one kernel instance: a launch with less
+  // shared memory must not lower the limit a larger one raised.
+  for (int tr : {8, 4, 8}) {
+    UnpackCase u{37, 200, 16, true, true, false, false, 5, {}, 0, true, 0, 0};
+    u.cfg.tile_rows = tr;
+    u.cfg.blocks_per_sm = 1;
+    CheckUnpack(rng, u, it++);
   }
 }
 

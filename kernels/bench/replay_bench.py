@@ -28,6 +28,10 @@ ap = argparse.ArgumentParser()
 ap.add_argument("lib")
 ap.add_argument("--iters", type=int, default=50)
 ap.add_argument("--json", default="")
+ap.add_argument("--sections", default="unpack,apply,agreement,e2e")
+# UnpackVariant values timed in the unpack section (0 = auto, 1 = tiled,
+# 4 = pipelined); the first one is the table's main row.
+ap.add_argument("--unpack-variants", default="0")
 args = ap.parse_args()
 
 lib = ctypes.CDLL(args.lib)
@@ -160,23 +164,27 @@ def bench_unpack():
         x = torch.randint(0, E, (R, L, K), dtype=torch.int32, device=dev).to(dt)
         mask = (torch.rand(R, device=dev) < 0.9).to(torch.uint8)
         for odt, ocode in ((torch.int64, I64), (torch.int32, I32)):
-            out = torch.full((L, R, K), -7, dtype=odt, device=dev)
+            t_torch = None
+            for variant in [int(v) for v in args.unpack_variants.split(",")]:
+                out = torch.full((L, R, K), -7, dtype=odt, device=dev)
 
-            def ours():
-                ck(lib.rp_unpack(P(x), U16 if u16 else U8, P(mask), R, L, K, P(out), ocode, -1, 0,
-                                 0, S()))
+                def ours():
+                    ck(lib.rp_unpack(P(x), U16 if u16 else U8, P(mask), R, L, K, P(out), ocode, -1,
+                                     0, variant, S()))
 
-            ours()
-            torch.cuda.synchronize()
-            ref = x.permute(1, 0, 2).to(odt).contiguous()
-            ok = torch.equal(out, ref)
-            t_ours = timeit(ours)
-            t_torch = timeit(lambda: x.permute(1, 0, 2).to(odt).contiguous())
-            nbytes = x.numel() * x.element_size() + R + out.numel() * out.element_size()
-            add("unpack", "R=%d L=%d K=%d %s->%s" % (R, L, K, "u16" if u16 else "u8",
-                                                      str(odt).replace("torch.", "")),
-                t_ours, nbytes, t_torch, "exact" if ok else "MISMATCH")
-            del out, ref
+                ours()
+                torch.cuda.synchronize()
+                ref = x.permute(1, 0, 2).to(odt).contiguous()
+                ok = torch.equal(out, ref)
+                t_ours = timeit(ours)
+                if t_torch is None:
+                    t_torch = timeit(lambda: x.permute(1, 0, 2).to(odt).contiguous())
+                nbytes = x.numel() * x.element_size() + R + out.numel() * out.element_size()
+                add("unpack" if variant == 0 else "unpack v%d" % variant,
+                    "R=%d L=%d K=%d %s->%s" % (R, L, K, "u16" if u16 else "u8",
+                                               str(odt).replace("torch.", "")),
+                    t_ours, nbytes, t_torch, "exact" if ok else "MISMATCH")
+                del out, ref
 
 
 # --------------------------------------------------------------- apply
@@ -347,7 +355,8 @@ def bench_e2e():
 
 
 for fn in (bench_unpack, bench_apply, bench_agreement, bench_e2e):
-    section(fn)
+    if fn.__name__[len("bench_"):] in args.sections.split(","):
+        section(fn)
 
 print()
 print("GPU: %s; copy %.0f GB/s (bytes read + written). Times: median us, CUDA events "
