@@ -52,6 +52,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v1::Sample sample;
   if (!sample.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
   absl::StatusOr<StoredSample> stored = ValidateSample(sample, model);
+  // Ingest's variant (moves bytes, uint8 fast path) agrees exactly, errors included.
+  {
+    v1::Sample owned = sample;
+    absl::StatusOr<StoredSample> taken = ValidateAndTakeSample(&owned, model);
+    FUZZ_CHECK(taken.status() == stored.status());
+    FUZZ_CHECK(!taken.ok() || *taken == *stored);
+  }
   if (!stored.ok()) {
     FUZZ_CHECK(stored.status().code() == absl::StatusCode::kInvalidArgument);
     FUZZ_CHECK(!stored.status().message().empty());

@@ -45,8 +45,8 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<v1::PutSamplesReq
     if (!model.ok()) return model.status();
     std::vector<StoredSample> samples;
     samples.reserve(request_.samples_size());
-    for (const v1::Sample& sample : request_.samples()) {
-      absl::StatusOr<StoredSample> stored = ValidateSample(sample, *model);
+    for (v1::Sample& sample : *request_.mutable_samples()) {
+      absl::StatusOr<StoredSample> stored = ValidateAndTakeSample(&sample, *model);
       if (!stored.ok()) return stored.status();
       samples.push_back(*std::move(stored));
     }

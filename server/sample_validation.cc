@@ -1,17 +1,25 @@
 #include "server/sample_validation.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/expert_id_check.h"
 #include "server/ndarray.h"
 
 namespace rollpack {
 namespace {
 
 constexpr size_t kMaxSampleIdBytes = 1024;
+// The durable log's codec keeps at most 16 dimensions after n; a field it
+// could not replay must not be acknowledged (found by
+// fuzz/sample_validation_fuzzer).
+constexpr int kMaxTokenFieldRank = 17;
 
 struct ExpertsInput {
   ArrayView view;
@@ -24,8 +32,10 @@ struct ExpertsInput {
 
 class SampleValidator {
  public:
-  SampleValidator(const v1::Sample& sample, const ModelSpec& model)
-      : sample_(sample), model_(model),
+  // `owned` is null or `&sample`: a request the caller discards afterwards,
+  // whose payload bytes may then be moved into the result.
+  SampleValidator(const v1::Sample& sample, const ModelSpec& model, v1::Sample* owned)
+      : sample_(sample), owned_(owned), model_(model),
         who_(absl::StrCat("sample \"", sample.sample_id(), "\": ")) {}
 
   absl::StatusOr<StoredSample> Run() {
@@ -144,11 +154,14 @@ class SampleValidator {
 
   // One pass over the payload: classify each row (replay or missing), check
   // ids, and copy MoE layers into the compact stored layout. Typed on the
-  // input and stored id widths: this loop is ingest's hot path.
+  // input and stored id widths. uint8 (what producers send when E <= 256)
+  // first tries the word-at-a-time path; what it refuses comes here for the
+  // exact error.
   absl::Status ConvertExpertRows(const ExpertsInput& in, StoredSample& out) {
     const bool narrow = model_.stored_id_bytes() == 1;
     switch (in.view.dtype) {
       case v1::UINT8:
+        if (TryConvertUint8(in, out)) return absl::OkStatus();
         return ConvertTyped<uint8_t, uint8_t>(in, out);
       case v1::UINT16:
         return narrow ? ConvertTyped<uint16_t, uint8_t>(in, out)
@@ -159,6 +172,70 @@ class SampleValidator {
       default:
         return narrow ? ConvertTyped<int32_t, uint8_t>(in, out)
                       : ConvertTyped<int32_t, uint16_t>(in, out);
+    }
+  }
+
+  // uint8 ids are already the stored width and have no missing rows (-1 is
+  // not representable), so a valid payload's MoE layers are stored as they
+  // came: moved without a copy when they are exactly [n, |M|, K] and the
+  // request is ours, else copied once. False (nothing stored) when some id
+  // breaks a rule; ConvertTyped then names it.
+  bool TryConvertUint8(const ExpertsInput& in, StoredSample& out) {
+    const int k = model_.topk;
+    const int num_moe = static_cast<int>(moe_layers_.size());
+    const int64_t row_bytes = int64_t{num_moe} * k;
+    const int64_t total = n_ * row_bytes;
+    const int64_t first = in.row_offset * row_bytes;
+    const uint8_t* src = in.view.as<uint8_t>();
+    // Compact, or full with every layer MoE: the payload rows are the stored rows.
+    const bool compact = in.payload_layers == num_moe;
+    std::string experts;
+    const uint8_t* ids = src;
+    if (!compact) {
+      experts.resize(total);
+      GatherMoeLayers(in, src, reinterpret_cast<uint8_t*>(experts.data()) + first);
+      ids = reinterpret_cast<const uint8_t*>(experts.data()) + first;
+    }
+    if (!Uint8ExpertIdsValid(ids, in.rows * num_moe, k, model_.num_experts)) return false;
+    if (!model_.allow_all_zero_layers && in.rows > 1 &&
+        !EveryLayerNonzero(ids, in.rows, num_moe, k)) {
+      return false;
+    }
+    if (compact) {
+      if (owned_ != nullptr && first == 0 && in.rows == n_) {
+        experts = std::move(*owned_->mutable_routed_experts()->mutable_data());
+      } else {
+        experts.reserve(total);
+        experts.append(first, '\0');
+        experts.append(in.view.data.data(), in.rows * row_bytes);
+        experts.append(total - first - in.rows * row_bytes, '\0');
+      }
+    }
+    out.experts = std::move(experts);
+    out.row_valid.assign(n_, 0);
+    std::fill_n(out.row_valid.begin() + in.row_offset, in.rows, 1);
+    return true;
+  }
+
+  // Copies the MoE layers of every payload row into `dst` ([rows, |M|, K]),
+  // one memcpy per run of consecutive MoE layers (DeepSeek-V3: one run).
+  void GatherMoeLayers(const ExpertsInput& in, const uint8_t* src, uint8_t* dst) const {
+    const int k = model_.topk;
+    std::vector<std::pair<int, int>> runs;  // (first payload layer, layers)
+    for (int idx : in.moe_payload_index) {
+      if (!runs.empty() && runs.back().first + runs.back().second == idx) {
+        ++runs.back().second;
+      } else {
+        runs.emplace_back(idx, 1);
+      }
+    }
+    const int64_t row_stride = int64_t{in.payload_layers} * k;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      const uint8_t* row = src + r * row_stride;
+      for (const auto& [layer, count] : runs) {
+        std::memcpy(dst, row + int64_t{layer} * k, static_cast<size_t>(count) * k);
+        dst += int64_t{count} * k;
+      }
     }
   }
 
@@ -259,7 +336,12 @@ class SampleValidator {
   }
 
   absl::Status ConvertTokenFields(StoredSample& out) {
-    for (const auto& [name, array] : sample_.token_fields()) {
+    // By name: a protobuf map's iteration order differs between copies of a
+    // message, and with two bad fields the error must not depend on it.
+    std::map<std::string, const v1::NDArray*> by_name;
+    for (const auto& [name, array] : sample_.token_fields()) by_name.emplace(name, &array);
+    for (const auto& [name, array_ptr] : by_name) {
+      const v1::NDArray& array = *array_ptr;
       const std::string what = absl::StrCat(who_, "token_fields[\"", name, "\"]");
       if (name.empty()) return Invalid("token_fields has an empty name");
       absl::StatusOr<ArrayView> view = ViewArray(array, what);
@@ -269,16 +351,26 @@ class SampleValidator {
             what, " has first dimension ", view->rank() < 1 ? 0 : view->dim(0),
             ", must be n = ", n_, " (one entry per token)"));
       }
+      if (view->rank() > kMaxTokenFieldRank) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " has rank ", view->rank(), ", at most ", kMaxTokenFieldRank,
+            " (n and 16 more dimensions)"));
+      }
       StoredField field;
       field.dtype = view->dtype;
       field.trailing_shape.assign(view->shape.begin() + 1, view->shape.end());
-      field.data.assign(view->data.data(), view->data.size());
+      if (owned_ != nullptr) {
+        field.data = std::move(*owned_->mutable_token_fields()->at(name).mutable_data());
+      } else {
+        field.data.assign(view->data.data(), view->data.size());
+      }
       out.token_fields.emplace(name, std::move(field));
     }
     return absl::OkStatus();
   }
 
   const v1::Sample& sample_;
+  v1::Sample* const owned_;
   const ModelSpec& model_;
   const std::string who_;
   int64_t n_ = 0;
@@ -289,7 +381,11 @@ class SampleValidator {
 
 absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample,
                                             const ModelSpec& model) {
-  return SampleValidator(sample, model).Run();
+  return SampleValidator(sample, model, nullptr).Run();
+}
+
+absl::StatusOr<StoredSample> ValidateAndTakeSample(v1::Sample* sample, const ModelSpec& model) {
+  return SampleValidator(*sample, model, sample).Run();
 }
 
 }  // namespace rollpack

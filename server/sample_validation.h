@@ -21,6 +21,11 @@ namespace rollpack {
 absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample,
                                             const ModelSpec& model);
 
+// The same checks and result, but payload bytes that need no conversion are
+// moved out of `*sample` instead of copied (ingest's path: the request is
+// discarded afterwards). On error `*sample` may have lost payload bytes.
+absl::StatusOr<StoredSample> ValidateAndTakeSample(v1::Sample* sample, const ModelSpec& model);
+
 }  // namespace rollpack
 
 #endif  // ROLLPACK_SERVER_SAMPLE_VALIDATION_H_

@@ -2,9 +2,13 @@
 // status code and that the message names the sample, field and numbers.
 #include "server/sample_validation.h"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -293,6 +297,17 @@ TEST(SampleValidationTest, RefusesTokenFieldWithUnknownDtype) {
   ExpectInvalid(s, {"token_fields[\"x\"]: unknown dtype"});
 }
 
+TEST(SampleValidationTest, RefusesTokenFieldOfRankAboveWhatTheLogKeeps) {
+  v1::Sample s = ValidSample();
+  std::vector<int64_t> shape(18, 1);
+  shape[0] = 5;
+  (*s.mutable_token_fields())["deep"] = Array(v1::UINT8, shape, std::vector<uint8_t>(5, 1));
+  ExpectInvalid(s, {"sample \"s17\": token_fields[\"deep\"] has rank 18, at most 17"});
+  shape.pop_back();
+  (*s.mutable_token_fields())["deep"] = Array(v1::UINT8, shape, std::vector<uint8_t>(5, 1));
+  EXPECT_TRUE(ValidateSample(s, TestModel()).ok());
+}
+
 TEST(SampleValidationTest, AcceptsTokenFieldWithTrailingDims) {
   v1::Sample s = ValidSample();
   (*s.mutable_token_fields())["topk_logprobs"] =
@@ -301,6 +316,78 @@ TEST(SampleValidationTest, AcceptsTokenFieldWithTrailingDims) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->token_fields.at("topk_logprobs").trailing_shape, std::vector<int64_t>{4});
   EXPECT_EQ(r->token_fields.at("topk_logprobs").row_bytes(), 8);
+}
+
+// uint8 payloads take a word-at-a-time path (server/expert_id_check.h) and
+// ingest moves their bytes; the same ids as int32 take the per-id path. Both
+// must give the same result, errors included, over random models, layouts
+// and corruptions.
+TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
+  std::mt19937 rng(17);
+  int refused = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    ModelSpec model;
+    model.name = "random";
+    model.num_layers = 1 + static_cast<int>(rng() % 6);
+    if (rng() % 2) {
+      for (int l = 0; l < model.num_layers; ++l) {
+        if (rng() % 2) model.moe_layers.push_back(l);
+      }
+      if (model.moe_layers.empty()) model.moe_layers.push_back(model.num_layers - 1);
+    }
+    model.topk = 1 + static_cast<int>(rng() % 10);
+    model.num_experts = model.topk + static_cast<int>(rng() % (257 - model.topk));
+    model.allow_all_zero_layers = rng() % 4 == 0;
+    const std::vector<int> moe = model.ResolvedMoeLayers();
+    const bool full = rng() % 2;
+    const int layers = full ? model.num_layers : static_cast<int>(moe.size());
+    const int64_t n = 1 + rng() % 40;
+    const int64_t offset = rng() % 3 == 0 ? rng() % n : 0;
+    const int64_t rows = std::max<int64_t>(0, (rng() % 2 ? n : n - 1) - offset);
+    const int k = model.topk;
+    std::vector<int32_t> ids(rows * layers * k);
+    std::vector<int> perm(model.num_experts);
+    for (int64_t g = 0; g < rows * layers; ++g) {
+      std::iota(perm.begin(), perm.end(), 0);
+      for (int j = 0; j < k; ++j) {
+        std::swap(perm[j], perm[j + rng() % (model.num_experts - j)]);
+        ids[g * k + j] = perm[j];
+      }
+    }
+    const int corruption = static_cast<int>(rng() % 5);
+    if (!ids.empty() && corruption == 1) ids[rng() % ids.size()] = static_cast<int32_t>(rng() % 256);
+    if (!ids.empty() && corruption == 2 && k > 1) {
+      const int64_t g = rng() % (rows * layers);
+      ids[g * k + rng() % k] = ids[g * k + rng() % k];
+    }
+    if (corruption == 3) {  // one layer all zero
+      const int l = static_cast<int>(rng() % layers);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int j = 0; j < k; ++j) ids[(r * layers + l) * k + j] = 0;
+    }
+    v1::Sample wide;
+    wide.set_sample_id(absl::StrCat("r", iter));
+    *wide.mutable_tokens() = Array(v1::INT32, {n}, std::vector<int32_t>(n, 7));
+    (*wide.mutable_token_fields())["mask"] = Array(v1::UINT8, {n}, std::vector<uint8_t>(n, 1));
+    wide.set_routed_experts_row_offset(static_cast<int32_t>(offset));
+    *wide.mutable_routed_experts() = Array(v1::INT32, {rows, layers, k}, ids);
+    v1::Sample narrow = wide;
+    *narrow.mutable_routed_experts() =
+        Array(v1::UINT8, {rows, layers, k}, std::vector<uint8_t>(ids.begin(), ids.end()));
+    const absl::StatusOr<StoredSample> reference = ValidateSample(wide, model);
+    const absl::StatusOr<StoredSample> copied = ValidateSample(narrow, model);
+    v1::Sample owned = narrow;
+    const absl::StatusOr<StoredSample> taken = ValidateAndTakeSample(&owned, model);
+    ASSERT_EQ(copied.status(), reference.status()) << "iteration " << iter;
+    ASSERT_EQ(taken.status(), reference.status()) << "iteration " << iter;
+    if (reference.ok()) {
+      ASSERT_TRUE(*copied == *reference) << "iteration " << iter;
+      ASSERT_TRUE(*taken == *reference) << "iteration " << iter;
+    } else {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 300) << "the corruptions reach the error paths";
 }
 
 }  // namespace
