@@ -49,6 +49,8 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Trainer/FetchMicrobatches", {Role::kTrainer, Role::kAdmin}},
       // TP-leader trainers exchange their NCCL id here (docs/trainer.md).
       {"/rollpack.v1.Rendezvous/ExchangeId", {Role::kTrainer, Role::kAdmin}},
+      // Trainers report routing agreement (docs/trainer.md).
+      {"/rollpack.v1.Telemetry/ReportRoutingAgreement", {Role::kTrainer, Role::kAdmin}},
   };
   return *kTable;
 }

@@ -7,7 +7,7 @@
 //
 //   producer 3f1c...   # rollout workers: RegisterModel, PutSamples, GetPool
 //   trainer  9a7e...   # trainers: CreateStep, GetPlan, FetchMicrobatches, GetPool,
-//                      #   Rendezvous.ExchangeId
+//                      #   Rendezvous.ExchangeId, Telemetry.ReportRoutingAgreement
 //   admin    c02b...   # everything, and the only role that may ReleaseStep
 //
 // No token file = auth off (every call allowed). With one: no or malformed

@@ -1,9 +1,15 @@
 #include "client/cpp/device_stream.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <mutex>
+#include <random>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +23,7 @@
 #ifdef ROLLPACK_WITH_CUDA
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include "kernels/replay_kernels_cuda.h"
 #endif
@@ -56,10 +63,11 @@ bool DeviceStreamHasCuda() {
 // --- Rendezvous ------------------------------------------------------------
 
 absl::Status RendezvousPost(const std::shared_ptr<grpc::Channel>& channel, const std::string& key,
-                            const std::string& value) {
+                            const std::string& value, const std::string& auth_token) {
   auto stub = v1::Rendezvous::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  if (!auth_token.empty()) context.AddMetadata("authorization", "Bearer " + auth_token);
   v1::ExchangeIdRequest request;
   request.set_key(key);
   request.set_post(true);
@@ -69,10 +77,12 @@ absl::Status RendezvousPost(const std::shared_ptr<grpc::Channel>& channel, const
 }
 
 absl::StatusOr<std::string> RendezvousWait(const std::shared_ptr<grpc::Channel>& channel,
-                                           const std::string& key, int timeout_s) {
+                                           const std::string& key, int timeout_s,
+                                           const std::string& auth_token) {
   auto stub = v1::Rendezvous::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(timeout_s + 5));
+  if (!auth_token.empty()) context.AddMetadata("authorization", "Bearer " + auth_token);
   v1::ExchangeIdRequest request;
   request.set_key(key);
   request.set_wait_ms(int64_t{timeout_s} * 1000);
@@ -249,6 +259,7 @@ class HostImpl final : public DeviceStream::Impl {
     t.prefetch = std::max(1, o.prefetch);
     t.all_fields = o.all_fields;
     t.start_index = o.start_index;
+    t.auth_token = o.auth_token;
     return t;
   }
 
@@ -647,6 +658,97 @@ class LocalCudaImpl final : public CudaImpl {
     }                                                                                  \
   } while (0)
 
+// NCCL communicators of finished TP-leader streams, kept for the next step
+// of the same group: creating one costs a rendezvous and a ncclCommInitRank
+// (tens to hundreds of milliseconds) per step, reusing one costs two small
+// Rendezvous calls. Keyed on what fixes the group from this rank's side;
+// whether the peers still hold the same communicator is settled by the
+// handshake in TpGroupImpl::Start, never assumed. Leaked on purpose: at exit
+// NCCL and the CUDA runtime may already be torn down.
+struct TpCommKey {
+  int device, dp, cp, pp, size, rank;
+  bool operator<(const TpCommKey& o) const {
+    return std::tie(device, dp, cp, pp, size, rank) < std::tie(o.device, o.dp, o.cp, o.pp, o.size, o.rank);
+  }
+};
+
+struct TpComm {
+  ncclComm_t comm = nullptr;
+  std::string generation;  // random, shared by the members of one communicator
+};
+
+class TpCommCache {
+ public:
+  static TpCommCache& Get() {
+    static TpCommCache* cache = new TpCommCache();
+    return *cache;
+  }
+
+  // The idle communicator of `key`, removed from the cache (comm = nullptr if none).
+  TpComm Take(const TpCommKey& key) {
+    absl::MutexLock lock(&mu_);
+    auto it = idle_.find(key);
+    if (it == idle_.end()) return {};
+    TpComm c = std::move(it->second.comm);
+    idle_.erase(it);
+    return c;
+  }
+
+  // Keeps `c` idle under `key`; an older idle one of the key is aborted.
+  void Put(const TpCommKey& key, TpComm c, const Nccl* nccl) {
+    TpComm old;
+    {
+      absl::MutexLock lock(&mu_);
+      Entry& e = idle_[key];
+      old = std::exchange(e.comm, std::move(c));
+      e.nccl = nccl;
+    }
+    if (old.comm != nullptr) nccl->CommAbort(old.comm);
+  }
+
+  // Aborts every idle communicator: abort, not destroy, because destroying
+  // may wait for the peers, which need not be closing at the same time; an
+  // idle communicator has no work left to lose.
+  void CloseAll() {
+    std::map<TpCommKey, Entry> all;
+    {
+      absl::MutexLock lock(&mu_);
+      all.swap(idle_);
+    }
+    for (auto& [key, e] : all) {
+      DeviceGuard g(key.device);
+      e.nccl->CommAbort(e.comm.comm);
+    }
+  }
+
+ private:
+  struct Entry {
+    TpComm comm;
+    const Nccl* nccl = nullptr;
+  };
+  absl::Mutex mu_;
+  std::map<TpCommKey, Entry> idle_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string NewGeneration() {
+  static std::mutex mu;
+  static std::mt19937_64 rng = [] {
+    std::random_device rd;
+    std::seed_seq seq{rd(), rd(), rd(), rd(),
+                      static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()),
+                      static_cast<unsigned>(getpid())};
+    return std::mt19937_64(seq);
+  }();
+  std::lock_guard<std::mutex> lock(mu);
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16), absl::Hex(rng(), absl::kZeroPad16));
+}
+
+bool EnvFlag(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return dflt;
+  return !(std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 || std::strcmp(v, "off") == 0);
+}
+
 // TP-leader mode: rank tp 0 fetches the group's streams and distributes.
 class TpGroupImpl final : public CudaImpl {
  public:
@@ -673,28 +775,18 @@ class TpGroupImpl final : public CudaImpl {
                                                            HostImpl::StreamOptions(options_)));
       }
     }
-    // NCCL unique id through rollpackd.
-    const std::string key = absl::StrCat(step_id_, "/tp-leader/dp", rank_.dp(), "/cp", rank_.cp(),
-                                         "/pp", rank_.pp(), "/start", options_.start_index,
-                                         "/tag", options_.rendezvous_tag);
-    ncclUniqueId id;
-    if (leader_) {
-      RP_NCCL(nccl_->GetUniqueId(&id));
-      if (absl::Status s = RendezvousPost(channel_, key, std::string(id.internal, sizeof(id)));
-          !s.ok()) {
-        return s;
-      }
-    } else {
-      absl::StatusOr<std::string> v = RendezvousWait(channel_, key, options_.rendezvous_timeout_s);
-      if (!v.ok()) return v.status();
-      if (v->size() != sizeof(id)) return absl::DataLossError("NCCL id of the wrong size");
-      std::memcpy(id.internal, v->data(), sizeof(id));
-    }
     {
       DeviceGuard g(state_->device);
-      RP_NCCL(nccl_->CommInitRank(&comm_, size, id, rank_.tp()));
       RP_CUDA(cudaMalloc(&scratch_dev_, 8));
       RP_CUDA(cudaHostAlloc(&scratch_host_, 8, cudaHostAllocDefault));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (absl::Status s = Connect(); !s.ok()) return s;
+    if (EnvFlag("ROLLPACK_TP_COMM_LOG", false)) {
+      std::fprintf(stderr, "rollpack tp-leader %s dp%d cp%d pp%d tp%d: %s communicator %s in %.1f ms\n",
+                   step_id_.c_str(), rank_.dp(), rank_.cp(), rank_.pp(), rank_.tp(),
+                   reused_ ? "reused" : "created", generation_.c_str(),
+                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
@@ -703,6 +795,7 @@ class TpGroupImpl final : public CudaImpl {
   ~TpGroupImpl() override {
     Stop();
     for (auto& s : streams_) s->Cancel();
+    bool aborted = false;
     if (thread_.joinable()) {
       // A rank blocked in NCCL (its peer died) is released by an abort.
       absl::MutexLock lock(&thread_mu_);
@@ -710,12 +803,31 @@ class TpGroupImpl final : public CudaImpl {
           comm_ != nullptr) {
         nccl_->CommAbort(comm_);
         comm_ = nullptr;
+        aborted = true;
       }
     }
     if (thread_.joinable()) thread_.join();
     DeviceGuard g(state_ != nullptr ? state_->device : 0);
-    if (state_ != nullptr) cudaStreamSynchronize(state_->copy);
-    if (comm_ != nullptr) nccl_->CommDestroy(comm_);
+    const bool synced = state_ != nullptr && cudaStreamSynchronize(state_->copy) == cudaSuccess;
+    if (comm_ != nullptr) {
+      bool clean = false;
+      {
+        absl::MutexLock lock(&thread_mu_);
+        clean = clean_end_;
+      }
+      if (clean && synced && !aborted && reuse_) {
+        // Every rank ran the same NCCL calls up to the end marker and they
+        // completed: the communicator is idle and consistent on all ranks.
+        TpCommCache::Get().Put(CacheKey(), TpComm{comm_, generation_}, nccl_);
+      } else if (clean && synced && !aborted) {
+        nccl_->CommDestroy(comm_);  // every rank reached the end together
+      } else {
+        // Stopped mid-stream or failed: the peers may be elsewhere in the
+        // protocol, so neither keep it nor wait for them.
+        nccl_->CommAbort(comm_);
+      }
+      comm_ = nullptr;
+    }
     if (scratch_dev_ != nullptr) cudaFree(scratch_dev_);
     if (scratch_host_ != nullptr) cudaFreeHost(scratch_host_);
     if (header_dev_ != nullptr) cudaFree(header_dev_);
@@ -724,6 +836,7 @@ class TpGroupImpl final : public CudaImpl {
 
  private:
   void Loop() {
+    bool clean = false;
     {
       DeviceGuard g(state_->device);
       while (!stopping()) {
@@ -731,6 +844,7 @@ class TpGroupImpl final : public CudaImpl {
         bool end = false;
         absl::Status s = leader_ ? LeaderStep(&item, &end) : FollowerStep(&item, &end);
         if (!s.ok() || end) {
+          clean = s.ok() && end;
           PushEnd(s);
           break;
         }
@@ -739,6 +853,101 @@ class TpGroupImpl final : public CudaImpl {
     }
     absl::MutexLock lock(&thread_mu_);
     thread_done_ = true;
+    clean_end_ = clean;
+  }
+
+  TpCommKey CacheKey() const {
+    return TpCommKey{state_->device, rank_.dp(), rank_.cp(), rank_.pp(), options_.tp_leader_size,
+                     rank_.tp()};
+  }
+
+  // Sets comm_: the group's communicator of an earlier step when every rank
+  // still holds it idle, else a new one. Through rollpackd, under the step's
+  // key K: each follower posts the generation of the communicator it holds
+  // idle for this group ("" if none) under K/have<tp>; the leader, once it
+  // has them all, posts "R<generation>" (reuse: all equal its own) or
+  // "N<generation><ncclUniqueId>" (a new communicator, created by everyone)
+  // under K. The decision is the leader's alone and every rank follows it,
+  // so the ranks cannot disagree; a rank that holds a communicator that is
+  // not chosen aborts it. Either way the step costs a few small Rendezvous
+  // calls; creating a communicator adds ncclCommInitRank.
+  absl::Status Connect() {
+    const int size = options_.tp_leader_size;
+    const std::string key = absl::StrCat(step_id_, "/tp-leader/dp", rank_.dp(), "/cp", rank_.cp(),
+                                         "/pp", rank_.pp(), "/start", options_.start_index,
+                                         "/tag", options_.rendezvous_tag);
+    reuse_ = options_.reuse_tp_communicator && EnvFlag("ROLLPACK_TP_COMM_REUSE", true);
+    TpComm mine = reuse_ ? TpCommCache::Get().Take(CacheKey()) : TpComm{};
+    auto drop_mine = [&] {
+      if (mine.comm != nullptr) {
+        DeviceGuard g(state_->device);
+        nccl_->CommAbort(mine.comm);
+        mine.comm = nullptr;
+      }
+    };
+    ncclUniqueId id;
+    std::string decision;
+    if (leader_) {
+      bool all_same = mine.comm != nullptr;
+      for (int t = 1; t < size; ++t) {
+        absl::StatusOr<std::string> have =
+            RendezvousWait(channel_, absl::StrCat(key, "/have", t), options_.rendezvous_timeout_s,
+                           options_.auth_token);
+        if (!have.ok()) {
+          drop_mine();
+          return have.status();
+        }
+        all_same = all_same && *have == mine.generation;
+      }
+      if (all_same) {
+        decision = "R" + mine.generation;
+      } else {
+        drop_mine();
+        RP_NCCL(nccl_->GetUniqueId(&id));
+        decision = absl::StrCat("N", NewGeneration(), std::string(id.internal, sizeof(id)));
+      }
+      if (absl::Status s = RendezvousPost(channel_, key, decision, options_.auth_token); !s.ok()) {
+        drop_mine();
+        return s;
+      }
+    } else {
+      if (absl::Status s = RendezvousPost(channel_, absl::StrCat(key, "/have", rank_.tp()),
+                                          mine.comm != nullptr ? mine.generation : std::string(),
+                                          options_.auth_token);
+          !s.ok()) {
+        drop_mine();
+        return s;
+      }
+      absl::StatusOr<std::string> v =
+          RendezvousWait(channel_, key, options_.rendezvous_timeout_s, options_.auth_token);
+      if (!v.ok()) {
+        drop_mine();
+        return v.status();
+      }
+      decision = std::move(*v);
+    }
+    constexpr size_t kGen = 32;
+    if (decision.size() == 1 + kGen && decision[0] == 'R') {
+      if (mine.comm == nullptr || decision.compare(1, kGen, mine.generation) != 0) {
+        drop_mine();
+        return absl::DataLossError("TP leader reuses a communicator this rank does not hold");
+      }
+      comm_ = mine.comm;
+      generation_ = mine.generation;
+      reused_ = true;
+      return absl::OkStatus();
+    }
+    if (decision.size() != 1 + kGen + sizeof(id) || decision[0] != 'N') {
+      drop_mine();
+      return absl::DataLossError("bad TP-leader rendezvous value (mixed rollpack versions?)");
+    }
+    drop_mine();
+    generation_ = decision.substr(1, kGen);
+    std::memcpy(id.internal, decision.data() + 1 + kGen, sizeof(id));
+    DeviceGuard g(state_->device);
+    RP_NCCL(nccl_->CommInitRank(&comm_, size, id, rank_.tp()));
+    reused_ = false;
+    return absl::OkStatus();
   }
 
   absl::Status EnsureHeader(int64_t bytes) {
@@ -1006,6 +1215,9 @@ class TpGroupImpl final : public CudaImpl {
   bool leader_ = false;
   std::vector<std::unique_ptr<TrainerStream>> streams_;
   ncclComm_t comm_ = nullptr;
+  std::string generation_;
+  bool reuse_ = false;   // offer / keep communicators across steps
+  bool reused_ = false;  // comm_ came from an earlier step
   void* scratch_dev_ = nullptr;
   void* scratch_host_ = nullptr;
   void* header_dev_ = nullptr;
@@ -1014,11 +1226,18 @@ class TpGroupImpl final : public CudaImpl {
   std::thread thread_;
   absl::Mutex thread_mu_;
   bool thread_done_ ABSL_GUARDED_BY(thread_mu_) = false;
+  bool clean_end_ ABSL_GUARDED_BY(thread_mu_) = false;  // the end marker went through
 };
 
 #endif  // ROLLPACK_WITH_CUDA
 
 }  // namespace
+
+void CloseTpCommunicators() {
+#ifdef ROLLPACK_WITH_CUDA
+  TpCommCache::Get().CloseAll();
+#endif
+}
 
 DeviceStream::DeviceStream(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DeviceStream::~DeviceStream() = default;

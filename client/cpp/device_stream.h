@@ -16,7 +16,8 @@
 // (dp, cp, pp) group talks to rollpackd; it fetches every TP rank's stream
 // and distributes over NCCL: metadata and tokens / token fields broadcast,
 // each rank's sequence-parallel replay rows + mask sent with grouped
-// send/recv. The NCCL unique id goes through rollpackd's Rendezvous service.
+// send/recv. The NCCL unique id goes through rollpackd's Rendezvous service;
+// the communicator is kept for the group's next step (reuse_tp_communicator).
 // NCCL is loaded at run time (dlopen), so building needs no NCCL.
 #ifndef ROLLPACK_CLIENT_CPP_DEVICE_STREAM_H_
 #define ROLLPACK_CLIENT_CPP_DEVICE_STREAM_H_
@@ -65,6 +66,18 @@ struct DeviceStreamOptions {
   // new one (e.g. the job id + attempt) when a group is opened again for the
   // same step, so no rank picks up the previous opening's id.
   std::string rendezvous_tag;
+  // Sent as `authorization: Bearer <token>` on the stream and the
+  // rendezvous calls when rollpackd runs with --auth-tokens (trainer role).
+  // TLS is the channel's business (MakeChannel).
+  std::string auth_token;
+  // TP-leader mode: keep the group's NCCL communicator when the stream ends
+  // cleanly and reuse it for the next step of the same group (same device,
+  // dp, cp, pp, TP size and rank) when every rank of the group still holds
+  // it; otherwise a new one is created. The environment variable
+  // ROLLPACK_TP_COMM_REUSE=0 turns it off as well. Either way each step
+  // does a small rendezvous through rollpackd, so ranks with different
+  // settings still agree (they then create a new communicator every step).
+  bool reuse_tp_communicator = true;
 };
 
 // One micro-batch. Metadata from the wire message (its big byte fields are
@@ -136,12 +149,19 @@ class DeviceStream {
 // Whether this build has CUDA support (ROLLPACK_WITH_CUDA).
 bool DeviceStreamHasCuda();
 
+// Releases the NCCL communicators that TP-leader streams kept for later
+// steps (DeviceStreamOptions::reuse_tp_communicator), e.g. at shutdown;
+// streams open at the time keep theirs. Without it they live until the
+// process exits. No-op without CUDA.
+void CloseTpCommunicators();
+
 // Rendezvous helpers (rendezvous.proto): post `value` under `key`, or wait
-// up to `timeout` for it.
+// up to `timeout` for it. A non-empty `auth_token` goes out as a bearer token.
 absl::Status RendezvousPost(const std::shared_ptr<grpc::Channel>& channel, const std::string& key,
-                            const std::string& value);
+                            const std::string& value, const std::string& auth_token = "");
 absl::StatusOr<std::string> RendezvousWait(const std::shared_ptr<grpc::Channel>& channel,
-                                           const std::string& key, int timeout_s);
+                                           const std::string& key, int timeout_s,
+                                           const std::string& auth_token = "");
 
 }  // namespace rollpack
 

@@ -1,9 +1,11 @@
 #include "client/cpp/trainer_capi.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
 #include "client/cpp/device_stream.h"
 #include "kernels/replay_kernels.h"
@@ -106,6 +108,36 @@ class DeviceGuard {
 };
 #endif
 
+// The caller's struct may come from an older header: only its first
+// struct_size bytes are read, the rest stays zero ("off").
+absl::StatusOr<rollpack::ClientOptions> ConnectOptions(const rpt_connect_options* c) {
+  rollpack::ClientOptions o;
+  if (c == nullptr) return o;
+  if (c->struct_size < sizeof(uint32_t)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rpt_connect_options.struct_size is ", c->struct_size,
+        ": set it to sizeof(rpt_connect_options) = ", sizeof(rpt_connect_options)));
+  }
+  rpt_connect_options in;
+  std::memset(&in, 0, sizeof(in));
+  std::memcpy(&in, c, std::min<size_t>(c->struct_size, sizeof(in)));
+  auto str = [](const char* p) { return p != nullptr ? std::string(p) : std::string(); };
+  o.auth_token = str(in.auth_token);
+  o.tls = in.tls != 0;
+  o.tls_root_certs_pem = str(in.tls_root_certs_pem);
+  o.tls_client_cert_pem = str(in.tls_client_cert_pem);
+  o.tls_client_key_pem = str(in.tls_client_key_pem);
+  o.tls_server_name = str(in.tls_server_name);
+  if (o.tls_client_cert_pem.empty() != o.tls_client_key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rpt_connect_options: tls_client_cert_pem is ",
+                     o.tls_client_cert_pem.empty() ? "empty" : "set", " but tls_client_key_pem is ",
+                     o.tls_client_key_pem.empty() ? "empty" : "set",
+                     " (mutual TLS needs both)"));
+  }
+  return o;
+}
+
 [[maybe_unused]] int NoCuda() {
   g_error = "librollpack_trainer was built without CUDA";
   return static_cast<int>(k::StatusCode::kInvalidArgument);
@@ -139,7 +171,18 @@ int rpt_open(const char* address, const char* step_id, int dp, int cp, int tp, i
              int prefetch, int all_fields, int start_index, int ids_int32,
              int masked_fill_minus_one, int tp_leader_size, int rendezvous_timeout_s,
              const char* rendezvous_tag, void** out_stream) {
+  return rpt_open2(address, nullptr, step_id, dp, cp, tp, pp, device, prefetch, all_fields,
+                   start_index, ids_int32, masked_fill_minus_one, tp_leader_size,
+                   rendezvous_timeout_s, rendezvous_tag, out_stream);
+}
+
+int rpt_open2(const char* address, const rpt_connect_options* connect, const char* step_id,
+              int dp, int cp, int tp, int pp, int device, int prefetch, int all_fields,
+              int start_index, int ids_int32, int masked_fill_minus_one, int tp_leader_size,
+              int rendezvous_timeout_s, const char* rendezvous_tag, void** out_stream) {
   *out_stream = nullptr;
+  absl::StatusOr<rollpack::ClientOptions> connection = ConnectOptions(connect);
+  if (!connection.ok()) return Fail(connection.status());
   rollpack::v1::RankCoords rank;
   rank.set_dp(dp);
   rank.set_cp(cp);
@@ -155,8 +198,9 @@ int rpt_open(const char* address, const char* step_id, int dp, int cp, int tp, i
   o.tp_leader_size = tp_leader_size;
   if (rendezvous_timeout_s > 0) o.rendezvous_timeout_s = rendezvous_timeout_s;
   if (rendezvous_tag != nullptr) o.rendezvous_tag = rendezvous_tag;
+  o.auth_token = connection->auth_token;
   absl::StatusOr<std::unique_ptr<DeviceStream>> s =
-      DeviceStream::Open(rollpack::MakeChannel(address), step_id, rank, o);
+      DeviceStream::Open(rollpack::MakeChannel(address, *connection), step_id, rank, o);
   if (!s.ok()) return Fail(s.status());
   *out_stream = s->release();
   return 0;
@@ -172,6 +216,50 @@ int rpt_next(void* stream, void* consumer_stream, void** out_batch) {
 }
 
 void rpt_close(void* stream) { delete static_cast<DeviceStream*>(stream); }
+
+int rpt_client_open(const char* address, const rpt_connect_options* connect, void** out_client) {
+  *out_client = nullptr;
+  absl::StatusOr<rollpack::ClientOptions> o = ConnectOptions(connect);
+  if (!o.ok()) return Fail(o.status());
+  *out_client = new rollpack::RollpackClient(rollpack::MakeChannel(address, *o), *o);
+  return 0;
+}
+
+void rpt_client_close(void* client) { delete static_cast<rollpack::RollpackClient*>(client); }
+
+int rpt_report_routing_agreement(void* client, const char* step_id, int dp, int cp, int tp,
+                                 int pp, int topk, int num_layers, const int32_t* layers,
+                                 const int64_t* stats, int64_t* out_totals) {
+  if (num_layers < 0 || (num_layers > 0 && (layers == nullptr || stats == nullptr))) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "num_layers is ", num_layers, " with layers ", layers == nullptr ? "NULL" : "set",
+        " and stats ", stats == nullptr ? "NULL" : "set")));
+  }
+  rollpack::v1::RoutingAgreementReport report;
+  report.set_step_id(step_id != nullptr ? step_id : "");
+  report.mutable_rank()->set_dp(dp);
+  report.mutable_rank()->set_cp(cp);
+  report.mutable_rank()->set_tp(tp);
+  report.mutable_rank()->set_pp(pp);
+  report.set_topk(topk);
+  for (int i = 0; i < num_layers; ++i) {
+    rollpack::v1::LayerAgreement* l = report.add_layers();
+    l->set_layer(layers[i]);
+    l->set_rows_compared(stats[3 * i]);
+    l->set_rows_disagreeing(stats[3 * i + 1]);
+    l->set_overlapping_experts(stats[3 * i + 2]);
+  }
+  absl::StatusOr<rollpack::v1::RoutingAgreementAck> ack =
+      static_cast<rollpack::RollpackClient*>(client)->ReportRoutingAgreement(report);
+  if (!ack.ok()) return Fail(ack.status());
+  if (out_totals != nullptr) {
+    out_totals[0] = ack->step_rows_compared();
+    out_totals[1] = ack->step_rows_disagreeing();
+    out_totals[2] = ack->step_overlapping_experts();
+    out_totals[3] = ack->step_reports();
+  }
+  return 0;
+}
 
 void rpt_batch_free(void* batch) { delete static_cast<BatchHandle*>(batch); }
 

@@ -20,15 +20,42 @@
 extern "C" {
 #endif
 
-#define RPT_ABI_VERSION 1
+/* 2: rpt_connect_options, rpt_open2, rpt_client_*, rpt_report_routing_agreement. */
+#define RPT_ABI_VERSION 2
 
 int rpt_abi_version(void);
 const char* rpt_last_error(void);
 /* 1 when built with CUDA (device >= 0 and TP-leader mode available). */
 int rpt_has_cuda(void);
 
+/* How to reach rollpackd: token auth and TLS (docs/operations.md). Set
+ * struct_size = sizeof(rpt_connect_options) and zero what is unused. Fields
+ * are only ever added at the end, and the library reads only the first
+ * struct_size bytes (the rest counts as zero, which always means "off"), so
+ * callers built against an older header keep working. Strings are
+ * NUL-terminated; NULL = empty. */
+typedef struct rpt_connect_options {
+  uint32_t struct_size;
+  /* Sent as `authorization: Bearer <auth_token>` on every call. */
+  const char* auth_token;
+  /* TLS: when tls != 0, or any PEM below is set. No root certificates =
+   * gRPC's default roots. Client certificate + key = mutual TLS. */
+  int tls;
+  const char* tls_root_certs_pem;
+  const char* tls_client_cert_pem;
+  const char* tls_client_key_pem;
+  /* Name checked against the server certificate instead of the address's. */
+  const char* tls_server_name;
+} rpt_connect_options;
+
 /* Opens one rank's stream. device -1 = host arrays (CPU reference unpack).
- * tp_leader_size > 1 = TP-leader mode (CUDA + NCCL). */
+ * tp_leader_size > 1 = TP-leader mode (CUDA + NCCL). connect may be NULL
+ * (plaintext, no token). */
+int rpt_open2(const char* address, const rpt_connect_options* connect, const char* step_id,
+              int dp, int cp, int tp, int pp, int device, int prefetch, int all_fields,
+              int start_index, int ids_int32, int masked_fill_minus_one, int tp_leader_size,
+              int rendezvous_timeout_s, const char* rendezvous_tag, void** out_stream);
+/* ABI 1: rpt_open2 with connect = NULL. */
 int rpt_open(const char* address, const char* step_id, int dp, int cp, int tp, int pp,
              int device, int prefetch, int all_fields, int start_index, int ids_int32,
              int masked_fill_minus_one, int tp_leader_size, int rendezvous_timeout_s,
@@ -37,6 +64,20 @@ int rpt_open(const char* address, const char* step_id, int dp, int cp, int tp, i
  * cudaStream_t (NULL = legacy default stream) made to wait for the batch. */
 int rpt_next(void* stream, void* consumer_stream, void** out_batch);
 void rpt_close(void* stream);
+
+/* A connection for unary calls (one channel, reused across calls). */
+int rpt_client_open(const char* address, const rpt_connect_options* connect, void** out_client);
+void rpt_client_close(void* client);
+/* Reports one rank's routing agreement (Telemetry.ReportRoutingAgreement):
+ * for each i < num_layers, global MoE layer layers[i] with stats[3 * i ..]
+ * = (rows_compared, rows_disagreeing, overlapping_experts), the layout the
+ * rpt_agreement_* functions write (host memory). out_totals (NULL = not
+ * wanted): int64[4] = the step's rows_compared, rows_disagreeing,
+ * overlapping_experts and reports so far, over all ranks. Not retried: a
+ * re-sent report counts twice. */
+int rpt_report_routing_agreement(void* client, const char* step_id, int dp, int cp, int tp,
+                                 int pp, int topk, int num_layers, const int32_t* layers,
+                                 const int64_t* stats, int64_t* out_totals);
 
 void rpt_batch_free(void* batch);
 /* name: index, num_microbatches, local_cp_size, local_cp_rank, max_seqlen,

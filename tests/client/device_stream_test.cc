@@ -4,7 +4,9 @@
 // (client/python/tests/gpu_trainer.py, docs/trainer.md).
 #include "client/cpp/device_stream.h"
 
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "client/cpp/client.h"
@@ -219,6 +221,37 @@ TEST_F(DeviceStreamTest, RendezvousDeadlineAndBadKey) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RendezvousPost(channel_, "big", std::string(70000, 'x')).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// With --auth-tokens, DeviceStreamOptions.auth_token goes out on the stream
+// and the Rendezvous helpers send theirs (the TP-leader path uses both).
+TEST(DeviceStreamAuthTest, TokenReachesStreamAndRendezvous) {
+  const std::string path = ::testing::TempDir() + "/device-stream-tokens";
+  std::ofstream(path) << "trainer trainer-token-0123456789\n";
+  ServerOptions options;
+  options.auth_tokens_file = path;
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::shared_ptr<grpc::Channel> channel = MakeChannel((*server)->address());
+  auto first = [&](const std::string& token) {
+    DeviceStreamOptions o;
+    o.auth_token = token;
+    absl::StatusOr<std::unique_ptr<DeviceStream>> ds =
+        DeviceStream::Open(channel, "no-step", v1::RankCoords(), o);
+    if (!ds.ok()) return ds.status();
+    return (*ds)->Next().status();
+  };
+  EXPECT_EQ(first("").code(), absl::StatusCode::kUnauthenticated);
+  const absl::Status with_token = first("trainer-token-0123456789");
+  EXPECT_EQ(with_token.code(), absl::StatusCode::kNotFound) << with_token;  // names the step
+  EXPECT_EQ(RendezvousPost(channel, "k", "v").code(), absl::StatusCode::kUnauthenticated);
+  ASSERT_TRUE(RendezvousPost(channel, "k", "v", "trainer-token-0123456789").ok());
+  EXPECT_EQ(RendezvousWait(channel, "k", 1).status().code(), absl::StatusCode::kUnauthenticated);
+  absl::StatusOr<std::string> v = RendezvousWait(channel, "k", 1, "trainer-token-0123456789");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "v");
+  (*server)->Shutdown(absl::Seconds(1));
+  std::remove(path.c_str());
 }
 
 }  // namespace

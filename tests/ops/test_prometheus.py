@@ -2,8 +2,10 @@
 rollpackd, a Prometheus on a loopback port scraping it every second with
 deploy/prometheus/rollpack-rules.yml loaded, the `rollpack demo` workload
 (register, put, plan, fetch every rank, release), then assertions through
-Prometheus's HTTP query API. `promtool check metrics` validates the
-exposition, `promtool check rules` the shipped rules."""
+Prometheus's HTTP query API; then a trainer's routing agreement reports
+(Telemetry.ReportRoutingAgreement) as Prometheus sees them. `promtool check
+metrics` validates the exposition, `promtool check rules` the shipped
+rules."""
 
 import json
 import os
@@ -95,6 +97,8 @@ class PrometheusTest(unittest.TestCase):
             # Nothing is wrong, so nothing fires.
             self.assertEqual(prom.api("alerts")["alerts"], [])
 
+            self.report_routing_agreement(rp, prom)
+
             # Every Grafana panel query is valid PromQL here, and the ones
             # over gauges and counters (no rate window) have data.
             with open(DASHBOARD) as f:
@@ -105,6 +109,59 @@ class PrometheusTest(unittest.TestCase):
                     result = prom.query(expr)  # raises on a PromQL error
                     if "rate(" not in expr:
                         self.assertTrue(result, "%s: %s has no data" % (panel["title"], expr))
+
+    def report_routing_agreement(self, rp, prom):
+        """A step of its own, reported on twice by its one rank (with a scrape
+        in between, so increase() over the counters has data), then the
+        rollpack_routing_* series in Prometheus; the step is released."""
+        import grpc
+        import numpy as np
+        import rollpack
+        from rollpack.v1 import (scheduler_pb2, scheduler_pb2_grpc, telemetry_pb2,
+                                 telemetry_pb2_grpc, trainer_pb2)
+        spec = rollpack.ModelSpec("routing", num_layers=4, moe_layers=[1, 3], num_experts=16,
+                                  topk=2)
+        rng = np.random.default_rng(5)
+        samples = []
+        for i in range(4):
+            toks = rng.integers(1, 1000, size=50).astype(np.int32)
+            ex = np.argsort(rng.random((49, 4, 16)), axis=2)[:, :, :2].astype(np.int32)
+            samples.append(rollpack.Sample("r%d" % i, toks, ex))
+        with rollpack.Producer(rp.address, "routing") as p:
+            p.register_model(spec)
+            p.put(samples)
+        with grpc.insecure_channel(rp.address) as ch:
+            sched = scheduler_pb2_grpc.SchedulerStub(ch)
+            info = sched.CreateStep(scheduler_pb2.CreateStepRequest(
+                step_id="routing-step", pool="routing", num_samples=4,
+                topology=scheduler_pb2.Topology(max_tokens_per_rank=256)), timeout=30)
+            self.assertEqual(list(info.stage_layers[0].replay_layers), [1, 3])
+            stub = telemetry_pb2_grpc.TelemetryStub(ch)
+
+            def report(rows):
+                ack = stub.ReportRoutingAgreement(telemetry_pb2.RoutingAgreementReport(
+                    step_id="routing-step", rank=trainer_pb2.RankCoords(), topk=2,
+                    layers=[telemetry_pb2.LayerAgreement(layer=1, rows_compared=rows,
+                                                         rows_disagreeing=rows // 10,
+                                                         overlapping_experts=2 * rows - rows // 10),
+                            telemetry_pb2.LayerAgreement(layer=3, rows_compared=rows,
+                                                         rows_disagreeing=0,
+                                                         overlapping_experts=2 * rows)]),
+                    timeout=30)
+                return ack
+
+            report(100)
+            prom.wait_for("sum(rollpack_routing_rows_compared_total)", 200.0)
+            ack = report(100)
+            self.assertEqual((ack.step_rows_compared, ack.step_rows_disagreeing,
+                              ack.step_reports), (400, 20, 2))
+            prom.wait_for("sum(rollpack_routing_rows_compared_total)", 400.0)
+            prom.wait_for('rollpack_routing_rows_disagreeing_total{layer="1"}', 20.0)
+            prom.wait_for('rollpack_routing_rows_disagreeing_total{layer="3"}', 0.0)
+            prom.wait_for("rollpack_routing_last_step_disagreement_ratio", 20.0 / 400)
+            prom.wait_for("rollpack_routing_last_step_mean_overlap_ratio", 780.0 / 800)
+            sched.ReleaseStep(scheduler_pb2.ReleaseStepRequest(step_id="routing-step"),
+                              timeout=30)
 
     def test_promtool_checks_exposition(self):
         promtool = harness.require_tool("promtool")

@@ -1,7 +1,9 @@
 #!/bin/bash
 # One device-tool call (nvidia-h200): GPU tests, the R3 proof, the benchmark.
 # Carry `.device` (pack_for_device.sh makes it). Logs/JSON go to $OUT.
-#   bash client/python/device/run_device.sh [tests|proof|bench|all]
+#   bash client/python/device/run_device.sh [tests|proof|bench|all|tpbench]
+# tpbench (nvidia-h200-x2, not in all): TP-leader per-step latency with and
+# without NCCL communicator reuse.
 set -u
 OUT=${OUT:-/tmp/rollpack_out}
 mkdir -p "$OUT"
@@ -24,5 +26,22 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   timeout 240 python3 client/python/bench/trainer_bench.py --rollpackd "$ROLLPACKD" \
     --json "$OUT/trainer_bench.json" > "$OUT/trainer_bench.log" 2>&1
   r=$?; echo "bench rc=$r"; tail -30 "$OUT/trainer_bench.log"; [ $r = 0 ] || rc=1
+fi
+if [ "$what" = tpbench ]; then
+  ROLLPACK_TP_COMM_LOG=1 timeout 240 python3 client/python/bench/tp_leader_bench.py \
+    --json "$OUT/tp_leader_bench.json" > "$OUT/tp_leader_bench.log" 2>&1
+  r=$?; echo "tp bench rc=$r"; grep -v "^rollpack tp-leader" "$OUT/tp_leader_bench.log" | tail -20
+  # Connect() times (rendezvous + communicator) from ROLLPACK_TP_COMM_LOG.
+  python3 - "$OUT/tp_leader_bench.log" <<'PY'
+import re, statistics, sys
+d = {}
+for l in open(sys.argv[1]):
+    m = re.match(r"rollpack tp-leader (\S+) .* (tp\d): (\w+) communicator \S+ in ([\d.]+) ms", l)
+    if m:
+        d.setdefault((m.group(3), m.group(2)), []).append(float(m.group(4)))
+for k, v in sorted(d.items()):
+    print("connect %s %s: n=%d median %.1f ms min %.1f max %.1f" % (k + (len(v), statistics.median(v), min(v), max(v))))
+PY
+  [ $r = 0 ] || rc=1
 fi
 exit $rc

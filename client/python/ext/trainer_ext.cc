@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,39 @@ void Check(int rc) {
 
 void* P(uintptr_t p) { return reinterpret_cast<void*>(p); }
 
+// rpt_connect_options from rollpack.trainer's tuple (auth_token, tls,
+// root_certs_pem, client_cert_pem, client_key_pem, server_name), or None;
+// owns the strings the options point into.
+class Connect {
+ public:
+  explicit Connect(const py::object& t) {
+    std::memset(&opts_, 0, sizeof(opts_));
+    opts_.struct_size = sizeof(opts_);
+    if (t.is_none()) return;
+    const py::tuple v = t.cast<py::tuple>();
+    if (v.size() != 6) throw py::value_error("connect: want a 6-tuple");
+    auto str = [&](int i) { return v[i].is_none() ? std::string() : v[i].cast<std::string>(); };
+    token_ = str(0);
+    opts_.tls = v[1].cast<bool>() ? 1 : 0;
+    root_ = str(2);
+    cert_ = str(3);
+    key_ = str(4);
+    name_ = str(5);
+    opts_.auth_token = token_.c_str();
+    opts_.tls_root_certs_pem = root_.c_str();
+    opts_.tls_client_cert_pem = cert_.c_str();
+    opts_.tls_client_key_pem = key_.c_str();
+    opts_.tls_server_name = name_.c_str();
+  }
+  Connect(const Connect&) = delete;
+  Connect& operator=(const Connect&) = delete;
+  const rpt_connect_options* get() const { return &opts_; }
+
+ private:
+  std::string token_, root_, cert_, key_, name_;
+  rpt_connect_options opts_;
+};
+
 void CapsuleDestructor(PyObject* capsule) {
   // Consumed capsules are renamed "used_dltensor" by the consumer.
   if (PyCapsule_IsValid(capsule, "dltensor")) {
@@ -45,17 +79,46 @@ PYBIND11_MODULE(_trainer, m) {
   m.def("open", [](const std::string& address, const std::string& step_id, int dp, int cp, int tp,
                    int pp, int device, int prefetch, bool all_fields, int start_index,
                    bool ids_int32, bool fill, int tp_leader_size, int rendezvous_timeout_s,
-                   const std::string& rendezvous_tag) {
+                   const std::string& rendezvous_tag, const py::object& connect) {
+    const Connect c(connect);
     void* s = nullptr;
     int rc;
     {
       py::gil_scoped_release nogil;
-      rc = rpt_open(address.c_str(), step_id.c_str(), dp, cp, tp, pp, device, prefetch,
-                    all_fields, start_index, ids_int32, fill, tp_leader_size,
-                    rendezvous_timeout_s, rendezvous_tag.c_str(), &s);
+      rc = rpt_open2(address.c_str(), c.get(), step_id.c_str(), dp, cp, tp, pp, device, prefetch,
+                     all_fields, start_index, ids_int32, fill, tp_leader_size,
+                     rendezvous_timeout_s, rendezvous_tag.c_str(), &s);
     }
     Check(rc);
     return reinterpret_cast<uintptr_t>(s);
+  }, py::arg("address"), py::arg("step_id"), py::arg("dp"), py::arg("cp"), py::arg("tp"),
+     py::arg("pp"), py::arg("device"), py::arg("prefetch"), py::arg("all_fields"),
+     py::arg("start_index"), py::arg("ids_int32"), py::arg("fill"), py::arg("tp_leader_size"),
+     py::arg("rendezvous_timeout_s"), py::arg("rendezvous_tag"), py::arg("connect") = py::none());
+  m.def("client_open", [](const std::string& address, const py::object& connect) {
+    const Connect c(connect);
+    void* client = nullptr;
+    Check(rpt_client_open(address.c_str(), c.get(), &client));
+    return reinterpret_cast<uintptr_t>(client);
+  });
+  m.def("client_close", [](uintptr_t client) { rpt_client_close(P(client)); });
+  m.def("report_routing_agreement", [](uintptr_t client, const std::string& step_id, int dp,
+                                       int cp, int tp, int pp, int topk,
+                                       const std::vector<int32_t>& layers,
+                                       const std::vector<int64_t>& stats) {
+    if (stats.size() != 3 * layers.size()) {
+      throw py::value_error("stats must hold 3 counts per layer");
+    }
+    int64_t totals[4] = {0, 0, 0, 0};
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = rpt_report_routing_agreement(P(client), step_id.c_str(), dp, cp, tp, pp, topk,
+                                        static_cast<int>(layers.size()), layers.data(),
+                                        stats.data(), totals);
+    }
+    Check(rc);
+    return py::make_tuple(totals[0], totals[1], totals[2], totals[3]);
   });
   m.def("next", [](uintptr_t stream, uintptr_t consumer_stream) {
     void* b = nullptr;

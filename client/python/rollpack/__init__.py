@@ -15,7 +15,7 @@ from rollpack import adapters  # noqa: F401
 
 
 _TRAINER_NAMES = ("TrainerClient", "Microbatch", "apply_replay", "routing_agreement",
-                  "install_replay_targets")
+                  "install_replay_targets", "report_routing_agreement", "ReportAck")
 
 
 def __getattr__(name):

@@ -17,14 +17,29 @@ _I = _c.c_int
 _L = _c.c_int64
 _F = _c.c_float
 
+
+class ConnectOptions(ctypes.Structure):
+    """rpt_connect_options (trainer_capi.h); struct_size versions it."""
+    _fields_ = [("struct_size", _c.c_uint32), ("auth_token", _c.c_char_p), ("tls", _I),
+                ("tls_root_certs_pem", _c.c_char_p), ("tls_client_cert_pem", _c.c_char_p),
+                ("tls_client_key_pem", _c.c_char_p), ("tls_server_name", _c.c_char_p)]
+
+
 _SIGS = {
     "rpt_abi_version": (_I, []),
     "rpt_last_error": (_c.c_char_p, []),
     "rpt_has_cuda": (_I, []),
     "rpt_open": (_I, [_c.c_char_p, _c.c_char_p, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I,
                       _c.c_char_p, _c.POINTER(_P)]),
+    "rpt_open2": (_I, [_c.c_char_p, _c.POINTER(ConnectOptions), _c.c_char_p, _I, _I, _I, _I,
+                       _I, _I, _I, _I, _I, _I, _I, _I, _c.c_char_p, _c.POINTER(_P)]),
     "rpt_next": (_I, [_P, _P, _c.POINTER(_P)]),
     "rpt_close": (None, [_P]),
+    "rpt_client_open": (_I, [_c.c_char_p, _c.POINTER(ConnectOptions), _c.POINTER(_P)]),
+    "rpt_client_close": (None, [_P]),
+    "rpt_report_routing_agreement": (_I, [_P, _c.c_char_p, _I, _I, _I, _I, _I, _I,
+                                          _c.POINTER(_c.c_int32), _c.POINTER(_L),
+                                          _c.POINTER(_L)]),
     "rpt_batch_free": (None, [_P]),
     "rpt_batch_int": (_L, [_P, _c.c_char_p]),
     "rpt_batch_workload": (_c.c_double, [_P]),
@@ -61,7 +76,11 @@ def _lib():
                               "(docs/trainer.md)" % path)
         lib = ctypes.CDLL(path)
         for name, (res, args) in _SIGS.items():
-            fn = getattr(lib, name)
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                raise ImportError("rollpack: %s has no %s: it is older than this package; "
+                                  "rebuild the target rollpack_trainer" % (path, name)) from None
             fn.restype = res
             fn.argtypes = args
         _LIB = lib
@@ -87,14 +106,58 @@ def has_cuda():
     return bool(_lib().rpt_has_cuda())
 
 
+def _bytes(x):
+    if x is None:
+        return None
+    return x if isinstance(x, bytes) else str(x).encode()
+
+
+def _connect(connect):
+    """(auth_token, tls, root_certs_pem, client_cert_pem, client_key_pem,
+    server_name) or None -> a ConnectOptions (its bytes objects are kept
+    alive by the structure's _objects while it lives)."""
+    o = ConnectOptions()
+    o.struct_size = ctypes.sizeof(ConnectOptions)
+    if connect is not None:
+        token, tls, root, cert, key, name = connect
+        o.auth_token, o.tls = _bytes(token), int(bool(tls))
+        o.tls_root_certs_pem, o.tls_client_cert_pem = _bytes(root), _bytes(cert)
+        o.tls_client_key_pem, o.tls_server_name = _bytes(key), _bytes(name)
+    return o
+
+
 def open(address, step_id, dp, cp, tp, pp, device, prefetch, all_fields, start_index, ids_int32,
-         fill, tp_leader_size, rendezvous_timeout_s, rendezvous_tag):  # noqa: A001
+         fill, tp_leader_size, rendezvous_timeout_s, rendezvous_tag, connect=None):  # noqa: A001
     out = _P()
-    _check(_lib().rpt_open(address.encode(), step_id.encode(), dp, cp, tp, pp, device, prefetch,
-                           int(all_fields), start_index, int(ids_int32), int(fill),
-                           tp_leader_size, rendezvous_timeout_s, rendezvous_tag.encode(),
-                           ctypes.byref(out)))
+    c = _connect(connect)
+    _check(_lib().rpt_open2(address.encode(), ctypes.byref(c), step_id.encode(), dp, cp, tp, pp,
+                            device, prefetch, int(all_fields), start_index, int(ids_int32),
+                            int(fill), tp_leader_size, rendezvous_timeout_s,
+                            rendezvous_tag.encode(), ctypes.byref(out)))
     return out.value or 0
+
+
+def client_open(address, connect=None):
+    out = _P()
+    c = _connect(connect)
+    _check(_lib().rpt_client_open(address.encode(), ctypes.byref(c), ctypes.byref(out)))
+    return out.value or 0
+
+
+def client_close(client):
+    _lib().rpt_client_close(client)
+
+
+def report_routing_agreement(client, step_id, dp, cp, tp, pp, topk, layers, stats):
+    n = len(layers)
+    if len(stats) != 3 * n:
+        raise ValueError("stats must hold 3 counts per layer")
+    layer_arr = (_c.c_int32 * max(n, 1))(*layers)
+    stats_arr = (_L * max(3 * n, 1))(*stats)
+    totals = (_L * 4)()
+    _check(_lib().rpt_report_routing_agreement(client, step_id.encode(), dp, cp, tp, pp, topk, n,
+                                               layer_arr, stats_arr, totals))
+    return tuple(totals)
 
 
 def next(stream, consumer_stream):  # noqa: A001

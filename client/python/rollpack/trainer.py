@@ -12,10 +12,17 @@ kernel, while the training loop consumes the previous one. Tensors arrive via
 DLPack (no libtorch linked, so one build serves any torch). On "cpu" the
 arrays view the received bytes and the ids come from the CPU reference.
 
+With rollpackd's token auth and TLS, pass the Producer's connection options
+(``token=``, ``tls=``, ``root_certificates=``, ``client_certificate=`` +
+``client_key=``, ``server_name=``). ``report_routing_agreement`` sends
+``routing_agreement``'s counts back to rollpackd, which exports them as
+metrics (docs/operations.md).
+
 Binding: the pybind11 extension rollpack._trainer when importable, else the
 same C ABI through ctypes (rollpack._capi).
 """
 
+import collections
 import os
 
 import grpc
@@ -78,6 +85,74 @@ def _coords(rank):
     if len(t) != 4:
         raise ValueError("rank must be (dp, cp, tp, pp), got %r" % (rank,))
     return t
+
+
+def _pem(x):
+    """PEM bytes as given, or read from a path (the Producer's convention)."""
+    if x is None or isinstance(x, bytes):
+        return x
+    with open(x, "rb") as f:
+        return f.read()
+
+
+def _connect(token=None, tls=False, root_certificates=None, client_certificate=None,
+             client_key=None, server_name=None):
+    """The binding's connection tuple: (auth_token, tls, root_certs_pem,
+    client_cert_pem, client_key_pem, server_name)."""
+    if bool(client_certificate) != bool(client_key):
+        raise ValueError("client_certificate and client_key go together (mutual TLS)")
+    return (token or None, bool(tls), _pem(root_certificates), _pem(client_certificate),
+            _pem(client_key), server_name or None)
+
+
+class ReportAck(collections.namedtuple(
+        "ReportAck", "rows_compared rows_disagreeing overlapping_experts reports topk")):
+    """What rollpackd holds for the step after a routing agreement report:
+    sums over every rank and layer reported so far (exact counts)."""
+
+    __slots__ = ()
+
+    @property
+    def fraction_differ(self):
+        return self.rows_disagreeing / self.rows_compared if self.rows_compared else 0.0
+
+    @property
+    def mean_overlap(self):
+        n = self.rows_compared * self.topk
+        return self.overlapping_experts / n if n else 0.0
+
+
+def _report(be, client, step_id, rank, agreement, layers):
+    if hasattr(layers, "replay_layers"):
+        layers = layers.replay_layers
+    layers = [int(x) for x in layers]
+    counts = [agreement.rows_counted, agreement.rows_differ, agreement.overlap_sum]
+    n = int(counts[0].numel())
+    if len(layers) != n:
+        raise ValueError("agreement has %d layers but %d layer ids were given (%s)"
+                         % (n, len(layers), layers))
+    stats = torch.stack([c.reshape(-1).to("cpu", torch.int64) for c in counts], 1)
+    dp, cp, tp, pp = rank
+    totals = call(be.report_routing_agreement,
+                  "report routing agreement of %s rank %s" % (step_id, rank), client, step_id,
+                  dp, cp, tp, pp, int(agreement.k), layers, stats.reshape(-1).tolist())
+    return ReportAck(*[int(x) for x in totals], int(agreement.k))
+
+
+def report_routing_agreement(address, step_id, rank, agreement, layers, **connection):
+    """Sends one rank's ``routing_agreement`` result to rollpackd (metrics
+    rollpack_routing_*). layers: the global MoE layer ids of the agreement's
+    layer axis (a Microbatch's ``replay_layers``, or the Microbatch itself).
+    connection: ``token``, ``tls``, ``root_certificates``,
+    ``client_certificate``, ``client_key``, ``server_name`` as for
+    TrainerClient. Returns a ReportAck. Reports add up on the server: send
+    each comparison once (not retried here)."""
+    be = backend()
+    client = call(be.client_open, "connect to %s" % address, address, _connect(**connection))
+    try:
+        return _report(be, client, step_id, _coords(rank), agreement, layers)
+    finally:
+        be.client_close(client)
 
 
 def _device_index(device):
@@ -151,6 +226,12 @@ class TrainerClient:
     step again). NCCL is found through
     $ROLLPACK_NCCL_LIBRARY, else torch's bundled libnccl, else libnccl.so.2.
 
+    Connection (as rollpack.Producer): ``token`` (sent as ``authorization:
+    Bearer <token>``, rollpackd --auth-tokens, trainer role), ``tls`` /
+    ``root_certificates`` / ``client_certificate`` + ``client_key`` (paths
+    or PEM bytes; any of them turns TLS on, no root certificates = the
+    default roots) / ``server_name`` (TLS name override).
+
     Tensors handed out stay valid while referenced; on a GPU they are
     ordered on the current CUDA stream at the time of ``next`` (use
     ``Tensor.record_stream`` before using them on another stream).
@@ -158,9 +239,16 @@ class TrainerClient:
 
     def __init__(self, address, step_id, rank, device="cpu", *, prefetch=2, all_fields=False,
                  start_index=0, index_dtype=torch.int64, masked_fill_minus_one=False,
-                 tp_leader=False, tp_size=None, rendezvous_timeout_s=300, rendezvous_tag=""):
+                 tp_leader=False, tp_size=None, rendezvous_timeout_s=300, rendezvous_tag="",
+                 token=None, tls=False, root_certificates=None, client_certificate=None,
+                 client_key=None, server_name=None):
         self._be = backend()
         self._stream = 0
+        self._client = 0
+        self._replay_layers = None
+        self.address = address
+        self._connect = _connect(token, tls, root_certificates, client_certificate, client_key,
+                                 server_name)
         self.device_index = _device_index(device)
         self.device = torch.device("cpu") if self.device_index < 0 else torch.device(
             "cuda", self.device_index)
@@ -179,7 +267,7 @@ class TrainerClient:
                             step_id, dp, cp, tp, pp, self.device_index, int(prefetch),
                             bool(all_fields), int(start_index), index_dtype == torch.int32,
                             bool(masked_fill_minus_one), tp_leader_size,
-                            int(rendezvous_timeout_s), str(rendezvous_tag))
+                            int(rendezvous_timeout_s), str(rendezvous_tag), self._connect)
 
     def __iter__(self):
         return self
@@ -193,17 +281,45 @@ class TrainerClient:
         b = call(self._be.next, "fetch %s rank %s" % (self.step_id, self.rank), self._stream,
                  consumer)
         if not b:
-            self.close()
+            self._close_stream()
             raise StopIteration
         try:
-            return _from_batch(self._be, b, self.device)
+            mb = _from_batch(self._be, b, self.device)
         finally:
             self._be.batch_free(b)  # the tensors keep the memory alive
+        self._replay_layers = mb.replay_layers
+        return mb
 
-    def close(self):
+    def report_routing_agreement(self, agreement, layers=None):
+        """Sends ``agreement`` (a ``routing_agreement`` result computed on
+        this rank's micro-batch) to rollpackd as this rank's counts; the
+        server sums ranks exactly and exports rollpack_routing_* metrics.
+        layers: global MoE layer ids of the agreement's layer axis, or a
+        Microbatch; default the ``replay_layers`` of the last micro-batch this
+        client returned. Returns a ReportAck (the step's totals so far).
+        Works while iterating and after; the connection opens at the first
+        report and ``close`` releases it. Each call adds: report a
+        comparison once."""
+        if layers is None:
+            if self._replay_layers is None:
+                raise ValueError("report_routing_agreement: no micro-batch received yet; "
+                                 "pass layers (the micro-batch's replay_layers)")
+            layers = self._replay_layers
+        if not self._client:
+            self._client = call(self._be.client_open, "connect to %s" % self.address,
+                                self.address, self._connect)
+        return _report(self._be, self._client, self.step_id, self.rank, agreement, layers)
+
+    def _close_stream(self):
         if self._stream:
             s, self._stream = self._stream, 0
             self._be.close(s)
+
+    def close(self):
+        self._close_stream()
+        if self._client:
+            c, self._client = self._client, 0
+            self._be.client_close(c)
 
     def __enter__(self):
         return self
