@@ -1,6 +1,8 @@
 #include "scheduler/layout_gather.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,6 +38,27 @@ void WriteFiller(int64_t q, int layers, int k, int e, uint8_t* dst) {
   }
   const size_t row = static_cast<size_t>(k) * sizeof(Id);
   for (int l = 1; l < layers; ++l) std::memcpy(dst + l * row, dst, row);
+}
+
+// Output layers [output, output + count) are payload layers [payload,
+// payload + count).
+struct LayerSpan {
+  int output = 0;
+  int payload = 0;
+  size_t count = 0;
+};
+
+std::vector<LayerSpan> ContiguousLayerSpans(absl::Span<const int> layer_indices) {
+  std::vector<LayerSpan> spans;
+  for (int l = 0; l < static_cast<int>(layer_indices.size()); ++l) {
+    if (!spans.empty() &&
+        spans.back().payload + static_cast<int>(spans.back().count) == layer_indices[l]) {
+      ++spans.back().count;
+    } else {
+      spans.push_back({l, layer_indices[l], 1});
+    }
+  }
+  return spans;
 }
 
 }  // namespace
@@ -134,34 +157,51 @@ absl::Status GatherReplay(absl::Span<const RowRun> runs, const ReplaySpec& spec,
         " bytes, expected ", rows, " rows * ", num_layers, " layers * ", k,
         " * ", ib, " bytes and ", rows, " mask bytes"));
   }
+  // Consecutive payload layers are copied together: a pipeline stage owns a
+  // contiguous layer range, so a row is usually one memcpy, and with every
+  // layer (pp = 1) a whole stretch of valid rows is.
+  const std::vector<LayerSpan> spans = ContiguousLayerSpans(spec.layer_indices);
+  const bool whole_rows = spans.size() == 1 && out_row == src_row;
   for (const RowRun& run : runs) {
     ReplaySource src;
     if (!run.padding) src = source(run.ordinal);
     const uint8_t* src_experts = static_cast<const uint8_t*>(src.experts);
-    for (int64_t i = 0; i < run.length; ++i) {
+    int64_t i = 0;
+    while (i < run.length) {
       const int64_t out_index = run.output_row + i;
       uint8_t* dst = experts.data() + out_index * out_row;
-      bool valid = false;
-      if (src_experts != nullptr) {
-        const int64_t t = run.source_pos + i - src.row_offset;
-        valid = t >= 0 && t < src.num_rows &&
-                (src.valid == nullptr || src.valid[t] != 0);
-        if (valid) {
-          const uint8_t* row = src_experts + t * src_row;
-          for (int l = 0; l < num_layers; ++l) {
-            std::memcpy(dst + l * id_row, row + spec.layer_indices[l] * id_row,
-                        id_row);
+      const int64_t t = run.source_pos + i - src.row_offset;
+      const bool valid = src_experts != nullptr && t >= 0 && t < src.num_rows &&
+                         (src.valid == nullptr || src.valid[t] != 0);
+      if (!valid) {
+        mask[out_index] = 0;
+        if (num_layers > 0) {
+          if (ib == 1) {
+            WriteFiller<uint8_t>(run.stream_pos + i, num_layers, k, e, dst);
+          } else {
+            WriteFiller<uint16_t>(run.stream_pos + i, num_layers, k, e, dst);
+          }
+        }
+        ++i;
+        continue;
+      }
+      // The stretch of valid rows starting here, within the run and source.
+      int64_t n = 1;
+      const int64_t limit = std::min(run.length - i, src.num_rows - t);
+      while (n < limit && (src.valid == nullptr || src.valid[t + n] != 0)) ++n;
+      std::memset(mask.data() + out_index, 1, static_cast<size_t>(n));
+      const uint8_t* row = src_experts + t * src_row;
+      if (whole_rows) {
+        std::memcpy(dst, row, static_cast<size_t>(n) * out_row);
+      } else {
+        for (int64_t r = 0; r < n; ++r) {
+          for (const LayerSpan& span : spans) {
+            std::memcpy(dst + r * out_row + span.output * id_row,
+                        row + r * src_row + span.payload * id_row, span.count * id_row);
           }
         }
       }
-      mask[out_index] = valid ? 1 : 0;
-      if (!valid && num_layers > 0) {
-        if (ib == 1) {
-          WriteFiller<uint8_t>(run.stream_pos + i, num_layers, k, e, dst);
-        } else {
-          WriteFiller<uint16_t>(run.stream_pos + i, num_layers, k, e, dst);
-        }
-      }
+      i += n;
     }
   }
   return absl::OkStatus();

@@ -1,5 +1,6 @@
 // rollpackd: the rollpack sidecar server.
 #include <algorithm>
+#include <malloc.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <csignal>
@@ -49,6 +50,9 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "`authorization: Bearer TOKEN` metadata; empty = no auth");
 ABSL_FLAG(int, max_concurrent_streams, 0,
           "FetchMicrobatches streams in flight at once before RESOURCE_EXHAUSTED; 0 = no limit");
+ABSL_FLAG(bool, first_microbatch_priority, true,
+          "hold trainer streams' prefetch writes (up to 100 ms) while other streams' first "
+          "micro-batches are in flight, so a step starts when the last rank has its first");
 ABSL_FLAG(int64_t, max_pool_memory, 0,
           "bytes one pool may hold before its PutSamples get RESOURCE_EXHAUSTED; 0 = only "
           "--max-memory applies");
@@ -69,9 +73,21 @@ std::vector<std::string> NormalizeFlagSpelling(int argc, char** argv) {
   return args;
 }
 
+// Keeps freed memory for the next samples instead of handing it back to the
+// kernel: every page handed back costs a page fault and zeroing when the next
+// ingest touches it, a third of ingest's server CPU (docs/performance.md).
+// RSS then stays near its peak, which --max-memory bounds anyway.
+void KeepFreedMemory() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // payloads from the heap, not one mmap each
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  KeepFreedMemory();
   absl::SetProgramUsageMessage("rollpackd --listen 127.0.0.1:50051 [--max-memory BYTES]");
   std::vector<std::string> args = NormalizeFlagSpelling(argc, argv);
   std::vector<char*> arg_ptrs;
@@ -106,8 +122,9 @@ int main(int argc, char** argv) {
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
-  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.fetch.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.max_pool_memory_bytes = absl::GetFlag(FLAGS_max_pool_memory);
+  options.fetch.first_microbatch_priority = absl::GetFlag(FLAGS_first_microbatch_priority);
   if (!options.auth_tokens_file.empty()) {
     struct stat st;
     if (stat(options.auth_tokens_file.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO))) {

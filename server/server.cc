@@ -102,8 +102,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->scheduler_ = std::make_unique<SchedulerService>(
       server->store_.get(), server->metrics_.get(), server->auth_.get());
   server->trainer_ = std::make_unique<TrainerService>(server->store_.get(), server->metrics_.get(),
-                                                      server->auth_.get(),
-                                                      options.max_concurrent_streams);
+                                                      server->auth_.get(), options.fetch);
 
   grpc::EnableDefaultHealthCheckService(true);
   // Links grpc/health/v1/health.pb.cc (and so registers its descriptor) for
@@ -124,6 +123,10 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->rendezvous_ = std::make_unique<RendezvousService>();
   server->rendezvous_->set_authorizer(server->auth_.get());
   builder.RegisterService(server->rendezvous_.get());
+  server->routing_agreement_ = std::make_unique<RoutingAgreementBook>(server->registry_.get());
+  server->telemetry_ = std::make_unique<TelemetryService>(
+      server->store_.get(), server->routing_agreement_.get(), server->auth_.get());
+  builder.RegisterService(server->telemetry_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));

@@ -1,4 +1,4 @@
-// rollpackd's gRPC server: the three services plus health and reflection,
+// rollpackd's gRPC server: the rollpack services plus health and reflection,
 // over one SampleStore. Used by the daemon, the CLI's embedded demo server
 // and in-process tests.
 #ifndef ROLLPACK_SERVER_SERVER_H_
@@ -18,9 +18,11 @@
 #include "server/rollouts_service.h"
 #include "server/durable_log.h"
 #include "server/rendezvous_service.h"
+#include "server/routing_agreement.h"
 #include "server/sample_store.h"
 #include "server/scheduler_service.h"
 #include "server/server_metrics.h"
+#include "server/telemetry_service.h"
 #include "server/trainer_service.h"
 
 namespace rollpack {
@@ -51,10 +53,10 @@ struct ServerOptions {
   std::string tls_client_ca;
   // `ROLE TOKEN` lines (server/auth.h); empty = no auth.
   std::string auth_tokens_file;
-  // FetchMicrobatches streams in flight at once; 0 = no limit.
-  int max_concurrent_streams = 0;
   // Bytes one pool may hold; 0 = only max_memory_bytes applies.
   int64_t max_pool_memory_bytes = 0;
+  // Delivery (server/trainer_service.h).
+  FetchOptions fetch;
 };
 
 // Half of physical memory: the default --max-memory.
@@ -104,6 +106,8 @@ class RollpackServer {
   std::unique_ptr<SchedulerService> scheduler_;
   std::unique_ptr<TrainerService> trainer_;
   std::unique_ptr<RendezvousService> rendezvous_;
+  std::unique_ptr<RoutingAgreementBook> routing_agreement_;
+  std::unique_ptr<TelemetryService> telemetry_;
   std::unique_ptr<grpc::Server> server_;
   bool shut_down_ = false;
 };

@@ -4,33 +4,48 @@
 
 #include <atomic>
 
+#include "grpcpp/support/byte_buffer.h"
 #include "rollpack/v1/trainer.grpc.pb.h"
 #include "server/auth.h"
 #include "server/sample_store.h"
+#include "server/first_delivery_gate.h"
 #include "server/server_metrics.h"
 
 namespace rollpack {
 
-class TrainerService final : public v1::Trainer::CallbackService {
+struct FetchOptions {
+  // FetchMicrobatches streams in flight at once (0 = no limit); past it a
+  // new one gets RESOURCE_EXHAUSTED.
+  int max_concurrent_streams = 0;
+  // Hold prefetch writes while other streams' first micro-batches are in
+  // flight (server/first_delivery_gate.h).
+  bool first_microbatch_priority = true;
+};
+
+// FetchMicrobatches is served raw: each micro-batch is encoded straight into
+// the grpc::ByteBuffer that goes on the wire (server/microbatch_builder.h)
+// instead of being built as a message and serialized again.
+class TrainerService final
+    : public v1::Trainer::WithRawCallbackMethod_FetchMicrobatches<v1::Trainer::CallbackService> {
  public:
-  // `metrics` and `auth` may be null (no metrics, no auth). At most
-  // `max_concurrent_streams` FetchMicrobatches run at once (0 = no limit);
-  // past it a new one gets RESOURCE_EXHAUSTED.
+  // `metrics` and `auth` may be null (no metrics, no auth).
   explicit TrainerService(SampleStore* store, ServerMetrics* metrics = nullptr,
-                          const Authorizer* auth = nullptr, int max_concurrent_streams = 0)
-      : store_(store), metrics_(metrics), auth_(auth),
-        max_concurrent_streams_(max_concurrent_streams) {}
+                          const Authorizer* auth = nullptr, FetchOptions options = {})
+      : store_(store), metrics_(metrics), auth_(auth), options_(options) {}
 
   int active_streams() const { return active_streams_.load(); }
 
-  grpc::ServerWriteReactor<v1::Microbatch>* FetchMicrobatches(
-      grpc::CallbackServerContext* context, const v1::FetchRequest* request) override;
+  // `request` is a serialized v1::FetchRequest; each write a v1::Microbatch.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchMicrobatches(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
 
  private:
   SampleStore* const store_;
   ServerMetrics* const metrics_;
   const Authorizer* const auth_;
-  const int max_concurrent_streams_;
+  const FetchOptions options_;
+  FirstDeliveryGate first_delivery_;
+  std::atomic<int64_t> next_stream_id_{1};
   std::atomic<int> active_streams_{0};
 };
 

@@ -20,6 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "client/cpp/synthetic_rollouts.h"
@@ -82,14 +83,21 @@ double MemcpyGBps(int64_t bytes, int repeats) {
 // A rollpackd child process whose CPU time and peak RSS we can read.
 class Daemon {
  public:
-  static std::unique_ptr<Daemon> Start(const std::string& binary, int64_t max_memory) {
+  // `extra_args` go to rollpackd after the bench's own (A/B of server flags).
+  static std::unique_ptr<Daemon> Start(const std::string& binary, int64_t max_memory,
+                                       const std::vector<std::string>& extra_args) {
     const std::string port_file = absl::StrCat("/tmp/rollpack-bench-", getpid(), ".port");
     unlink(port_file.c_str());
+    std::vector<std::string> args = {binary,         "--listen",     "127.0.0.1:0",
+                                     "--port-file",  port_file,      "--max-memory",
+                                     absl::StrCat(max_memory)};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
     pid_t pid = fork();
     if (pid == 0) {
-      const std::string mem = absl::StrCat(max_memory);
-      execl(binary.c_str(), binary.c_str(), "--listen", "127.0.0.1:0", "--port-file",
-            port_file.c_str(), "--max-memory", mem.c_str(), static_cast<char*>(nullptr));
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(binary.c_str(), argv.data());
       _exit(127);
     }
     auto daemon = std::unique_ptr<Daemon>(new Daemon(pid));
@@ -157,9 +165,7 @@ int64_t WireBytes(const std::vector<v1::Sample>& samples) {
 }
 
 std::shared_ptr<grpc::Channel> DistinctChannel(const std::string& address, int id) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(512 << 20);
-  args.SetMaxSendMessageSize(512 << 20);
+  grpc::ChannelArguments args = BulkChannelArguments();
   args.SetInt("rollpack.connection", id);  // a connection of its own
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
@@ -199,6 +205,10 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
 struct FetchResult {
   int streams = 0;
   double gbps = 0, first_all_ms = 0, server_cpu_s_per_gb = 0;
+  // Of first_all_ms: until CreateStep returned (plan and layout).
+  double create_step_ms = 0;
+  // The first and the median rank to hold its first micro-batch.
+  double first_min_ms = 0, first_median_ms = 0;
   int64_t bytes = 0;
 };
 
@@ -232,6 +242,7 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
   const double cpu0 = daemon.CpuSeconds();
   const absl::Time start = absl::Now();
   if (!control.CreateStep(create).ok()) return FetchResult{};
+  r.create_step_ms = Seconds(start) * 1e3;
   std::vector<double> first_ms(ranks.size(), 0);
   std::vector<int64_t> bytes(ranks.size(), 0);
   std::vector<std::thread> threads;
@@ -253,6 +264,9 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
   }
   for (std::thread& t : threads) t.join();
   const double s = Seconds(start);
+  std::sort(first_ms.begin(), first_ms.end());
+  r.first_min_ms = first_ms.front();
+  r.first_median_ms = first_ms[first_ms.size() / 2];
   for (size_t i = 0; i < ranks.size(); ++i) {
     r.bytes += bytes[i];
     r.first_all_ms = std::max(r.first_all_ms, first_ms[i]);
@@ -278,6 +292,9 @@ v1::Topology MakeTopology(int dp, int cp, int tp, int pp, int64_t max_tokens) {
 int RunBenchTransportCommand(int argc, char** argv) {
   int samples_per_case = 1024;
   int first_mb_samples = 8192;
+  // Profiling one phase is easier without the others.
+  std::vector<std::string> phases = {"ingest", "fetch", "first"};
+  std::vector<std::string> server_args;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--samples" && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &samples_per_case)) {
@@ -285,8 +302,14 @@ int RunBenchTransportCommand(int argc, char** argv) {
     } else if (arg == "--first-mb-samples" && i + 1 < argc &&
                absl::SimpleAtoi(argv[i + 1], &first_mb_samples)) {
       ++i;
+    } else if (arg == "--phases" && i + 1 < argc) {
+      phases = absl::StrSplit(argv[++i], ',');
+    } else if (arg == "--server-arg" && i + 1 < argc) {
+      server_args.push_back(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: rollpack bench transport [--samples N] [--first-mb-samples N]\n");
+      std::fprintf(stderr,
+                   "usage: rollpack bench transport [--samples N] [--first-mb-samples N] "
+                   "[--phases ingest,fetch,first] [--server-arg FLAG]...\n");
       return 2;
     }
   }
@@ -296,7 +319,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
   self[n] = '\0';
   std::string binary(self);
   binary = binary.substr(0, binary.rfind('/')) + "/rollpackd";
-  std::unique_ptr<Daemon> daemon = Daemon::Start(binary, int64_t{16} << 30);
+  std::unique_ptr<Daemon> daemon = Daemon::Start(binary, int64_t{16} << 30, server_args);
   if (daemon == nullptr) {
     std::fprintf(stderr, "bench transport: cannot start %s\n", binary.c_str());
     return 1;
@@ -331,8 +354,12 @@ int RunBenchTransportCommand(int argc, char** argv) {
 
   std::printf("\n%-44s %10s %10s %10s %12s\n", "ingest", "GB/s", "x TCP", "samples/s",
               "srv CPU s/GB");
+  auto runs = [&](const std::string& phase) {
+    return std::find(phases.begin(), phases.end(), phase) != phases.end();
+  };
   int pool_id = 0;
   for (int producers : {1, 4}) {
+    if (!runs("ingest")) break;
     const std::string pool = absl::StrCat("ingest-", pool_id++);
     if (!control.RegisterModel(pool, model).ok()) return 1;
     std::vector<std::vector<v1::Sample>> batches;
@@ -362,6 +389,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
     int dp, cp, tp, pp;
   };
   for (const FetchCase& c : {FetchCase{8, 1, 1, 1}, FetchCase{8, 2, 2, 1}, FetchCase{8, 2, 2, 2}}) {
+    if (!runs("fetch")) break;
     const std::string pool = absl::StrCat("fetch-", pool_id++);
     if (!control.RegisterModel(pool, model).ok()) return 1;
     if (!control.PutSamples(pool, Replicate(base, samples_per_case, pool)).ok()) return 1;
@@ -378,7 +406,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
 
   // CreateStep to first micro-batch on 64 ranks for a large step. Short
   // sequences keep the payload in memory modest; planning cost is per sample.
-  {
+  if (runs("first")) {
     const std::string pool = absl::StrCat("first-", pool_id++);
     if (!control.RegisterModel(pool, model).ok()) return 1;
     SyntheticOptions small = synth;
@@ -391,21 +419,28 @@ int RunBenchTransportCommand(int argc, char** argv) {
                                                absl::StrCat(pool, "-", done));
       if (!control.PutSamples(pool, part).ok()) return 1;
     }
+    peak_payload = std::max(peak_payload, control.GetPool(pool)->stored_bytes());
     const FetchResult r = Fetch(*daemon, control, pool, first_mb_samples,
                                 MakeTopology(8, 2, 2, 2, 16384), /*first_only=*/true);
-    std::printf("\n%-44s %10.1f ms\n",
+    std::printf("\n%-44s %10.1f ms (CreateStep %.1f ms; first rank %.1f, median %.1f)\n",
                 absl::StrCat("CreateStep -> first mb on all ", r.streams, " ranks, ",
                              first_mb_samples, " samples").c_str(),
-                r.first_all_ms);
+                r.first_all_ms, r.create_step_ms, r.first_min_ms, r.first_median_ms);
     absl::StrAppend(&json, ", \"create_to_first_mb_all_ranks_ms\": ", r.first_all_ms,
+                    ", \"create_step_ms\": ", r.create_step_ms, ", \"first_mb_min_ms\": ",
+                    r.first_min_ms, ", \"first_mb_median_ms\": ", r.first_median_ms,
                     ", \"first_mb_samples\": ", first_mb_samples);
   }
   const int64_t rss = daemon->PeakRssBytes();
-  std::printf("%-44s %10.2f   (peak RSS %.2f GB / payload held %.2f GB)\n",
-              "peak RSS / payload held", static_cast<double>(rss) / peak_payload, rss / 1e9,
-              peak_payload / 1e9);
-  absl::StrAppend(&json, ", \"peak_rss_bytes\": ", rss, ", \"peak_payload_bytes\": ", peak_payload,
-                  ", \"peak_rss_over_payload\": ", static_cast<double>(rss) / peak_payload, "}");
+  if (peak_payload > 0) {  // a fetch phase ran
+    std::printf("%-44s %10.2f   (peak RSS %.2f GB / payload held %.2f GB)\n",
+                "peak RSS / payload held", static_cast<double>(rss) / peak_payload, rss / 1e9,
+                peak_payload / 1e9);
+    absl::StrAppend(&json, ", \"peak_rss_bytes\": ", rss, ", \"peak_payload_bytes\": ",
+                    peak_payload, ", \"peak_rss_over_payload\": ",
+                    static_cast<double>(rss) / peak_payload);
+  }
+  absl::StrAppend(&json, "}");
   std::printf("\nJSON: %s\n", json.c_str());
   return 0;
 }

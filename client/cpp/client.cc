@@ -1,5 +1,6 @@
 #include "client/cpp/client.h"
 
+#include "grpc/grpc.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -10,12 +11,21 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           const ClientOptions& options) {
+grpc::ChannelArguments BulkChannelArguments(const ClientOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  if (options.tls_root_certs_pem.empty()) {
+  if (options.stream_window_bytes > 0) {
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  }
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ClientOptions& options) {
+  grpc::ChannelArguments args = BulkChannelArguments(options);
+  if (!options.tls && options.tls_root_certs_pem.empty() && options.tls_client_cert_pem.empty()) {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
   grpc::SslCredentialsOptions ssl;
@@ -30,7 +40,8 @@ RollpackClient::RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOpt
     : channel_(std::move(channel)),
       options_(options),
       rollouts_(v1::Rollouts::NewStub(channel_)),
-      scheduler_(v1::Scheduler::NewStub(channel_)) {}
+      scheduler_(v1::Scheduler::NewStub(channel_)),
+      telemetry_(v1::Telemetry::NewStub(channel_)) {}
 
 std::unique_ptr<grpc::ClientContext> RollpackClient::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -116,6 +127,15 @@ absl::StatusOr<v1::ReleaseStepResponse> RollpackClient::ReleaseStep(const std::s
   v1::ReleaseStepResponse response;
   auto context = NewContext();
   grpc::Status status = scheduler_->ReleaseStep(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::RoutingAgreementAck> RollpackClient::ReportRoutingAgreement(
+    const v1::RoutingAgreementReport& report) {
+  v1::RoutingAgreementAck response;
+  auto context = NewContext();
+  grpc::Status status = telemetry_->ReportRoutingAgreement(context.get(), report, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

@@ -1,5 +1,6 @@
-// C++ client of rollpackd for producers and controllers: register models,
-// push samples, create and release steps, read plans.
+// C++ client of rollpackd for producers, controllers and trainers: register
+// models, push samples, create and release steps, read plans, report routing
+// agreement.
 #ifndef ROLLPACK_CLIENT_CPP_CLIENT_H_
 #define ROLLPACK_CLIENT_CPP_CLIENT_H_
 
@@ -12,14 +13,21 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "rollpack/v1/rollouts.grpc.pb.h"
 #include "rollpack/v1/scheduler.grpc.pb.h"
+#include "rollpack/v1/telemetry.grpc.pb.h"
 #include "rollpack/v1/trainer.grpc.pb.h"
 
 namespace rollpack {
 
 struct ClientOptions {
   int max_message_bytes = 512 << 20;
+  // HTTP/2 stream window this client grants the server, fixed (gRPC's
+  // bandwidth-delay probing off): micro-batches of megabytes then arrive
+  // without waiting for the window to grow from 64 KiB on each new
+  // connection. 0 = gRPC's default auto-tuning. docs/performance.md.
+  int stream_window_bytes = 8 << 20;
   // Samples are streamed in request messages of about this many bytes.
   int64_t batch_bytes = 8 << 20;
   absl::Duration deadline = absl::Minutes(5);
@@ -27,16 +35,24 @@ struct ClientOptions {
   // --auth-tokens; docs/operations.md).
   std::string auth_token;
   // TLS (rollpackd --tls-cert): PEM of the CA to trust; with client_cert_pem
-  // and client_key_pem too, mutual TLS. All empty = plaintext.
+  // and client_key_pem too, mutual TLS. All empty (and tls false) =
+  // plaintext.
   std::string tls_root_certs_pem;
   std::string tls_client_cert_pem;
   std::string tls_client_key_pem;
   // Overrides the name checked against the server certificate.
   std::string tls_server_name;
+  // TLS even without tls_root_certs_pem: the server certificate is checked
+  // against gRPC's default roots (a publicly signed certificate).
+  bool tls = false;
 };
 
+// The channel arguments MakeChannel uses (message limits, stream window);
+// for callers that add arguments of their own.
+grpc::ChannelArguments BulkChannelArguments(const ClientOptions& options = {});
+
 // A channel to rollpackd with the limits raised for large payloads; TLS when
-// options.tls_root_certs_pem is set.
+// options.tls, tls_root_certs_pem or tls_client_cert_pem is set.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const ClientOptions& options = {});
 
@@ -54,6 +70,11 @@ class RollpackClient {
   absl::StatusOr<v1::StepInfo> CreateStep(const v1::CreateStepRequest& request);
   absl::StatusOr<v1::Plan> GetPlan(const std::string& step_id);
   absl::StatusOr<v1::ReleaseStepResponse> ReleaseStep(const std::string& step_id);
+  // Adds one rank's routing agreement counts to the server's metrics
+  // (Telemetry.ReportRoutingAgreement); returns the step's totals so far.
+  // Not retried: a re-sent report would count twice.
+  absl::StatusOr<v1::RoutingAgreementAck> ReportRoutingAgreement(
+      const v1::RoutingAgreementReport& report);
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
@@ -64,6 +85,7 @@ class RollpackClient {
   ClientOptions options_;
   std::unique_ptr<v1::Rollouts::Stub> rollouts_;
   std::unique_ptr<v1::Scheduler::Stub> scheduler_;
+  std::unique_ptr<v1::Telemetry::Stub> telemetry_;
 };
 
 // grpc::Status -> absl::Status (the codes are shared).

@@ -28,6 +28,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "tests/server/exposition.h"
 #include "server/auth.h"
 #include "server/server.h"
 
@@ -88,19 +89,6 @@ v1::CreateStepRequest StepRequest(const std::string& step_id, const std::string&
   create.mutable_topology()->set_dp(dp);
   create.mutable_topology()->set_max_tokens_per_rank(max_tokens);
   return create;
-}
-
-// "name{labels}" -> value of every sample line of an exposition.
-std::map<std::string, double> ParseExposition(const std::string& text) {
-  std::map<std::string, double> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    out[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
-  }
-  return out;
 }
 
 // ------------------------------------------------------------------ metrics
@@ -360,6 +348,7 @@ class AuthTest : public ::testing::Test {
     rollouts_ = v1::Rollouts::NewStub(channel_);
     scheduler_ = v1::Scheduler::NewStub(channel_);
     trainer_ = v1::Trainer::NewStub(channel_);
+    telemetry_ = v1::Telemetry::NewStub(channel_);
   }
   void TearDown() override { server_->Shutdown(absl::Seconds(1)); }
 
@@ -417,6 +406,12 @@ class AuthTest : public ::testing::Test {
       }
       return reader->Finish();
     }
+    if (method == "ReportRoutingAgreement") {
+      v1::RoutingAgreementReport req;
+      req.set_step_id("s");
+      v1::RoutingAgreementAck resp;
+      return telemetry_->ReportRoutingAgreement(ctx.get(), req, &resp);
+    }
     ADD_FAILURE() << "no call for " << method;
     return grpc::Status::CANCELLED;
   }
@@ -427,12 +422,13 @@ class AuthTest : public ::testing::Test {
   std::unique_ptr<v1::Rollouts::Stub> rollouts_;
   std::unique_ptr<v1::Scheduler::Stub> scheduler_;
   std::unique_ptr<v1::Trainer::Stub> trainer_;
+  std::unique_ptr<v1::Telemetry::Stub> telemetry_;
 };
 
 TEST_F(AuthTest, EveryMethodByRole) {
-  const std::vector<std::string> methods = {"RegisterModel", "PutSamples", "GetPool",
-                                            "CreateStep",    "GetPlan",    "ReleaseStep",
-                                            "FetchMicrobatches"};
+  const std::vector<std::string> methods = {"RegisterModel",     "PutSamples", "GetPool",
+                                            "CreateStep",        "GetPlan",    "ReleaseStep",
+                                            "FetchMicrobatches", "ReportRoutingAgreement"};
   // Method -> roles allowed (must match the documented table).
   const std::map<std::string, std::set<std::string>> allowed = {
       {"RegisterModel", {"producer", "admin"}},
@@ -442,6 +438,7 @@ TEST_F(AuthTest, EveryMethodByRole) {
       {"GetPlan", {"trainer", "admin"}},
       {"ReleaseStep", {"admin"}},
       {"FetchMicrobatches", {"trainer", "admin"}},
+      {"ReportRoutingAgreement", {"trainer", "admin"}},
   };
   const std::map<std::string, std::string> tokens = {
       {"producer", kProducer}, {"trainer", kTrainer}, {"admin", kAdmin}};
@@ -743,7 +740,7 @@ TEST(PoolMemoryTest, OnePoolCannotTakeTheWholeStore) {
 
 TEST(StreamLimitTest, RefusesStreamsPastTheLimitAndRecovers) {
   ServerOptions options;
-  options.max_concurrent_streams = 1;
+  options.fetch.max_concurrent_streams = 1;
   absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = MakeChannel((*server)->address());
