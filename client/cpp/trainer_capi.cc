@@ -167,6 +167,8 @@ int rpt_abi_version(void) { return RPT_ABI_VERSION; }
 const char* rpt_last_error(void) { return g_error.c_str(); }
 int rpt_has_cuda(void) { return rollpack::DeviceStreamHasCuda() ? 1 : 0; }
 
+void rpt_close_tp_communicators(void) { rollpack::CloseTpCommunicators(); }
+
 int rpt_open(const char* address, const char* step_id, int dp, int cp, int tp, int pp, int device,
              int prefetch, int all_fields, int start_index, int ids_int32,
              int masked_fill_minus_one, int tp_leader_size, int rendezvous_timeout_s,

@@ -27,6 +27,10 @@ int rpt_abi_version(void);
 const char* rpt_last_error(void);
 /* 1 when built with CUDA (device >= 0 and TP-leader mode available). */
 int rpt_has_cuda(void);
+/* Aborts the NCCL communicators TP-leader mode keeps between steps of the
+ * same group (idle ones only); later steps create new ones. No-op without
+ * CUDA or when none are kept. */
+void rpt_close_tp_communicators(void);
 
 /* How to reach rollpackd: token auth and TLS (docs/operations.md). Set
  * struct_size = sizeof(rpt_connect_options) and zero what is unused. Fields

@@ -76,6 +76,7 @@ PYBIND11_MODULE(_trainer, m) {
   m.doc() = "rollpack trainer client (C ABI binding); use rollpack.trainer";
   m.def("abi_version", &rpt_abi_version);
   m.def("has_cuda", [] { return rpt_has_cuda() != 0; });
+  m.def("close_tp_communicators", [] { rpt_close_tp_communicators(); });
   m.def("open", [](const std::string& address, const std::string& step_id, int dp, int cp, int tp,
                    int pp, int device, int prefetch, bool all_fields, int start_index,
                    bool ids_int32, bool fill, int tp_leader_size, int rendezvous_timeout_s,

@@ -15,7 +15,8 @@ from rollpack import adapters  # noqa: F401
 
 
 _TRAINER_NAMES = ("TrainerClient", "Microbatch", "apply_replay", "routing_agreement",
-                  "install_replay_targets", "report_routing_agreement", "ReportAck")
+                  "install_replay_targets", "report_routing_agreement", "ReportAck",
+                  "close_tp_communicators")
 
 
 def __getattr__(name):

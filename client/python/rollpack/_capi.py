@@ -29,6 +29,7 @@ _SIGS = {
     "rpt_abi_version": (_I, []),
     "rpt_last_error": (_c.c_char_p, []),
     "rpt_has_cuda": (_I, []),
+    "rpt_close_tp_communicators": (None, []),
     "rpt_open": (_I, [_c.c_char_p, _c.c_char_p, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I,
                       _c.c_char_p, _c.POINTER(_P)]),
     "rpt_open2": (_I, [_c.c_char_p, _c.POINTER(ConnectOptions), _c.c_char_p, _I, _I, _I, _I,
@@ -104,6 +105,10 @@ def abi_version():
 
 def has_cuda():
     return bool(_lib().rpt_has_cuda())
+
+
+def close_tp_communicators():
+    _lib().rpt_close_tp_communicators()
 
 
 def _bytes(x):

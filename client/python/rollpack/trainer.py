@@ -58,6 +58,17 @@ def has_cuda():
     return backend().has_cuda()
 
 
+def close_tp_communicators():
+    """Aborts the NCCL communicators TP-leader mode keeps between steps.
+
+    TrainerClient(tp_leader_size=...) keeps a group's communicator for its next
+    step (set ROLLPACK_TP_COMM_REUSE=0 to create one per step instead); call
+    this when the group will not fetch again, e.g. before destroying the
+    process group or at shutdown. Idle communicators only; no-op on CPU.
+    """
+    backend().close_tp_communicators()
+
+
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 

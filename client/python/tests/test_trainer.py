@@ -186,6 +186,15 @@ class TrainerClientCpu(unittest.TestCase):
         # The tensors outlive the client.
         self.assertTrue(torch.equal(mb.tokens, toks))
 
+    def test_close_tp_communicators_then_fetch_again(self):
+        # Exported by both bindings; with none kept (CPU) it changes nothing,
+        # and streams opened afterwards work.
+        import rollpack
+        rollpack.close_tp_communicators()
+        rollpack.close_tp_communicators()
+        c = self.trainer.TrainerClient(self.d.address, "st", (0, 0, 0, 0), prefetch=1)
+        self.assertGreater(len(list(c)), 0)
+
 
 def ref_apply(logits, ids, score, renorm, scale):
     x = logits.double()
