@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "client/cpp/synthetic_rollouts.h"
@@ -239,15 +240,19 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
     channels.push_back(DistinctChannel(daemon.address(), 1000 + static_cast<int>(i)));
     channels.back()->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   }
-  const double cpu0 = daemon.CpuSeconds();
-  const absl::Time start = absl::Now();
-  if (!control.CreateStep(create).ok()) return FetchResult{};
-  r.create_step_ms = Seconds(start) * 1e3;
   std::vector<double> first_ms(ranks.size(), 0);
   std::vector<int64_t> bytes(ranks.size(), 0);
+  // Trainer rank processes exist before the step does: their threads start
+  // (and touch their stacks) before the clock, then go together once the
+  // step is created. Spawning 64 threads would otherwise be timed too.
+  absl::Notification step_created;
+  std::atomic<bool> created_ok{false};
+  absl::Time start;
   std::vector<std::thread> threads;
   for (size_t i = 0; i < ranks.size(); ++i) {
     threads.emplace_back([&, i] {
+      step_created.WaitForNotification();
+      if (!created_ok) return;
       TrainerStream stream(channels[i], create.step_id(), ranks[i]);
       bool first = true;
       while (true) {
@@ -262,7 +267,13 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
       }
     });
   }
+  const double cpu0 = daemon.CpuSeconds();
+  start = absl::Now();
+  created_ok = control.CreateStep(create).ok();
+  r.create_step_ms = Seconds(start) * 1e3;
+  step_created.Notify();
   for (std::thread& t : threads) t.join();
+  if (!created_ok) return FetchResult{};
   const double s = Seconds(start);
   std::sort(first_ms.begin(), first_ms.end());
   r.first_min_ms = first_ms.front();
