@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
@@ -196,7 +197,7 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
   }
   for (std::thread& t : threads) t.join();
   const double s = Seconds(start);
-  if (!ok) return IngestResult{};
+  if (!ok) return IngestResult{};  // bytes 0: the caller reports the failure
   r.gbps = r.bytes / s / 1e9;
   r.samples_per_s = samples / s;
   r.server_cpu_s_per_gb = (daemon.CpuSeconds() - cpu0) / (r.bytes / 1e9);
@@ -210,6 +211,8 @@ struct FetchResult {
   double create_step_ms = 0;
   // The first and the median rank to hold its first micro-batch.
   double first_min_ms = 0, first_median_ms = 0;
+  // Empty when every stream ran to its end (or its first micro-batch).
+  std::string error;
   int64_t bytes = 0;
 };
 
@@ -246,6 +249,7 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
   // (and touch their stacks) before the clock, then go together once the
   // step is created. Spawning 64 threads would otherwise be timed too.
   absl::Notification step_created;
+  absl::Mutex error_mu;
   std::atomic<bool> created_ok{false};
   absl::Time start;
   std::vector<std::thread> threads;
@@ -257,7 +261,12 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
       bool first = true;
       while (true) {
         absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
-        if (!next.ok() || !next->has_value()) return;
+        if (!next.ok()) {
+          absl::MutexLock lock(&error_mu);
+          if (r.error.empty()) r.error = absl::StrCat("rank ", i, ": ", next.status().ToString());
+          return;
+        }
+        if (!next->has_value()) return;
         if (first) {
           first_ms[i] = Seconds(start) * 1e3;
           first = false;
@@ -269,11 +278,15 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
   }
   const double cpu0 = daemon.CpuSeconds();
   start = absl::Now();
-  created_ok = control.CreateStep(create).ok();
+  const absl::StatusOr<v1::StepInfo> created = control.CreateStep(create);
+  created_ok = created.ok();
   r.create_step_ms = Seconds(start) * 1e3;
   step_created.Notify();
   for (std::thread& t : threads) t.join();
-  if (!created_ok) return FetchResult{};
+  if (!created_ok) {
+    r.error = absl::StrCat("CreateStep: ", created.status().ToString());
+    return r;
+  }
   const double s = Seconds(start);
   std::sort(first_ms.begin(), first_ms.end());
   r.first_min_ms = first_ms.front();
@@ -306,6 +319,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
   // Profiling one phase is easier without the others.
   std::vector<std::string> phases = {"ingest", "fetch", "first"};
   std::vector<std::string> server_args;
+  std::string rollpackd;  // default: next to this binary
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--samples" && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &samples_per_case)) {
@@ -317,19 +331,24 @@ int RunBenchTransportCommand(int argc, char** argv) {
       phases = absl::StrSplit(argv[++i], ',');
     } else if (arg == "--server-arg" && i + 1 < argc) {
       server_args.push_back(argv[++i]);
+    } else if (arg == "--rollpackd" && i + 1 < argc) {
+      rollpackd = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: rollpack bench transport [--samples N] [--first-mb-samples N] "
-                   "[--phases ingest,fetch,first] [--server-arg FLAG]...\n");
+                   "[--phases ingest,fetch,first] [--server-arg FLAG]... [--rollpackd PATH]\n");
       return 2;
     }
   }
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return 1;
-  self[n] = '\0';
-  std::string binary(self);
-  binary = binary.substr(0, binary.rfind('/')) + "/rollpackd";
+  std::string binary = rollpackd;
+  if (binary.empty()) {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return 1;
+    self[n] = '\0';
+    binary = self;
+    binary = binary.substr(0, binary.rfind('/')) + "/rollpackd";
+  }
   std::unique_ptr<Daemon> daemon = Daemon::Start(binary, int64_t{16} << 30, server_args);
   if (daemon == nullptr) {
     std::fprintf(stderr, "bench transport: cannot start %s\n", binary.c_str());
@@ -378,6 +397,10 @@ int RunBenchTransportCommand(int argc, char** argv) {
       batches.push_back(Replicate(base, samples_per_case / producers, absl::StrCat(pool, "-", p)));
     }
     const IngestResult r = Ingest(*daemon, pool, batches);
+    if (r.bytes == 0) {
+      std::fprintf(stderr, "bench transport: PutSamples failed (%d producers)\n", producers);
+      return 1;
+    }
     std::printf("%-44s %10.2f %10.2f %10.0f %12.2f\n",
                 absl::StrCat(producers, " producer(s), ", samples_per_case, " samples").c_str(),
                 r.gbps, r.gbps / tcp, r.samples_per_s, r.server_cpu_s_per_gb);
@@ -407,6 +430,10 @@ int RunBenchTransportCommand(int argc, char** argv) {
     peak_payload = std::max(peak_payload, control.GetPool(pool)->stored_bytes());
     const FetchResult r =
         Fetch(*daemon, control, pool, samples_per_case, MakeTopology(c.dp, c.cp, c.tp, c.pp, 32768), false);
+    if (!r.error.empty()) {
+      std::fprintf(stderr, "bench transport: fetch failed: %s\n", r.error.c_str());
+      return 1;
+    }
     std::printf("%-44s %10.2f %10.2f %12.2f %14.1f\n",
                 absl::StrCat(r.streams, " streams (dp", c.dp, " cp", c.cp, " tp", c.tp, " pp", c.pp,
                              ")").c_str(),
@@ -433,6 +460,10 @@ int RunBenchTransportCommand(int argc, char** argv) {
     peak_payload = std::max(peak_payload, control.GetPool(pool)->stored_bytes());
     const FetchResult r = Fetch(*daemon, control, pool, first_mb_samples,
                                 MakeTopology(8, 2, 2, 2, 16384), /*first_only=*/true);
+    if (!r.error.empty()) {
+      std::fprintf(stderr, "bench transport: fetch failed: %s\n", r.error.c_str());
+      return 1;
+    }
     std::printf("\n%-44s %10.1f ms (CreateStep %.1f ms; first rank %.1f, median %.1f)\n",
                 absl::StrCat("CreateStep -> first mb on all ", r.streams, " ranks, ",
                              first_mb_samples, " samples").c_str(),
