@@ -578,6 +578,19 @@ class CudaImpl : public DeviceStream::Impl {
     return ev;
   }
 
+  // The last stage of every path (own stream, TP leader, TP follower): ids
+  // unpacked on the copy stream, the event the consumer waits on recorded,
+  // the wire metadata dropped, the batch handed to `item`.
+  absl::Status UnpackAndPublish(std::shared_ptr<DeviceBatch> b, const Layout& l, Item* item) {
+    if (absl::Status s = Unpack(b.get(), l); !s.ok()) return s;
+    absl::StatusOr<cudaEvent_t> ev = RecordReady();
+    if (!ev.ok()) return ev.status();
+    ClearData(&b->meta_);
+    item->batch = std::move(b);
+    item->ready = *ev;
+    return absl::OkStatus();
+  }
+
   const DeviceStreamOptions options_;
   std::shared_ptr<CudaState> state_;
   std::vector<PinnedSlot> pinned_;
@@ -637,13 +650,7 @@ class LocalCudaImpl final : public CudaImpl {
                 &b->cu_seqlens_, &b->cu_seqlens_padded_, &b->replay_mask_, &b->replay_experts_,
                 &b->token_fields_, &b->replay_ids_);
     if (absl::Status s = StageFromHost(b.get(), *l, *base); !s.ok()) return s;
-    if (absl::Status s = Unpack(b.get(), *l); !s.ok()) return s;
-    absl::StatusOr<cudaEvent_t> ev = RecordReady();
-    if (!ev.ok()) return ev.status();
-    ClearData(&b->meta_);
-    item->batch = std::move(b);
-    item->ready = *ev;
-    return absl::OkStatus();
+    return UnpackAndPublish(std::move(b), *l, item);
   }
 
   TrainerStream stream_;
@@ -1123,13 +1130,7 @@ class TpGroupImpl final : public CudaImpl {
       RP_NCCL(nccl_->GroupEnd());
       RP_CUDA(cudaFreeAsync(tmp, state_->copy));
     }
-    if (absl::Status s = Unpack(b.get(), l0); !s.ok()) return s;
-    absl::StatusOr<cudaEvent_t> ev = RecordReady();
-    if (!ev.ok()) return ev.status();
-    ClearData(&b->meta_);
-    item->batch = std::move(b);
-    item->ready = *ev;
-    return absl::OkStatus();
+    return UnpackAndPublish(std::move(b), l0, item);
   }
 
   absl::Status FollowerStep(Item* item, bool* end) {
@@ -1199,13 +1200,7 @@ class TpGroupImpl final : public CudaImpl {
       }
       RP_NCCL(nccl_->GroupEnd());
     }
-    if (absl::Status s = Unpack(b.get(), *l); !s.ok()) return s;
-    absl::StatusOr<cudaEvent_t> ev = RecordReady();
-    if (!ev.ok()) return ev.status();
-    ClearData(&b->meta_);
-    item->batch = std::move(b);
-    item->ready = *ev;
-    return absl::OkStatus();
+    return UnpackAndPublish(std::move(b), *l, item);
   }
 
   const Nccl* nccl_ = nullptr;

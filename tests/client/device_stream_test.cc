@@ -15,21 +15,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "tests/server/in_process_server.h"
 
 namespace rollpack {
 namespace {
 
-class DeviceStreamTest : public ::testing::Test {
+class DeviceStreamTest : public InProcessServerTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start({});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    channel_ = MakeChannel(server_->address());
-    client_ = std::make_unique<RollpackClient>(channel_);
-  }
-  void TearDown() override { server_->Shutdown(absl::Seconds(1)); }
-
   void MakeStep(const std::string& step, int experts, int topk) {
     v1::ModelSpec model;
     model.set_name("m");
@@ -141,10 +133,6 @@ class DeviceStreamTest : public ::testing::Test {
       }
     }
   }
-
-  std::unique_ptr<RollpackServer> server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<RollpackClient> client_;
 };
 
 TEST_F(DeviceStreamTest, HostPathEqualsTheWireForEveryRankU8) {

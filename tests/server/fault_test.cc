@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/server/deterministic_bytes.h"
 #include "server/server.h"
+#include "tests/server/in_process_server.h"
 
 namespace rollpack {
 namespace {
@@ -29,17 +30,13 @@ v1::ModelSpec Model() {
   return m;
 }
 
-class FaultTest : public ::testing::Test {
+class FaultTest : public InProcessServerTest {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start({});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    channel_ = MakeChannel(server_->address());
-    client_ = std::make_unique<RollpackClient>(channel_);
+    InProcessServerTest::SetUp();
+    if (HasFatalFailure()) return;
     ASSERT_TRUE(client_->RegisterModel("p", Model()).ok());
   }
-  void TearDown() override { server_->Shutdown(absl::Seconds(1)); }
 
   std::vector<v1::Sample> Make(int num, int64_t length, uint64_t seed, const std::string& prefix) {
     SyntheticOptions options;
@@ -69,10 +66,6 @@ class FaultTest : public ::testing::Test {
     reader->Finish();
     return out;
   }
-
-  std::unique_ptr<RollpackServer> server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<RollpackClient> client_;
 };
 
 TEST_F(FaultTest, ProducerDisconnectMidStreamLeavesNoPartialSample) {

@@ -2,13 +2,11 @@
 // ports): the /metrics endpoint and what it counts, token auth per method
 // and role, TLS and mutual TLS with certificates made by openssl at test
 // time, the stream limit.
-#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -16,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "client/cpp/client.h"
 #include "client/cpp/synthetic_rollouts.h"
 #include "client/cpp/trainer_stream.h"
@@ -34,6 +33,25 @@
 
 namespace rollpack {
 namespace {
+
+// Calls `method` (registered or not) with an empty request through the
+// generic stub and returns its status.
+grpc::Status EmptyUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                            grpc::ClientContext* ctx, const std::string& method) {
+  grpc::GenericStub generic(channel);
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  absl::Notification done;
+  grpc::Status status;
+  generic.UnaryCall(ctx, method, grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      status = std::move(s);
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  return status;
+}
 
 using ::testing::HasSubstr;
 
@@ -215,26 +233,10 @@ TEST_F(MetricsTest, CountsAWholeStepLife) {
 }
 
 TEST_F(MetricsTest, MadeUpMethodsShareOneSeries) {
-  grpc::GenericStub generic(channel_);
   for (const char* method : {"/rollpack.v1.Rollouts/Nope", "/x.Y/Z"}) {
     grpc::ClientContext ctx;
-    grpc::Slice empty("");
-    grpc::ByteBuffer request(&empty, 1);
-    grpc::ByteBuffer response;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status status;
-    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                      [&](grpc::Status s) {
-                        std::lock_guard<std::mutex> lock(mu);
-                        status = s;
-                        done = true;
-                        cv.notify_all();
-                      });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    EXPECT_EQ(EmptyUnaryCall(channel_, &ctx, method).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
   }
   EXPECT_EQ(client_->GetPool("none").status().code(), absl::StatusCode::kNotFound);
   const auto m = Scrape();
@@ -468,31 +470,15 @@ TEST_F(AuthTest, EveryMethodByRole) {
 // Every method of every rollpack service, called generically with no token
 // and with an unknown one: the handler checks before doing anything.
 TEST_F(AuthTest, EveryServedMethodRequiresAToken) {
-  grpc::GenericStub generic(channel_);
   for (const std::string& method : ProtoMethods()) {
     for (const std::string& header : {std::string(), std::string("Bearer nope-nope-nope-nope")}) {
       SCOPED_TRACE(method + " with '" + header + "'");
       grpc::ClientContext ctx;
       if (!header.empty()) ctx.AddMetadata("authorization", header);
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-      grpc::Slice empty("");
-      grpc::ByteBuffer request(&empty, 1);
-      grpc::ByteBuffer response;
-      std::mutex mu;
-      std::condition_variable cv;
-      bool done = false;
-      grpc::Status status;
       // Unary framing works for every shape here: the check runs before
       // the handler reads or writes anything.
-      generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                        [&](grpc::Status s) {
-                          std::lock_guard<std::mutex> lock(mu);
-                          status = s;
-                          done = true;
-                          cv.notify_all();
-                        });
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return done; });
+      const grpc::Status status = EmptyUnaryCall(channel_, &ctx, method);
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
     }
   }
@@ -524,23 +510,8 @@ TEST_F(AuthTest, TrainerStreamSendsItsToken) {
 
 TEST_F(AuthTest, HealthStaysOpen) {
   grpc::ClientContext ctx;
-  grpc::Slice empty("");  // empty HealthCheckRequest: the server overall
-  grpc::ByteBuffer request(&empty, 1);
-  grpc::GenericStub generic(channel_);
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) {
-                      std::lock_guard<std::mutex> lock(mu);
-                      status = s;
-                      done = true;
-                      cv.notify_all();
-                    });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
+  // An empty HealthCheckRequest: the server overall.
+  const grpc::Status status = EmptyUnaryCall(channel_, &ctx, "/grpc.health.v1.Health/Check");
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 

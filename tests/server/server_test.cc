@@ -18,23 +18,15 @@
 #include "gtest/gtest.h"
 #include "tests/server/deterministic_bytes.h"
 #include "server/server.h"
+#include "tests/server/in_process_server.h"
 
 namespace rollpack {
 namespace {
 
 using ::testing::HasSubstr;
 
-class ServerTest : public ::testing::Test {
+class ServerTest : public InProcessServerTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start({});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    channel_ = MakeChannel(server_->address());
-    client_ = std::make_unique<RollpackClient>(channel_);
-  }
-  void TearDown() override { server_->Shutdown(absl::Seconds(1)); }
-
   // Registers `model`, pushes `num` synthetic samples, returns them.
   std::vector<v1::Sample> Push(const std::string& pool, const v1::ModelSpec& model, int num,
                                int64_t max_length, uint64_t seed = 1) {
@@ -99,10 +91,6 @@ class ServerTest : public ::testing::Test {
       EXPECT_EQ(counts[i], plan->microbatches_size());
     }
   }
-
-  std::unique_ptr<RollpackServer> server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<RollpackClient> client_;
 };
 
 v1::ModelSpec DeepSeekLike() {
