@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cpp/client.h"
 #include "client/cpp/synthetic_rollouts.h"
 #include "client/cpp/trainer_stream.h"
@@ -136,6 +138,19 @@ class MetricsTest : public ::testing::Test {
     return ParseExposition(res->body);
   }
 
+  // A client sees a stream's final status before the server's reactor runs
+  // OnDone, which is where the stream stops counting as active; scrape until
+  // `series` reads `value` or the deadline passes, and return the last scrape.
+  std::map<std::string, double> ScrapeOnceSettled(const std::string& series, double value) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    std::map<std::string, double> m = Scrape();
+    while (m[series] != value && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+      m = Scrape();
+    }
+    return m;
+  }
+
   std::unique_ptr<RollpackServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<RollpackClient> client_;
@@ -206,7 +221,7 @@ TEST_F(MetricsTest, CountsAWholeStepLife) {
   }
   EXPECT_EQ(received, 2 * step->num_microbatches() + 1);
 
-  m = Scrape();
+  m = ScrapeOnceSettled("rollpack_active_streams", 0);
   EXPECT_EQ(m["rollpack_steps_created_total{pool=\"p\"}"], 1);
   EXPECT_EQ(m["rollpack_plan_duration_seconds_count{pool=\"p\"}"], 1);
   EXPECT_DOUBLE_EQ(m["rollpack_last_plan_rank_imbalance_ratio{pool=\"p\"}"],
