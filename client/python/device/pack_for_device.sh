@@ -2,6 +2,8 @@
 # Run HERE (Debian 12, x86-64): puts what the GPU machine lacks into .device/
 # (git-ignored), to be named in the device tool's `carry`:
 #   .device/bin/rollpackd            the server, built here
+#   .device/bin/rollpack             the CLI (bench transport on a host with
+#                                    more cores than this one)
 #   .device/lib/librollpack_trainer.so  the trainer client (gRPC + CUDA kernels,
 #                                    cudart static; NCCL loaded at run time)
 #   .device/lib/*.so*                every shared library those two need that is
@@ -19,16 +21,16 @@ cd "$ROOT"
 if [ ! -f "$B/CMakeCache.txt" ]; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release
 fi
-cmake --build "$B" -j2 --target rollpackd rollpack_trainer rollpack_python_stubs
+cmake --build "$B" -j2 --target rollpackd rollpack rollpack_trainer rollpack_python_stubs
 grep -q '^/.device/' .gitignore .git/info/exclude 2>/dev/null || echo /.device/ >> .git/info/exclude
 rm -rf .device && mkdir -p .device/bin .device/lib .device/py
-cp "$B/bin/rollpackd" .device/bin/
-strip .device/bin/rollpackd
+cp "$B/bin/rollpackd" "$B/bin/rollpack" .device/bin/
+strip .device/bin/rollpackd .device/bin/rollpack
 cp "$B/lib/librollpack_trainer.so" .device/lib/
 strip .device/lib/librollpack_trainer.so
 cp client/python/rollpack/v1/*_pb2*.py .device/py/
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so)'
-for f in .device/bin/rollpackd .device/lib/librollpack_trainer.so; do
+for f in .device/bin/rollpackd .device/bin/rollpack .device/lib/librollpack_trainer.so; do
   ldd "$f" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
     if ! [[ $name =~ $skip ]]; then cp -L "$path" ".device/lib/$name"; fi
   done

@@ -4,10 +4,25 @@
 #   bash client/python/device/run_device.sh [tests|proof|bench|all|tpbench]
 # tpbench (nvidia-h200-x2, not in all): TP-leader per-step latency with and
 # without NCCL communicator reuse.
+# transport (any kind, not in all; no GPU used): `rollpack bench transport`
+# on the device host's 16 cores, where the simulated ranks do not share two
+# cores with the server; args after the mode go to the bench.
 set -u
 OUT=${OUT:-/tmp/rollpack_out}
 mkdir -p "$OUT"
 what=${1:-all}
+if [ "$what" = transport ]; then
+  shift
+  export LD_LIBRARY_PATH=$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "cpus: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+  for i in 1 2; do
+    timeout 280 .device/bin/rollpack bench transport "$@" > "$OUT/transport_$i.log" 2>&1
+    r=$?; echo "bench transport run $i rc=$r"; grep -v '^{' "$OUT/transport_$i.log"
+    grep '^{' "$OUT/transport_$i.log" > "$OUT/transport_$i.json"
+    [ $r = 0 ] || exit 1
+  done
+  exit 0
+fi
 source client/python/device/build_on_device.sh > "$OUT/build.log" 2>&1
 cat "$OUT/build.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
