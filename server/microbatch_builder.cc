@@ -3,32 +3,19 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/wire_format_lite.h"
+#include "proto/wire_format.h"
 #include "scheduler/layout_gather.h"
 #include "server/ndarray.h"
 
 namespace rollpack {
 namespace {
 
-using google::protobuf::internal::WireFormatLite;
-using google::protobuf::io::CodedOutputStream;
-
 constexpr int kNDArrayDataField = 3;  // NDArray.data
 constexpr int kMapKeyField = 1;       // map entry key
 constexpr int kMapValueField = 2;     // map entry value
 
-size_t LengthDelimitedSize(int field_number, size_t payload) {
-  return CodedOutputStream::VarintSize32(
-             WireFormatLite::MakeTag(field_number, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) +
-         CodedOutputStream::VarintSize64(payload) + payload;
-}
-
-uint8_t* WriteLengthDelimitedHeader(int field_number, size_t payload, uint8_t* out) {
-  out = CodedOutputStream::WriteTagToArray(
-      WireFormatLite::MakeTag(field_number, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), out);
-  return CodedOutputStream::WriteVarint64ToArray(payload, out);
-}
+using wire::LengthDelimitedSize;
+using wire::WriteLengthDelimitedHeader;
 
 std::string SerializedArrayHead(v1::DType dtype, absl::Span<const int64_t> shape) {
   v1::NDArray head;

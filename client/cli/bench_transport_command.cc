@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -174,8 +175,17 @@ std::shared_ptr<grpc::Channel> DistinctChannel(const std::string& address, int i
 
 struct IngestResult {
   double gbps = 0, samples_per_s = 0, server_cpu_s_per_gb = 0;
+  // This process's CPU over the ingest: nothing but the producers runs then.
+  double producer_cpu_s_per_gb = 0;
   int64_t bytes = 0;
 };
+
+double ProcessCpuSeconds() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
 
 IngestResult Ingest(const Daemon& daemon, const std::string& pool,
                     const std::vector<std::vector<v1::Sample>>& per_producer) {
@@ -186,6 +196,7 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
     samples += static_cast<int64_t>(batch.size());
   }
   const double cpu0 = daemon.CpuSeconds();
+  const double producer_cpu0 = ProcessCpuSeconds();
   const absl::Time start = absl::Now();
   std::vector<std::thread> threads;
   std::atomic<bool> ok{true};
@@ -201,6 +212,7 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
   r.gbps = r.bytes / s / 1e9;
   r.samples_per_s = samples / s;
   r.server_cpu_s_per_gb = (daemon.CpuSeconds() - cpu0) / (r.bytes / 1e9);
+  r.producer_cpu_s_per_gb = (ProcessCpuSeconds() - producer_cpu0) / (r.bytes / 1e9);
   return r;
 }
 
@@ -382,8 +394,8 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::printf("%-44s %12.2f\n", "memcpy (bytes copied)", memcpy_gbps);
   std::string json = absl::StrCat("{\"loopback_tcp_gbps\": ", tcp, ", \"memcpy_gbps\": ", memcpy_gbps);
 
-  std::printf("\n%-44s %10s %10s %10s %12s\n", "ingest", "GB/s", "x TCP", "samples/s",
-              "srv CPU s/GB");
+  std::printf("\n%-44s %10s %10s %10s %12s %12s\n", "ingest", "GB/s", "x TCP", "samples/s",
+              "srv CPU s/GB", "prod CPU s/GB");
   auto runs = [&](const std::string& phase) {
     return std::find(phases.begin(), phases.end(), phase) != phases.end();
   };
@@ -401,12 +413,14 @@ int RunBenchTransportCommand(int argc, char** argv) {
       std::fprintf(stderr, "bench transport: PutSamples failed (%d producers)\n", producers);
       return 1;
     }
-    std::printf("%-44s %10.2f %10.2f %10.0f %12.2f\n",
+    std::printf("%-44s %10.2f %10.2f %10.0f %12.2f %12.2f\n",
                 absl::StrCat(producers, " producer(s), ", samples_per_case, " samples").c_str(),
-                r.gbps, r.gbps / tcp, r.samples_per_s, r.server_cpu_s_per_gb);
+                r.gbps, r.gbps / tcp, r.samples_per_s, r.server_cpu_s_per_gb,
+                r.producer_cpu_s_per_gb);
     absl::StrAppend(&json, ", \"ingest_", producers, "_gbps\": ", r.gbps, ", \"ingest_",
                     producers, "_samples_per_s\": ", r.samples_per_s, ", \"ingest_", producers,
-                    "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb);
+                    "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb, ", \"ingest_", producers,
+                    "_producer_cpu_s_per_gb\": ", r.producer_cpu_s_per_gb);
     // Free the pool's samples: a step over all of them, released.
     v1::CreateStepRequest drop;
     drop.set_step_id(pool);

@@ -1,5 +1,7 @@
 #include "client/cpp/client.h"
 
+#include "client/cpp/put_samples_stream.h"
+
 #include "grpc/grpc.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -66,29 +68,25 @@ absl::StatusOr<bool> RollpackClient::RegisterModel(const std::string& pool,
 
 absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamples(
     const std::string& pool, absl::Span<const v1::Sample> samples) {
-  v1::PutSamplesResponse response;
-  auto context = NewContext();
-  std::unique_ptr<grpc::ClientWriter<v1::PutSamplesRequest>> writer =
-      rollouts_->PutSamples(context.get(), &response);
-  v1::PutSamplesRequest request;
+  PutSamplesStream stream(channel_, NewContext());
+  // Each message holds samples[begin, end); the next one is encoded while
+  // this one is sent. A refused message ends the call: Finish says why.
+  size_t begin = 0;
   int64_t bytes = 0;
   bool open = true;
-  auto flush = [&]() {
-    if (request.samples_size() == 0 || !open) return;
-    request.set_pool(pool);
-    open = writer->Write(request);
-    request.Clear();
-    bytes = 0;
-  };
-  for (const v1::Sample& sample : samples) {
-    const int64_t size = static_cast<int64_t>(sample.ByteSizeLong());
-    if (bytes > 0 && bytes + size > options_.batch_bytes) flush();
-    *request.add_samples() = sample;
+  for (size_t end = 0; open && end <= samples.size(); ++end) {
+    const int64_t size =
+        end < samples.size() ? static_cast<int64_t>(samples[end].ByteSizeLong()) : 0;
+    const bool last = end == samples.size();
+    if (end > begin && (last || bytes + size > options_.batch_bytes)) {
+      open = stream.Write(EncodePutSamplesRequest(pool, samples.subspan(begin, end - begin)));
+      begin = end;
+      bytes = 0;
+    }
     bytes += size;
   }
-  flush();
-  writer->WritesDone();
-  grpc::Status status = writer->Finish();
+  v1::PutSamplesResponse response;
+  grpc::Status status = stream.Finish(&response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

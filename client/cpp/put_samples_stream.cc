@@ -1,0 +1,153 @@
+#include "client/cpp/put_samples_stream.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "grpc/slice.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/client_callback.h"
+#include "grpcpp/support/slice.h"
+#include "proto/wire_format.h"
+
+namespace rollpack {
+namespace {
+
+constexpr char kPutSamplesMethod[] = "/rollpack.v1.Rollouts/PutSamples";
+constexpr int kPoolField = 1;     // PutSamplesRequest.pool
+constexpr int kSamplesField = 2;  // PutSamplesRequest.samples
+
+}  // namespace
+
+grpc::ByteBuffer EncodePutSamplesRequest(absl::string_view pool,
+                                         absl::Span<const v1::Sample> samples) {
+  // proto3 leaves an empty string out.
+  size_t total = pool.empty() ? 0 : wire::LengthDelimitedSize(kPoolField, pool.size());
+  for (const v1::Sample& sample : samples) {
+    total += wire::LengthDelimitedSize(kSamplesField, sample.ByteSizeLong());
+  }
+  grpc_slice raw = grpc_slice_malloc(total);
+  uint8_t* const begin = GRPC_SLICE_START_PTR(raw);
+  uint8_t* out = begin;
+  if (!pool.empty()) {
+    out = wire::WriteLengthDelimitedHeader(kPoolField, pool.size(), out);
+    std::memcpy(out, pool.data(), pool.size());
+    out += pool.size();
+  }
+  {
+    google::protobuf::io::ArrayOutputStream array(out, static_cast<int>(total - (out - begin)));
+    google::protobuf::io::CodedOutputStream coded(&array);
+    // Map fields (token_fields) in key order: the same samples give the same bytes.
+    coded.SetSerializationDeterministic(true);
+    for (const v1::Sample& sample : samples) {
+      coded.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
+          kSamplesField, google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+      coded.WriteVarint64(sample.GetCachedSize());
+      sample.SerializeWithCachedSizes(&coded);
+    }
+  }
+  grpc::Slice slice(raw, grpc::Slice::STEAL_REF);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Write ... WritesDone on a generic bidi call (the server's method is client
+// streaming; on the wire the two are the same), one message in flight.
+class PutSamplesStream::Reactor final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, v1::PutSamplesResponse> {
+ public:
+  // Blocks until the message in flight has been taken by the transport.
+  bool WaitForWrite() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&write_idle_));
+    return write_ok_;
+  }
+
+  void Write(grpc::ByteBuffer message) {
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_ = std::move(message);
+      write_idle_ = false;
+    }
+    StartWrite(&in_flight_);
+  }
+
+  grpc::Status AwaitDone(v1::PutSamplesResponse* response) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    if (status_.ok()) {
+      if (!response_read_) {
+        return grpc::Status(grpc::StatusCode::INTERNAL, "PutSamples ended OK without a response");
+      }
+      *response = std::move(response_);
+    }
+    return status_;
+  }
+
+  v1::PutSamplesResponse* response_buffer() { return &response_; }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    write_ok_ = write_ok_ && ok;
+    write_idle_ = true;
+    in_flight_.Clear();  // the slice goes back as soon as it is sent
+  }
+  void OnReadDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    response_read_ = ok;
+  }
+  void OnDone(const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    done_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  grpc::ByteBuffer in_flight_;
+  bool write_idle_ ABSL_GUARDED_BY(mu_) = true;
+  bool write_ok_ ABSL_GUARDED_BY(mu_) = true;
+  bool response_read_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  // Written by gRPC's read before OnReadDone, read after OnDone.
+  v1::PutSamplesResponse response_;
+};
+
+PutSamplesStream::PutSamplesStream(const std::shared_ptr<grpc::Channel>& channel,
+                                   std::unique_ptr<grpc::ClientContext> context)
+    : context_(std::move(context)), stub_(channel), reactor_(std::make_unique<Reactor>()) {
+  stub_.PrepareBidiStreamingCall(context_.get(), kPutSamplesMethod, grpc::StubOptions(),
+                                 reactor_.get());
+  // Without the hold, a call the server has already ended (a refused
+  // message) could reach OnDone between two writes, and a write started after
+  // OnDone never completes.
+  reactor_->AddHold();
+  reactor_->StartRead(reactor_->response_buffer());
+  reactor_->StartCall();
+}
+
+PutSamplesStream::~PutSamplesStream() {
+  if (finished_) return;
+  context_->TryCancel();
+  reactor_->WaitForWrite();
+  reactor_->RemoveHold();
+  v1::PutSamplesResponse ignored;
+  reactor_->AwaitDone(&ignored);
+}
+
+bool PutSamplesStream::Write(grpc::ByteBuffer message) {
+  if (!reactor_->WaitForWrite()) return false;
+  reactor_->Write(std::move(message));
+  return true;
+}
+
+grpc::Status PutSamplesStream::Finish(v1::PutSamplesResponse* response) {
+  finished_ = true;
+  if (reactor_->WaitForWrite()) reactor_->StartWritesDone();
+  reactor_->RemoveHold();
+  return reactor_->AwaitDone(response);
+}
+
+}  // namespace rollpack

@@ -1,0 +1,66 @@
+// The producer's side of Rollouts.PutSamples without the request copy: each
+// request message is encoded by hand into one gRPC slice, the samples
+// serialized straight into it, and written while the caller encodes the next.
+//
+// Building a v1::PutSamplesRequest copies every sample into it and gRPC then
+// serializes that copy again; with payloads of gigabytes the single producer
+// spent more CPU on those two copies (and the page faults of their fresh
+// buffers) than the server spent storing the bytes (docs/performance.md).
+#ifndef ROLLPACK_CLIENT_CPP_PUT_SAMPLES_STREAM_H_
+#define ROLLPACK_CLIENT_CPP_PUT_SAMPLES_STREAM_H_
+
+#include <memory>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "rollpack/v1/rollouts.pb.h"
+
+namespace rollpack {
+
+// The bytes of a v1::PutSamplesRequest{pool, samples}, as
+// SerializeAsString() would write them, in one slice. The samples' cached
+// sizes are computed here (ByteSizeLong), so they must not change meanwhile.
+grpc::ByteBuffer EncodePutSamplesRequest(absl::string_view pool,
+                                         absl::Span<const v1::Sample> samples);
+
+// One PutSamples call fed with encoded request messages. Not thread-safe: one
+// producer thread calls Write ... Finish. At most one message is in flight;
+// Write returns once the previous message has been handed to the transport,
+// so the caller encodes message i + 1 while message i is sent.
+class PutSamplesStream {
+ public:
+  // Starts the call; `context` carries the caller's deadline and metadata.
+  PutSamplesStream(const std::shared_ptr<grpc::Channel>& channel,
+                   std::unique_ptr<grpc::ClientContext> context);
+  // Cancels a call not finished (the server rolls back nothing: each message
+  // it received was committed on its own) and waits for it to end.
+  ~PutSamplesStream();
+
+  PutSamplesStream(const PutSamplesStream&) = delete;
+  PutSamplesStream& operator=(const PutSamplesStream&) = delete;
+
+  // Queues `message` after the one in flight. False once the call has
+  // failed; Finish then says why.
+  bool Write(grpc::ByteBuffer message);
+  // Half-closes, waits for the server's answer.
+  grpc::Status Finish(v1::PutSamplesResponse* response);
+
+ private:
+  class Reactor;
+
+  std::unique_ptr<grpc::ClientContext> context_;
+  grpc::TemplatedGenericStub<grpc::ByteBuffer, v1::PutSamplesResponse> stub_;
+  std::unique_ptr<Reactor> reactor_;
+  bool finished_ = false;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_CLIENT_CPP_PUT_SAMPLES_STREAM_H_

@@ -1,0 +1,158 @@
+// The producer's hand-encoded PutSamples path: the bytes are protobuf's own,
+// and a call fed with them behaves like the typed one (every message
+// committed on its own, a refusal ends the call naming the sample).
+#include "client/cpp/put_samples_stream.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/cpp/client.h"
+#include "client/cpp/synthetic_rollouts.h"
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "gtest/gtest.h"
+#include "tests/server/deterministic_bytes.h"
+#include "tests/server/in_process_server.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::ModelSpec Model() {
+  v1::ModelSpec m;
+  m.set_name("small");
+  m.set_num_layers(4);
+  m.set_num_experts(32);
+  m.set_topk(4);
+  return m;
+}
+
+std::vector<v1::Sample> Samples(int n, uint64_t seed = 1) {
+  SyntheticOptions options;
+  options.num_samples = n;
+  options.median_length = 300;
+  options.max_length = 2000;
+  options.seed = seed;
+  return MakeSyntheticRollouts(Model(), options);  // mixed forms, token fields
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+TEST(EncodePutSamplesRequestTest, WritesProtobufsOwnBytes) {
+  const std::vector<v1::Sample> samples = Samples(7);
+  ASSERT_GE(samples[0].token_fields_size(), 2);  // map order matters
+  for (const std::string pool : {"pool-a", ""}) {
+    for (size_t n : {size_t{0}, size_t{1}, samples.size()}) {
+      v1::PutSamplesRequest request;
+      request.set_pool(pool);
+      for (size_t i = 0; i < n; ++i) *request.add_samples() = samples[i];
+      const std::string encoded =
+          Flatten(EncodePutSamplesRequest(pool, absl::MakeConstSpan(samples).subspan(0, n)));
+      EXPECT_EQ(encoded, DeterministicBytes(request)) << "pool '" << pool << "', " << n;
+      v1::PutSamplesRequest parsed;
+      ASSERT_TRUE(parsed.ParseFromString(encoded));
+      EXPECT_EQ(parsed.samples_size(), static_cast<int>(n));
+    }
+  }
+}
+
+class PutSamplesStreamTest : public InProcessServerTest {
+ protected:
+  void SetUp() override {
+    InProcessServerTest::SetUp();
+    ASSERT_TRUE(client_->RegisterModel("p", Model()).ok());
+  }
+
+  int64_t PoolSamples() {
+    absl::StatusOr<v1::PoolInfo> info = client_->GetPool("p");
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->num_samples() : -1;
+  }
+};
+
+TEST_F(PutSamplesStreamTest, OneMessagePerSampleAllStored) {
+  const std::vector<v1::Sample> samples = Samples(9);
+  ClientOptions options;
+  options.batch_bytes = 1;  // every sample its own message
+  RollpackClient client(channel_, options);
+  absl::StatusOr<v1::PutSamplesResponse> put = client.PutSamples("p", samples);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->accepted(), 9);
+  EXPECT_EQ(put->duplicates(), 0);
+  EXPECT_GT(put->stored_bytes(), 0);
+  EXPECT_EQ(PoolSamples(), 9);
+  // Sent again in one message: all duplicates.
+  put = client_->PutSamples("p", samples);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->accepted(), 9);
+  EXPECT_EQ(put->duplicates(), 9);
+}
+
+TEST_F(PutSamplesStreamTest, RefusedMessageEndsTheCallEarlierOnesStay) {
+  std::vector<v1::Sample> samples = Samples(6);
+  samples[4].mutable_routed_experts()->mutable_shape()->Set(0, 1);  // rows != tokens
+  ClientOptions options;
+  options.batch_bytes = 1;
+  RollpackClient client(channel_, options);
+  absl::StatusOr<v1::PutSamplesResponse> put = client.PutSamples("p", samples);
+  ASSERT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << put.status();
+  EXPECT_THAT(put.status().message(), HasSubstr(samples[4].sample_id()));
+  EXPECT_EQ(PoolSamples(), 4);
+}
+
+TEST_F(PutSamplesStreamTest, WritesAfterARefusalReportFailure) {
+  std::vector<v1::Sample> samples = Samples(3);
+  samples[0].clear_tokens();
+  PutSamplesStream stream(channel_, std::make_unique<grpc::ClientContext>());
+  ASSERT_TRUE(stream.Write(EncodePutSamplesRequest("p", absl::MakeConstSpan(samples).subspan(0, 1))));
+  // The server refuses the first message and ends the call; a later write
+  // learns it (at the latest the one after the failed one).
+  bool open = true;
+  for (int i = 0; i < 50 && open; ++i) {
+    open = stream.Write(EncodePutSamplesRequest("p", absl::MakeConstSpan(samples).subspan(1, 1)));
+  }
+  EXPECT_FALSE(open);
+  v1::PutSamplesResponse response;
+  const grpc::Status status = stream.Finish(&response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr(samples[0].sample_id()));
+  EXPECT_EQ(PoolSamples(), 0);
+}
+
+TEST_F(PutSamplesStreamTest, UnknownPoolIsNotFound) {
+  absl::StatusOr<v1::PutSamplesResponse> put = client_->PutSamples("nope", Samples(2));
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kNotFound) << put.status();
+}
+
+TEST_F(PutSamplesStreamTest, AbandonedStreamIsCancelledNotCommittedTwice) {
+  const std::vector<v1::Sample> samples = Samples(2);
+  {
+    PutSamplesStream stream(channel_, std::make_unique<grpc::ClientContext>());
+    ASSERT_TRUE(stream.Write(EncodePutSamplesRequest("p", samples)));
+    // No Finish: the destructor cancels and waits for the call to end.
+  }
+  // The message may or may not have been committed before the cancel; a
+  // retry is then a duplicate, never a double.
+  absl::StatusOr<v1::PutSamplesResponse> put = client_->PutSamples("p", samples);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(PoolSamples(), 2);
+}
+
+TEST_F(PutSamplesStreamTest, DeadlineOfTheContextApplies) {
+  ClientOptions options;
+  options.deadline = -absl::Seconds(1);  // already past when the call starts
+  RollpackClient client(channel_, options);
+  absl::StatusOr<v1::PutSamplesResponse> put = client.PutSamples("p", Samples(2));
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kDeadlineExceeded) << put.status();
+}
+
+}  // namespace
+}  // namespace rollpack
