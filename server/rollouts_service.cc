@@ -1,81 +1,31 @@
 #include "server/rollouts_service.h"
 
-#include <string>
-#include <vector>
+#include <algorithm>
+#include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "server/convert.h"
-#include "server/sample_validation.h"
 
 namespace rollpack {
 namespace {
 
-// Validates and commits one request message at a time, all or nothing. The
-// first refused message ends the stream; earlier ones stay committed.
-class PutSamplesReactor final : public grpc::ServerReadReactor<v1::PutSamplesRequest> {
- public:
-  PutSamplesReactor(SampleStore* store, ServerMetrics* metrics, v1::PutSamplesResponse* response)
-      : store_(store), metrics_(metrics), response_(response) {
-    StartRead(&request_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // The client closed its side: everything was committed.
-      Finish(grpc::Status::OK);
-      return;
-    }
-    if (absl::Status s = Commit(); !s.ok()) {
-      if (metrics_ != nullptr) metrics_->OnPutRefused(pool_, s.code());
-      Finish(ToGrpcStatus(absl::Status(
-          s.code(), absl::StrCat(s.message(), " [", response_->accepted(),
-                                 " samples of earlier messages of this stream were committed; "
-                                 "this message's were not]"))));
-      return;
-    }
-    StartRead(&request_);
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  absl::Status Commit() {
-    if (!request_.pool().empty()) pool_ = request_.pool();
-    if (pool_.empty()) return absl::InvalidArgumentError("PutSamplesRequest.pool is empty");
-    absl::StatusOr<ModelSpec> model = store_->GetModel(pool_);
-    if (!model.ok()) return model.status();
-    std::vector<StoredSample> samples;
-    samples.reserve(request_.samples_size());
-    for (v1::Sample& sample : *request_.mutable_samples()) {
-      absl::StatusOr<StoredSample> stored = ValidateAndTakeSample(&sample, *model);
-      if (!stored.ok()) return stored.status();
-      samples.push_back(*std::move(stored));
-    }
-    absl::StatusOr<PutResult> result = store_->Put(pool_, std::move(samples));
-    if (!result.ok()) return result.status();
-    if (metrics_ != nullptr) {
-      metrics_->OnPut(pool_, result->accepted, result->duplicates, result->stored_bytes);
-    }
-    response_->set_accepted(response_->accepted() + result->accepted);
-    response_->set_duplicates(response_->duplicates() + result->duplicates);
-    response_->set_stored_bytes(response_->stored_bytes() + result->stored_bytes);
-    return absl::OkStatus();
-  }
-
-  SampleStore* const store_;
-  ServerMetrics* const metrics_;
-  v1::PutSamplesResponse* const response_;
-  v1::PutSamplesRequest request_;
-  std::string pool_;
-};
-
 // A PutSamples refused before reading anything (authentication).
-class RefusedPut final : public grpc::ServerReadReactor<v1::PutSamplesRequest> {
+class RefusedPut final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   explicit RefusedPut(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
 }  // namespace
+
+RolloutsService::RolloutsService(SampleStore* store, ServerMetrics* metrics,
+                                 const Authorizer* auth, IngestOptions ingest)
+    : store_(store), metrics_(metrics), auth_(auth), ingest_(ingest) {
+  if (ingest_.messages_in_flight > 1) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    workers_ = std::make_unique<WorkerPool>(
+        ingest_.threads > 0 ? ingest_.threads : std::clamp(cores, 1, 8));
+  }
+}
 
 grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerContext* context,
                                                          const v1::RegisterModelRequest* request,
@@ -96,14 +46,15 @@ grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerCon
   return reactor;
 }
 
-grpc::ServerReadReactor<v1::PutSamplesRequest>* RolloutsService::PutSamples(
-    grpc::CallbackServerContext* context, v1::PutSamplesResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* RolloutsService::PutSamples(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   if (auth_ != nullptr) {
     if (grpc::Status s = auth_->Check(*context, "/rollpack.v1.Rollouts/PutSamples"); !s.ok()) {
       return new RefusedPut(s);
     }
   }
-  return new PutSamplesReactor(store_, metrics_, response);
+  return NewPutSamplesReactor(store_, metrics_, workers_.get(), ingest_.messages_in_flight,
+                              response);
 }
 
 grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* context,

@@ -2,25 +2,31 @@
 #ifndef ROLLPACK_SERVER_ROLLOUTS_SERVICE_H_
 #define ROLLPACK_SERVER_ROLLOUTS_SERVICE_H_
 
+#include <memory>
+
 #include "rollpack/v1/rollouts.grpc.pb.h"
 #include "server/auth.h"
+#include "server/put_samples_reactor.h"
 #include "server/sample_store.h"
 #include "server/server_metrics.h"
+#include "server/worker_pool.h"
 
 namespace rollpack {
 
-class RolloutsService final : public v1::Rollouts::CallbackService {
+// PutSamples is served raw: its messages are parsed on the ingest worker pool
+// (server/put_samples_reactor.h), not on gRPC's thread.
+class RolloutsService final
+    : public v1::Rollouts::WithRawCallbackMethod_PutSamples<v1::Rollouts::CallbackService> {
  public:
   // `metrics` and `auth` may be null (no metrics, no auth).
   explicit RolloutsService(SampleStore* store, ServerMetrics* metrics = nullptr,
-                          const Authorizer* auth = nullptr)
-      : store_(store), metrics_(metrics), auth_(auth) {}
+                           const Authorizer* auth = nullptr, IngestOptions ingest = {});
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
                                           const v1::RegisterModelRequest* request,
                                           v1::RegisterModelResponse* response) override;
-  grpc::ServerReadReactor<v1::PutSamplesRequest>* PutSamples(
-      grpc::CallbackServerContext* context, v1::PutSamplesResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PutSamples(grpc::CallbackServerContext* context,
+                                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetPool(grpc::CallbackServerContext* context,
                                     const v1::GetPoolRequest* request,
                                     v1::PoolInfo* response) override;
@@ -29,6 +35,9 @@ class RolloutsService final : public v1::Rollouts::CallbackService {
   SampleStore* const store_;
   ServerMetrics* const metrics_;
   const Authorizer* const auth_;
+  const IngestOptions ingest_;
+  // Null when messages_in_flight is 1.
+  std::unique_ptr<WorkerPool> workers_;
 };
 
 }  // namespace rollpack

@@ -55,6 +55,10 @@ ABSL_FLAG(int, max_concurrent_streams, 0,
 ABSL_FLAG(bool, first_microbatch_priority, true,
           "hold trainer streams' prefetch writes (up to 100 ms) while other streams' first "
           "micro-batches are in flight, so a step starts when the last rank has its first");
+ABSL_FLAG(int, ingest_messages_in_flight, 4,
+          "PutSamples messages of one stream parsed and validated at once on the ingest "
+          "workers (each holds up to a message's bytes); 1 = one at a time, no workers");
+ABSL_FLAG(int, ingest_threads, 0, "ingest worker threads; 0 = one per core, at most 8");
 ABSL_FLAG(int64_t, max_pool_memory, 0,
           "bytes one pool may hold before its PutSamples get RESOURCE_EXHAUSTED; 0 = only "
           "--max-memory applies");
@@ -139,6 +143,8 @@ int main(int argc, char** argv) {
   options.fetch.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.max_pool_memory_bytes = absl::GetFlag(FLAGS_max_pool_memory);
   options.fetch.first_microbatch_priority = absl::GetFlag(FLAGS_first_microbatch_priority);
+  options.ingest.messages_in_flight = std::max(1, absl::GetFlag(FLAGS_ingest_messages_in_flight));
+  options.ingest.threads = std::max(0, absl::GetFlag(FLAGS_ingest_threads));
   if (!options.auth_tokens_file.empty()) {
     struct stat st;
     if (stat(options.auth_tokens_file.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO))) {

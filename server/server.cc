@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
       MakeServerCredentials(options);
   if (!credentials.ok()) return credentials.status();
   server->rollouts_ = std::make_unique<RolloutsService>(
-      server->store_.get(), server->metrics_.get(), server->auth_.get());
+      server->store_.get(), server->metrics_.get(), server->auth_.get(), options.ingest);
   server->scheduler_ = std::make_unique<SchedulerService>(
       server->store_.get(), server->metrics_.get(), server->auth_.get());
   server->trainer_ = std::make_unique<TrainerService>(server->store_.get(), server->metrics_.get(),

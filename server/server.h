@@ -57,6 +57,8 @@ struct ServerOptions {
   int64_t max_pool_memory_bytes = 0;
   // Delivery (server/trainer_service.h).
   FetchOptions fetch;
+  // Ingest (server/put_samples_reactor.h).
+  IngestOptions ingest;
 };
 
 // Half of physical memory: the default --max-memory.

@@ -21,6 +21,8 @@
 
 namespace rollpack {
 
+class EncodeBufferPool;  // client/cpp/put_samples_stream.h
+
 struct ClientOptions {
   int max_message_bytes = 512 << 20;
   // HTTP/2 stream window this client grants the server, fixed (gRPC's
@@ -86,6 +88,8 @@ class RollpackClient {
   std::unique_ptr<v1::Rollouts::Stub> rollouts_;
   std::unique_ptr<v1::Scheduler::Stub> scheduler_;
   std::unique_ptr<v1::Telemetry::Stub> telemetry_;
+  // PutSamples' request buffers, reused across messages and calls.
+  std::shared_ptr<EncodeBufferPool> encode_buffers_;
 };
 
 // grpc::Status -> absl::Status (the codes are shared).

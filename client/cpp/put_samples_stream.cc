@@ -21,14 +21,50 @@ constexpr int kSamplesField = 2;  // PutSamplesRequest.samples
 
 }  // namespace
 
+struct EncodeBufferPool::Lease {
+  std::shared_ptr<EncodeBufferPool> pool;
+  Buffer buffer;
+};
+
+grpc_slice EncodeBufferPool::Allocate(size_t size) {
+  Buffer buffer;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < kept_.size(); ++i) {
+      if (kept_[i].capacity >= size) {
+        buffer = std::move(kept_[i]);
+        kept_.erase(kept_.begin() + i);
+        break;
+      }
+    }
+  }
+  if (buffer.data == nullptr) {
+    buffer.data.reset(new uint8_t[size]);  // not zeroed: every byte is written
+    buffer.capacity = size;
+  }
+  uint8_t* const data = buffer.data.get();
+  auto* lease = new Lease{shared_from_this(), std::move(buffer)};
+  return grpc_slice_new_with_user_data(data, size, &EncodeBufferPool::Release, lease);
+}
+
+void EncodeBufferPool::Release(void* opaque) {
+  std::unique_ptr<Lease> lease(static_cast<Lease*>(opaque));
+  EncodeBufferPool& pool = *lease->pool;
+  absl::MutexLock lock(&pool.mu_);
+  if (static_cast<int>(pool.kept_.size()) < pool.max_kept_) {
+    pool.kept_.push_back(std::move(lease->buffer));
+  }
+}
+
 grpc::ByteBuffer EncodePutSamplesRequest(absl::string_view pool,
-                                         absl::Span<const v1::Sample> samples) {
+                                         absl::Span<const v1::Sample> samples,
+                                         EncodeBufferPool* buffers) {
   // proto3 leaves an empty string out.
   size_t total = pool.empty() ? 0 : wire::LengthDelimitedSize(kPoolField, pool.size());
   for (const v1::Sample& sample : samples) {
     total += wire::LengthDelimitedSize(kSamplesField, sample.ByteSizeLong());
   }
-  grpc_slice raw = grpc_slice_malloc(total);
+  grpc_slice raw = buffers != nullptr ? buffers->Allocate(total) : grpc_slice_malloc(total);
   uint8_t* const begin = GRPC_SLICE_START_PTR(raw);
   uint8_t* out = begin;
   if (!pool.empty()) {

@@ -1,0 +1,43 @@
+#include "server/worker_pool.h"
+
+#include <utility>
+
+namespace rollpack {
+
+WorkerPool::WorkerPool(int threads) {
+  threads_.reserve(threads);
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void WorkerPool::Schedule(absl::AnyInvocable<void() &&> work) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(work));
+}
+
+void WorkerPool::Run() {
+  while (true) {
+    absl::AnyInvocable<void() &&> work;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](WorkerPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool->mu_) {
+            return pool->stopping_ || !pool->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping, nothing left
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::move(work)();
+  }
+}
+
+}  // namespace rollpack

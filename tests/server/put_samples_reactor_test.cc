@@ -1,0 +1,120 @@
+// Ingest with messages parsed in parallel (server/put_samples_reactor.h):
+// samples still arrive in the pool in the order they were sent, whatever
+// the number of messages in flight, and a refusal commits exactly the
+// messages before it.
+#include "server/put_samples_reactor.h"
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "client/cpp/client.h"
+#include "client/cpp/synthetic_rollouts.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+
+namespace rollpack {
+namespace {
+
+v1::ModelSpec Model() {
+  v1::ModelSpec m;
+  m.set_name("small");
+  m.set_num_layers(24);
+  m.set_num_experts(64);
+  m.set_topk(8);
+  return m;
+}
+
+class PutSamplesReactorTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.ingest.messages_in_flight = GetParam();
+    options.ingest.threads = 3;
+    absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ClientOptions client_options;
+    client_options.batch_bytes = 1;  // one sample per message
+    client_ = std::make_unique<RollpackClient>(MakeChannel(server_->address()), client_options);
+    ASSERT_TRUE(client_->RegisterModel("p", Model()).ok());
+    SyntheticOptions synth;
+    synth.num_samples = 48;
+    synth.median_length = 2000;
+    synth.sigma = 1.5;
+    synth.min_length = 16;
+    synth.max_length = 32768;
+    samples_ = MakeSyntheticRollouts(Model(), synth);
+    // Long and short messages in turn: a short one is parsed and validated
+    // before the long one sent ahead of it, so committing in the order
+    // messages become ready would reorder the pool.
+    std::sort(samples_.begin(), samples_.end(), [](const v1::Sample& a, const v1::Sample& b) {
+      return a.tokens().shape(0) > b.tokens().shape(0);
+    });
+    std::vector<v1::Sample> alternating;
+    for (size_t lo = 0, hi = samples_.size(); lo < hi;) {
+      alternating.push_back(samples_[lo++]);
+      if (lo < hi) alternating.push_back(samples_[--hi]);
+    }
+    samples_ = std::move(alternating);
+  }
+  void TearDown() override { server_->Shutdown(absl::Seconds(1)); }
+
+  // The ids of the `n` oldest free samples, as CreateStep picks them.
+  std::set<std::string> OldestFree(int n) {
+    v1::CreateStepRequest create;
+    create.set_step_id("s");
+    create.set_pool("p");
+    create.set_num_samples(n);
+    create.mutable_topology()->set_dp(1);
+    create.mutable_topology()->set_max_tokens_per_rank(1 << 20);
+    EXPECT_TRUE(client_->CreateStep(create).ok());
+    absl::StatusOr<v1::Plan> plan = client_->GetPlan("s");
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    std::set<std::string> ids;
+    if (!plan.ok()) return ids;
+    for (const v1::PlanMicrobatch& mb : plan->microbatches()) {
+      for (const v1::RankGroup& g : mb.groups()) ids.insert(g.sample_ids().begin(), g.sample_ids().end());
+    }
+    return ids;
+  }
+
+  std::unique_ptr<RollpackServer> server_;
+  std::unique_ptr<RollpackClient> client_;
+  std::vector<v1::Sample> samples_;
+};
+
+TEST_P(PutSamplesReactorTest, CommitsInTheOrderSent) {
+  absl::StatusOr<v1::PutSamplesResponse> put = client_->PutSamples("p", samples_);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->accepted(), 48);
+  std::set<std::string> first;
+  for (int i = 0; i < 20; ++i) first.insert(samples_[i].sample_id());
+  EXPECT_EQ(OldestFree(20), first);
+}
+
+TEST_P(PutSamplesReactorTest, RefusalCommitsExactlyTheMessagesBefore) {
+  samples_[30].mutable_tokens()->clear_data();
+  absl::StatusOr<v1::PutSamplesResponse> put = client_->PutSamples("p", samples_);
+  ASSERT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << put.status();
+  EXPECT_NE(put.status().message().find("30 samples of earlier messages of this stream were "
+                                        "committed"),
+            std::string::npos)
+      << put.status();
+  absl::StatusOr<v1::PoolInfo> pool = client_->GetPool("p");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_samples(), 30);
+  std::set<std::string> first;
+  for (int i = 0; i < 30; ++i) first.insert(samples_[i].sample_id());
+  EXPECT_EQ(OldestFree(30), first);
+}
+
+INSTANTIATE_TEST_SUITE_P(MessagesInFlight, PutSamplesReactorTest, ::testing::Values(1, 2, 8),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "InFlight" + std::to_string(info.param);
+                         });
+
+}  // namespace
+}  // namespace rollpack
