@@ -12,7 +12,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -83,6 +86,42 @@ double MemcpyGBps(int64_t bytes, int repeats) {
   return static_cast<double>(bytes) * repeats / Seconds(start) / 1e9;
 }
 
+// CPU seconds of each thread of process `pid` (/proc/PID/task/TID/stat).
+std::map<int, double> ThreadCpuSeconds(pid_t pid) {
+  std::map<int, double> out;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    int tid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = content.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(content.substr(close + 2));
+    std::string f;
+    long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> f; ++i) {
+      if (i == 14) utime = std::stol(f);
+      if (i == 15) stime = std::stol(f);
+    }
+    out[tid] = static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+  }
+  return out;
+}
+
+// The largest share of `seconds` of wall time one thread was on a CPU: near
+// 1, that thread is what limits the phase.
+double BusiestThreadShare(const std::map<int, double>& before, const std::map<int, double>& after,
+                          double seconds) {
+  double busiest = 0;
+  for (const auto& [tid, cpu] : after) {
+    auto it = before.find(tid);
+    busiest = std::max(busiest, cpu - (it == before.end() ? 0.0 : it->second));
+  }
+  return seconds > 0 ? busiest / seconds : 0;
+}
+
 // A rollpackd child process whose CPU time and peak RSS we can read.
 class Daemon {
  public:
@@ -122,6 +161,7 @@ class Daemon {
     waitpid(pid_, &status, 0);
   }
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
   double CpuSeconds() const {
     std::ifstream in(absl::StrCat("/proc/", pid_, "/stat"));
     std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -177,6 +217,8 @@ struct IngestResult {
   double gbps = 0, samples_per_s = 0, server_cpu_s_per_gb = 0;
   // This process's CPU over the ingest: nothing but the producers runs then.
   double producer_cpu_s_per_gb = 0;
+  // The busiest thread's share of the wall time, server and producer side.
+  double server_busiest_thread = 0, producer_busiest_thread = 0;
   int64_t bytes = 0;
 };
 
@@ -188,7 +230,8 @@ double ProcessCpuSeconds() {
 }
 
 IngestResult Ingest(const Daemon& daemon, const std::string& pool,
-                    const std::vector<std::vector<v1::Sample>>& per_producer) {
+                    const std::vector<std::vector<v1::Sample>>& per_producer,
+                    const ClientOptions& producer_options) {
   IngestResult r;
   int64_t samples = 0;
   for (const auto& batch : per_producer) {
@@ -197,13 +240,21 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
   }
   const double cpu0 = daemon.CpuSeconds();
   const double producer_cpu0 = ProcessCpuSeconds();
+  const std::map<int, double> server_threads0 = ThreadCpuSeconds(daemon.pid());
+  const std::map<int, double> producer_threads0 = ThreadCpuSeconds(getpid());
   const absl::Time start = absl::Now();
   std::vector<std::thread> threads;
   std::atomic<bool> ok{true};
+  // Each producer thread's own CPU, read before it exits (and leaves /proc).
+  std::vector<double> producer_thread_cpu(per_producer.size());
   for (size_t p = 0; p < per_producer.size(); ++p) {
     threads.emplace_back([&, p] {
-      RollpackClient client(DistinctChannel(daemon.address(), static_cast<int>(p)));
+      RollpackClient client(DistinctChannel(daemon.address(), static_cast<int>(p)),
+                            producer_options);
       if (!client.PutSamples(pool, per_producer[p]).ok()) ok = false;
+      timespec cpu;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+      producer_thread_cpu[p] = cpu.tv_sec + 1e-9 * cpu.tv_nsec;
     });
   }
   for (std::thread& t : threads) t.join();
@@ -213,6 +264,12 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
   r.samples_per_s = samples / s;
   r.server_cpu_s_per_gb = (daemon.CpuSeconds() - cpu0) / (r.bytes / 1e9);
   r.producer_cpu_s_per_gb = (ProcessCpuSeconds() - producer_cpu0) / (r.bytes / 1e9);
+  r.server_busiest_thread =
+      BusiestThreadShare(server_threads0, ThreadCpuSeconds(daemon.pid()), s);
+  // gRPC's threads from /proc, the producer threads (gone by now) from above.
+  r.producer_busiest_thread = std::max(
+      BusiestThreadShare(producer_threads0, ThreadCpuSeconds(getpid()), s),
+      *std::max_element(producer_thread_cpu.begin(), producer_thread_cpu.end()) / s);
   return r;
 }
 
@@ -332,6 +389,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::vector<std::string> phases = {"ingest", "fetch", "first"};
   std::vector<std::string> server_args;
   std::string rollpackd;  // default: next to this binary
+  ClientOptions producer_options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--samples" && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &samples_per_case)) {
@@ -345,10 +403,14 @@ int RunBenchTransportCommand(int argc, char** argv) {
       server_args.push_back(argv[++i]);
     } else if (arg == "--rollpackd" && i + 1 < argc) {
       rollpackd = argv[++i];
+    } else if (arg == "--batch-bytes" && i + 1 < argc &&
+               absl::SimpleAtoi(argv[i + 1], &producer_options.batch_bytes)) {
+      ++i;
     } else {
       std::fprintf(stderr,
                    "usage: rollpack bench transport [--samples N] [--first-mb-samples N] "
-                   "[--phases ingest,fetch,first] [--server-arg FLAG]... [--rollpackd PATH]\n");
+                   "[--phases ingest,fetch,first] [--server-arg FLAG]... [--rollpackd PATH] "
+                   "[--batch-bytes N]\n");
       return 2;
     }
   }
@@ -394,8 +456,8 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::printf("%-44s %12.2f\n", "memcpy (bytes copied)", memcpy_gbps);
   std::string json = absl::StrCat("{\"loopback_tcp_gbps\": ", tcp, ", \"memcpy_gbps\": ", memcpy_gbps);
 
-  std::printf("\n%-44s %10s %10s %10s %12s %12s\n", "ingest", "GB/s", "x TCP", "samples/s",
-              "srv CPU s/GB", "prod CPU s/GB");
+  std::printf("\n%-44s %10s %10s %10s %12s %12s %9s %9s\n", "ingest", "GB/s", "x TCP",
+              "samples/s", "srv CPU s/GB", "prod CPU s/GB", "srv thr", "prod thr");
   auto runs = [&](const std::string& phase) {
     return std::find(phases.begin(), phases.end(), phase) != phases.end();
   };
@@ -408,19 +470,22 @@ int RunBenchTransportCommand(int argc, char** argv) {
     for (int p = 0; p < producers; ++p) {
       batches.push_back(Replicate(base, samples_per_case / producers, absl::StrCat(pool, "-", p)));
     }
-    const IngestResult r = Ingest(*daemon, pool, batches);
+    const IngestResult r = Ingest(*daemon, pool, batches, producer_options);
     if (r.bytes == 0) {
       std::fprintf(stderr, "bench transport: PutSamples failed (%d producers)\n", producers);
       return 1;
     }
-    std::printf("%-44s %10.2f %10.2f %10.0f %12.2f %12.2f\n",
+    std::printf("%-44s %10.2f %10.2f %10.0f %12.2f %12.2f %9.2f %9.2f\n",
                 absl::StrCat(producers, " producer(s), ", samples_per_case, " samples").c_str(),
                 r.gbps, r.gbps / tcp, r.samples_per_s, r.server_cpu_s_per_gb,
-                r.producer_cpu_s_per_gb);
+                r.producer_cpu_s_per_gb, r.server_busiest_thread, r.producer_busiest_thread);
     absl::StrAppend(&json, ", \"ingest_", producers, "_gbps\": ", r.gbps, ", \"ingest_",
                     producers, "_samples_per_s\": ", r.samples_per_s, ", \"ingest_", producers,
                     "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb, ", \"ingest_", producers,
-                    "_producer_cpu_s_per_gb\": ", r.producer_cpu_s_per_gb);
+                    "_producer_cpu_s_per_gb\": ", r.producer_cpu_s_per_gb, ", \"ingest_",
+                    producers, "_server_busiest_thread\": ", r.server_busiest_thread,
+                    ", \"ingest_", producers,
+                    "_producer_busiest_thread\": ", r.producer_busiest_thread);
     // Free the pool's samples: a step over all of them, released.
     v1::CreateStepRequest drop;
     drop.set_step_id(pool);
