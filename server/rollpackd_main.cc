@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(int64_t, max_memory, 0,
           "bytes of samples to hold before PutSamples gets RESOURCE_EXHAUSTED; 0 = half the RAM");
 ABSL_FLAG(int, max_message_bytes, 512 << 20, "largest gRPC message, either way");
+ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
+          "NAME=INTEGER gRPC channel arguments for the server, comma-separated (e.g. "
+          "grpc.http2.lookahead_bytes=16777216,grpc.http2.bdp_probe=0); tuning, measure first");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound port to this file once serving (for port 0)");
 ABSL_FLAG(std::string, data_dir, "",
@@ -124,6 +127,14 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.max_memory_bytes = absl::GetFlag(FLAGS_max_memory);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  for (const std::string& text : absl::GetFlag(FLAGS_grpc_arg)) {
+    absl::StatusOr<std::pair<std::string, int>> arg = rollpack::ParseGrpcIntArg(text);
+    if (!arg.ok()) {
+      spdlog::error("rollpackd: {}", std::string(arg.status().message()));
+      return 2;
+    }
+    options.grpc_int_args.push_back(*std::move(arg));
+  }
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (absl::StatusOr<rollpack::FsyncPolicy> fsync =
           rollpack::ParseFsyncPolicy(absl::GetFlag(FLAGS_fsync));

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -117,6 +118,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  for (const auto& [name, value] : options.grpc_int_args) builder.AddChannelArgument(name, value);
   builder.RegisterService(server->rollouts_.get());
   builder.RegisterService(server->scheduler_.get());
   builder.RegisterService(server->trainer_.get());
@@ -146,6 +148,17 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     server->host_ = "127.0.0.1";
   }
   return server;
+}
+
+absl::StatusOr<std::pair<std::string, int>> ParseGrpcIntArg(absl::string_view text) {
+  const size_t eq = text.find('=');
+  int value = 0;
+  if (eq == absl::string_view::npos || eq == 0 || !absl::SimpleAtoi(text.substr(eq + 1), &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-arg \"", text, "\": expected NAME=INTEGER, e.g. "
+                     "grpc.http2.lookahead_bytes=16777216"));
+  }
+  return std::make_pair(std::string(text.substr(0, eq)), value);
 }
 
 RollpackServer::~RollpackServer() { Shutdown(absl::ZeroDuration()); }

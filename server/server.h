@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -35,6 +38,11 @@ struct ServerOptions {
   // Largest gRPC message either way. One 32k-token sample of a 94-layer
   // top-8 model is 24 MB at uint8.
   int max_message_bytes = 512 << 20;
+  // Integer gRPC channel arguments (name, value) set on the server after
+  // rollpackd's own, e.g. {"grpc.http2.lookahead_bytes", 16 << 20}: tuning
+  // for hosts unlike ours, measured with `rollpack bench transport
+  // --server-arg --grpc-arg=...` (docs/performance.md).
+  std::vector<std::pair<std::string, int>> grpc_int_args;
   // Durable mode (server/durable_log.h): when set, every acknowledged
   // mutation is logged under this directory and replayed at start.
   std::string data_dir;
@@ -60,6 +68,10 @@ struct ServerOptions {
   // Ingest (server/put_samples_reactor.h).
   IngestOptions ingest;
 };
+
+// "NAME=VALUE" (rollpackd --grpc-arg) -> {NAME, VALUE}; INVALID_ARGUMENT
+// naming the text when VALUE is not an int or NAME is empty.
+absl::StatusOr<std::pair<std::string, int>> ParseGrpcIntArg(absl::string_view text);
 
 // Half of physical memory: the default --max-memory.
 int64_t DefaultMaxMemoryBytes();

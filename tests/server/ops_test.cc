@@ -280,6 +280,34 @@ TEST_F(MetricsTest, EndpointIsReadOnly) {
   EXPECT_EQ(other->status, 404);
 }
 
+TEST(GrpcArgTest, ParsesNameEqualsInteger) {
+  absl::StatusOr<std::pair<std::string, int>> arg =
+      ParseGrpcIntArg("grpc.http2.lookahead_bytes=16777216");
+  ASSERT_TRUE(arg.ok()) << arg.status();
+  EXPECT_EQ(arg->first, "grpc.http2.lookahead_bytes");
+  EXPECT_EQ(arg->second, 16777216);
+  for (const char* bad : {"grpc.http2.bdp_probe", "=3", "a=x", "a=", "a=99999999999"}) {
+    absl::StatusOr<std::pair<std::string, int>> refused = ParseGrpcIntArg(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr(bad));
+  }
+}
+
+TEST(GrpcArgTest, ServerServesWithThem) {
+  ServerOptions options;
+  options.grpc_int_args = {{"grpc.http2.lookahead_bytes", 1 << 20}, {"grpc.http2.bdp_probe", 0}};
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  RollpackClient client(MakeChannel((*server)->address()));
+  v1::ModelSpec model;
+  model.set_name("m");
+  model.set_num_layers(2);
+  model.set_num_experts(8);
+  model.set_topk(2);
+  EXPECT_TRUE(client.RegisterModel("p", model).ok());
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
 TEST(MetricsStartTest, BusyMetricsPortFailsStart) {
   ServerOptions first;
   first.metrics_listen = "127.0.0.1:0";
