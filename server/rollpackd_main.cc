@@ -24,7 +24,7 @@ ABSL_FLAG(int64_t, max_memory, 0,
           "bytes of samples to hold before PutSamples gets RESOURCE_EXHAUSTED; 0 = half the RAM");
 ABSL_FLAG(int, max_message_bytes, 512 << 20, "largest gRPC message, either way");
 ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
-          "NAME=INTEGER gRPC channel arguments for the server, comma-separated (e.g. "
+          "NAME=INTEGER gRPC channel arguments for the server, given once, comma-separated (e.g. "
           "grpc.http2.lookahead_bytes=16777216,grpc.http2.bdp_probe=0); tuning, measure first");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound port to this file once serving (for port 0)");
@@ -60,7 +60,8 @@ ABSL_FLAG(bool, first_microbatch_priority, true,
           "micro-batches are in flight, so a step starts when the last rank has its first");
 ABSL_FLAG(int, ingest_messages_in_flight, 4,
           "PutSamples messages of one stream parsed and validated at once on the ingest "
-          "workers (each holds up to a message's bytes); 1 = one at a time, no workers");
+          "workers (each holds up to a message's bytes); 1 = one at a time, no workers; at "
+          "most 64");
 ABSL_FLAG(int, ingest_threads, 0, "ingest worker threads; 0 = one per core, at most 8");
 ABSL_FLAG(int64_t, max_pool_memory, 0,
           "bytes one pool may hold before its PutSamples get RESOURCE_EXHAUSTED; 0 = only "
@@ -154,7 +155,9 @@ int main(int argc, char** argv) {
   options.fetch.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.max_pool_memory_bytes = absl::GetFlag(FLAGS_max_pool_memory);
   options.fetch.first_microbatch_priority = absl::GetFlag(FLAGS_first_microbatch_priority);
-  options.ingest.messages_in_flight = std::max(1, absl::GetFlag(FLAGS_ingest_messages_in_flight));
+  // Each message in flight may hold up to --max-message-bytes.
+  options.ingest.messages_in_flight =
+      std::clamp(absl::GetFlag(FLAGS_ingest_messages_in_flight), 1, 64);
   options.ingest.threads = std::max(0, absl::GetFlag(FLAGS_ingest_threads));
   if (!options.auth_tokens_file.empty()) {
     struct stat st;

@@ -1,10 +1,12 @@
 #include "server/worker_pool.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace rollpack {
 
 WorkerPool::WorkerPool(int threads) {
+  threads = std::max(threads, 1);
   threads_.reserve(threads);
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
 }
@@ -19,6 +21,8 @@ WorkerPool::~WorkerPool() {
 
 void WorkerPool::Schedule(absl::AnyInvocable<void() &&> work) {
   absl::MutexLock lock(&mu_);
+  // Work queued while the destructor drains still runs (it is only queued
+  // from work already running, or from gRPC before the server stopped).
   queue_.push_back(std::move(work));
 }
 

@@ -18,7 +18,7 @@ namespace rollpack {
 
 class WorkerPool {
  public:
-  // `threads` >= 1.
+  // At least one thread, whatever `threads` says.
   explicit WorkerPool(int threads);
   // Runs what is queued, then joins the threads.
   ~WorkerPool();

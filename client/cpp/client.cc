@@ -44,7 +44,7 @@ RollpackClient::RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOpt
       rollouts_(v1::Rollouts::NewStub(channel_)),
       scheduler_(v1::Scheduler::NewStub(channel_)),
       telemetry_(v1::Telemetry::NewStub(channel_)),
-      encode_buffers_(std::make_shared<EncodeBufferPool>()) {}
+      encode_buffers_(EncodeBufferPool::Create()) {}
 
 std::unique_ptr<grpc::ClientContext> RollpackClient::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -80,8 +80,11 @@ absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamples(
         end < samples.size() ? static_cast<int64_t>(samples[end].ByteSizeLong()) : 0;
     const bool last = end == samples.size();
     if (end > begin && (last || bytes + size > options_.batch_bytes)) {
-      open = stream.Write(EncodePutSamplesRequest(pool, samples.subspan(begin, end - begin),
-                                                  encode_buffers_.get()));
+      absl::StatusOr<grpc::ByteBuffer> message = EncodePutSamplesRequest(
+          pool, samples.subspan(begin, end - begin), encode_buffers_.get());
+      // Messages sent so far stay committed, as with any refusal.
+      if (!message.ok()) return message.status();
+      open = stream.Write(*std::move(message));
       begin = end;
       bytes = 0;
     }

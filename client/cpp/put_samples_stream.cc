@@ -1,9 +1,12 @@
 #include "client/cpp/put_samples_stream.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpc/slice.h"
@@ -26,21 +29,28 @@ struct EncodeBufferPool::Lease {
   Buffer buffer;
 };
 
+std::shared_ptr<EncodeBufferPool> EncodeBufferPool::Create(int max_kept, size_t max_kept_bytes) {
+  return std::shared_ptr<EncodeBufferPool>(new EncodeBufferPool(max_kept, max_kept_bytes));
+}
+
 grpc_slice EncodeBufferPool::Allocate(size_t size) {
   Buffer buffer;
   {
     absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < kept_.size(); ++i) {
-      if (kept_[i].capacity >= size) {
-        buffer = std::move(kept_[i]);
-        kept_.erase(kept_.begin() + i);
-        break;
-      }
+    auto best = kept_.end();
+    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      if (it->capacity >= size && (best == kept_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best != kept_.end()) {
+      buffer = std::move(*best);
+      kept_.erase(best);
     }
   }
   if (buffer.data == nullptr) {
-    buffer.data.reset(new uint8_t[size]);  // not zeroed: every byte is written
-    buffer.capacity = size;
+    // Whole MiB, so that messages a little longer than the last still fit.
+    constexpr size_t kGranule = size_t{1} << 20;
+    buffer.capacity = std::max<size_t>((size + kGranule - 1) / kGranule * kGranule, 1);
+    buffer.data.reset(new uint8_t[buffer.capacity]);  // not zeroed: every byte is written
   }
   uint8_t* const data = buffer.data.get();
   auto* lease = new Lease{shared_from_this(), std::move(buffer)};
@@ -51,18 +61,30 @@ void EncodeBufferPool::Release(void* opaque) {
   std::unique_ptr<Lease> lease(static_cast<Lease*>(opaque));
   EncodeBufferPool& pool = *lease->pool;
   absl::MutexLock lock(&pool.mu_);
+  if (lease->buffer.capacity > pool.max_kept_bytes_ || pool.max_kept_ <= 0) return;
   if (static_cast<int>(pool.kept_.size()) < pool.max_kept_) {
     pool.kept_.push_back(std::move(lease->buffer));
+    return;
   }
+  // Full: keep the larger of the returned buffer and the smallest kept one.
+  auto smallest = std::min_element(
+      pool.kept_.begin(), pool.kept_.end(),
+      [](const Buffer& a, const Buffer& b) { return a.capacity < b.capacity; });
+  if (smallest->capacity < lease->buffer.capacity) *smallest = std::move(lease->buffer);
 }
 
-grpc::ByteBuffer EncodePutSamplesRequest(absl::string_view pool,
-                                         absl::Span<const v1::Sample> samples,
-                                         EncodeBufferPool* buffers) {
+absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequest(absl::string_view pool,
+                                                         absl::Span<const v1::Sample> samples,
+                                                         EncodeBufferPool* buffers) {
   // proto3 leaves an empty string out.
   size_t total = pool.empty() ? 0 : wire::LengthDelimitedSize(kPoolField, pool.size());
   for (const v1::Sample& sample : samples) {
     total += wire::LengthDelimitedSize(kSamplesField, sample.ByteSizeLong());
+  }
+  if (total > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PutSamples message of ", samples.size(), " samples would be ", total,
+                     " bytes, past protobuf's 2 GiB limit; lower ClientOptions::batch_bytes"));
   }
   grpc_slice raw = buffers != nullptr ? buffers->Allocate(total) : grpc_slice_malloc(total);
   uint8_t* const begin = GRPC_SLICE_START_PTR(raw);
@@ -72,8 +94,12 @@ grpc::ByteBuffer EncodePutSamplesRequest(absl::string_view pool,
     std::memcpy(out, pool.data(), pool.size());
     out += pool.size();
   }
+  grpc::Slice slice(raw, grpc::Slice::STEAL_REF);  // released on every return
+  const int64_t samples_bytes = static_cast<int64_t>(total - (out - begin));
+  int64_t written = 0;
+  bool failed = false;
   {
-    google::protobuf::io::ArrayOutputStream array(out, static_cast<int>(total - (out - begin)));
+    google::protobuf::io::ArrayOutputStream array(out, static_cast<int>(samples_bytes));
     google::protobuf::io::CodedOutputStream coded(&array);
     // Map fields (token_fields) in key order: the same samples give the same bytes.
     coded.SetSerializationDeterministic(true);
@@ -83,8 +109,17 @@ grpc::ByteBuffer EncodePutSamplesRequest(absl::string_view pool,
       coded.WriteVarint64(sample.GetCachedSize());
       sample.SerializeWithCachedSizes(&coded);
     }
+    coded.Trim();
+    failed = coded.HadError();
+    written = coded.ByteCount();
   }
-  grpc::Slice slice(raw, grpc::Slice::STEAL_REF);
+  // A sample changed between sizing and writing: a reused buffer would send
+  // stale bytes of an earlier message in the gap.
+  if (failed || written != samples_bytes) {
+    return absl::InternalError(absl::StrCat("PutSamples message: wrote ", written,
+                                            " bytes of samples, sized ", samples_bytes,
+                                            " (a sample changed while being encoded)"));
+  }
   return grpc::ByteBuffer(&slice, 1);
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -30,14 +31,18 @@ namespace rollpack {
 // Memory for encoded request messages, handed back when gRPC releases a
 // sent message's slice and reused by the next: a fresh multi-megabyte buffer
 // per message costs the producer a page fault and zeroing per 4 KiB, as much
-// CPU as the encoding copy itself. Keeps at most `max_kept` buffers.
-// Thread-safe; shared by a client's calls (slices may outlive a call).
+// CPU as the encoding copy itself. Keeps at most `max_kept` buffers of at
+// most `max_kept_bytes` each (larger messages get memory of their own).
+// Thread-safe; shared by a client's calls (slices may outlive a call, and
+// keep the pool alive until they go).
 class EncodeBufferPool : public std::enable_shared_from_this<EncodeBufferPool> {
  public:
-  explicit EncodeBufferPool(int max_kept = 3) : max_kept_(max_kept) {}
+  static std::shared_ptr<EncodeBufferPool> Create(int max_kept = 3,
+                                                  size_t max_kept_bytes = size_t{64} << 20);
 
-  // A slice of exactly `size` bytes backed by a kept buffer when one is big
-  // enough; its memory returns here when the slice's last reference goes.
+  // A slice of exactly `size` bytes backed by the smallest kept buffer that
+  // is big enough; its memory returns here when the slice's last reference
+  // goes.
   grpc_slice Allocate(size_t size);
 
  private:
@@ -48,7 +53,11 @@ class EncodeBufferPool : public std::enable_shared_from_this<EncodeBufferPool> {
   struct Lease;
   static void Release(void* lease);
 
+  EncodeBufferPool(int max_kept, size_t max_kept_bytes)
+      : max_kept_(max_kept), max_kept_bytes_(max_kept_bytes) {}
+
   const int max_kept_;
+  const size_t max_kept_bytes_;
   absl::Mutex mu_;
   std::vector<Buffer> kept_ ABSL_GUARDED_BY(mu_);
 };
@@ -56,10 +65,11 @@ class EncodeBufferPool : public std::enable_shared_from_this<EncodeBufferPool> {
 // The bytes of a v1::PutSamplesRequest{pool, samples}, as
 // SerializeAsString() would write them, in one slice (from `buffers` when
 // given). The samples' cached sizes are computed here (ByteSizeLong), so they
-// must not change meanwhile.
-grpc::ByteBuffer EncodePutSamplesRequest(absl::string_view pool,
-                                         absl::Span<const v1::Sample> samples,
-                                         EncodeBufferPool* buffers = nullptr);
+// must not change meanwhile: INTERNAL if the bytes written differ from the
+// size computed, INVALID_ARGUMENT past protobuf's 2 GiB message limit.
+absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequest(absl::string_view pool,
+                                                         absl::Span<const v1::Sample> samples,
+                                                         EncodeBufferPool* buffers = nullptr);
 
 // One PutSamples call fed with encoded request messages. Not thread-safe: one
 // producer thread calls Write ... Finish. At most one message is in flight;

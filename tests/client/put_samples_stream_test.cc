@@ -55,7 +55,7 @@ TEST(EncodePutSamplesRequestTest, WritesProtobufsOwnBytes) {
       request.set_pool(pool);
       for (size_t i = 0; i < n; ++i) *request.add_samples() = samples[i];
       const std::string encoded =
-          Flatten(EncodePutSamplesRequest(pool, absl::MakeConstSpan(samples).subspan(0, n)));
+          Flatten(EncodePutSamplesRequest(pool, absl::MakeConstSpan(samples).subspan(0, n)).value());
       EXPECT_EQ(encoded, DeterministicBytes(request)) << "pool '" << pool << "', " << n;
       v1::PutSamplesRequest parsed;
       ASSERT_TRUE(parsed.ParseFromString(encoded));
@@ -64,34 +64,38 @@ TEST(EncodePutSamplesRequestTest, WritesProtobufsOwnBytes) {
   }
 }
 
-TEST(EncodeBufferPoolTest, ReusesReleasedBuffersAndKeepsAtMostItsLimit) {
-  auto pool = std::make_shared<EncodeBufferPool>(/*max_kept=*/1);
+TEST(EncodeBufferPoolTest, ReusesReleasedBuffersBestFitWithinItsLimit) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  std::shared_ptr<EncodeBufferPool> pool = EncodeBufferPool::Create(/*max_kept=*/1);
   grpc_slice a = pool->Allocate(1000);
   grpc_slice b = pool->Allocate(1000);
   const uint8_t* a_data = GRPC_SLICE_START_PTR(a);
-  const uint8_t* b_data = GRPC_SLICE_START_PTR(b);
-  EXPECT_NE(a_data, b_data);  // both in use: two buffers
+  EXPECT_NE(a_data, GRPC_SLICE_START_PTR(b));  // both in use: two buffers
   grpc_slice_unref(a);
-  grpc_slice_unref(b);  // over the limit: freed
-  grpc_slice c = pool->Allocate(600);
+  grpc_slice_unref(b);  // over the limit, and no larger than the kept one: freed
+  // Buffers come in whole MiB: a message a little longer still fits.
+  grpc_slice c = pool->Allocate(kMiB - 10);
   EXPECT_EQ(GRPC_SLICE_START_PTR(c), a_data);
-  EXPECT_EQ(GRPC_SLICE_LENGTH(c), 600u);
-  grpc_slice d = pool->Allocate(2000);  // nothing kept is big enough
-  EXPECT_NE(GRPC_SLICE_START_PTR(d), a_data);
+  EXPECT_EQ(GRPC_SLICE_LENGTH(c), kMiB - 10);
+  grpc_slice d = pool->Allocate(3 * kMiB);  // nothing kept is big enough
+  const uint8_t* d_data = GRPC_SLICE_START_PTR(d);
+  grpc_slice_unref(d);  // kept
+  grpc_slice_unref(c);  // full, and smaller than the kept 3 MiB: freed
+  grpc_slice e = pool->Allocate(2 * kMiB);
+  EXPECT_EQ(GRPC_SLICE_START_PTR(e), d_data);
   // A slice outliving every other owner of the pool keeps it alive.
   pool.reset();
-  grpc_slice_unref(c);
-  grpc_slice_unref(d);
+  grpc_slice_unref(e);
 }
 
 TEST(EncodeBufferPoolTest, PooledEncodingIsTheSameBytes) {
   const std::vector<v1::Sample> samples = Samples(5, /*seed=*/3);
-  auto buffers = std::make_shared<EncodeBufferPool>();
+  std::shared_ptr<EncodeBufferPool> buffers = EncodeBufferPool::Create();
   v1::PutSamplesRequest request;
   request.set_pool("p");
   for (const v1::Sample& s : samples) *request.add_samples() = s;
   for (int round = 0; round < 3; ++round) {  // later rounds reuse the buffer
-    EXPECT_EQ(Flatten(EncodePutSamplesRequest("p", samples, buffers.get())),
+    EXPECT_EQ(Flatten(EncodePutSamplesRequest("p", samples, buffers.get()).value()),
               DeterministicBytes(request));
   }
 }
@@ -144,12 +148,14 @@ TEST_F(PutSamplesStreamTest, WritesAfterARefusalReportFailure) {
   std::vector<v1::Sample> samples = Samples(3);
   samples[0].clear_tokens();
   PutSamplesStream stream(channel_, std::make_unique<grpc::ClientContext>());
-  ASSERT_TRUE(stream.Write(EncodePutSamplesRequest("p", absl::MakeConstSpan(samples).subspan(0, 1))));
+  ASSERT_TRUE(
+      stream.Write(EncodePutSamplesRequest("p", absl::MakeConstSpan(samples).subspan(0, 1)).value()));
   // The server refuses the first message and ends the call; a later write
   // learns it (at the latest the one after the failed one).
   bool open = true;
   for (int i = 0; i < 50 && open; ++i) {
-    open = stream.Write(EncodePutSamplesRequest("p", absl::MakeConstSpan(samples).subspan(1, 1)));
+    open = stream.Write(
+        EncodePutSamplesRequest("p", absl::MakeConstSpan(samples).subspan(1, 1)).value());
   }
   EXPECT_FALSE(open);
   v1::PutSamplesResponse response;
@@ -168,7 +174,7 @@ TEST_F(PutSamplesStreamTest, AbandonedStreamIsCancelledNotCommittedTwice) {
   const std::vector<v1::Sample> samples = Samples(2);
   {
     PutSamplesStream stream(channel_, std::make_unique<grpc::ClientContext>());
-    ASSERT_TRUE(stream.Write(EncodePutSamplesRequest("p", samples)));
+    ASSERT_TRUE(stream.Write(EncodePutSamplesRequest("p", samples).value()));
     // No Finish: the destructor cancels and waits for the call to end.
   }
   // The message may or may not have been committed before the cancel; a
