@@ -86,6 +86,22 @@ double MemcpyGBps(int64_t bytes, int repeats) {
   return static_cast<double>(bytes) * repeats / Seconds(start) / 1e9;
 }
 
+// utime + stime of a /proc/.../stat file, in seconds; 0 when unreadable.
+double StatCpuSeconds(const std::string& path) {
+  std::ifstream in(path);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = content.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(content.substr(close + 2));
+  std::string f;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stol(f);
+    if (i == 15) stime = std::stol(f);
+  }
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
 // CPU seconds of each thread of process `pid` (/proc/PID/task/TID/stat).
 std::map<int, double> ThreadCpuSeconds(pid_t pid) {
   std::map<int, double> out;
@@ -94,18 +110,7 @@ std::map<int, double> ThreadCpuSeconds(pid_t pid) {
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
     int tid = 0;
     if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
-    std::ifstream in(entry.path() / "stat");
-    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t close = content.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(content.substr(close + 2));
-    std::string f;
-    long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && fields >> f; ++i) {
-      if (i == 14) utime = std::stol(f);
-      if (i == 15) stime = std::stol(f);
-    }
-    out[tid] = static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+    out[tid] = StatCpuSeconds((entry.path() / "stat").string());
   }
   return out;
 }
@@ -162,18 +167,7 @@ class Daemon {
   }
   const std::string& address() const { return address_; }
   pid_t pid() const { return pid_; }
-  double CpuSeconds() const {
-    std::ifstream in(absl::StrCat("/proc/", pid_, "/stat"));
-    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::istringstream fields(content.substr(content.rfind(')') + 2));
-    std::string f;
-    long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && fields >> f; ++i) {
-      if (i == 14) utime = std::stol(f);
-      if (i == 15) stime = std::stol(f);
-    }
-    return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
-  }
+  double CpuSeconds() const { return StatCpuSeconds(absl::StrCat("/proc/", pid_, "/stat")); }
   int64_t PeakRssBytes() const {
     std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
     std::string line;
