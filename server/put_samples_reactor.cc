@@ -1,7 +1,6 @@
 #include "server/put_samples_reactor.h"
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +14,7 @@
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "rollpack/v1/rollouts.pb.h"
+#include "server/commit_sequencer.h"
 #include "server/convert.h"
 #include "server/sample_validation.h"
 
@@ -42,18 +42,22 @@ absl::Status ValidateAll(v1::PutSamplesRequest* request, const ModelSpec& model,
 }
 
 // Who may touch the reactor when: gRPC keeps it alive during a reaction
-// (OnReadDone); outside one, a thread holds it alive only while a message of
-// its own counts in `in_flight_`, while it is the committer (`committing_`)
-// or while it is about to start a read (`starting_read_`). Finish is called
-// only when none of these holds, by a thread that then returns at once.
+// (OnReadDone, OnCancel); outside one, a thread holds it alive only while a
+// message of its own counts in `in_flight_` (read, not yet done by the
+// sequencer) or while it is about to start a read (`starting_read_`). Finish
+// is called only when neither holds, by a thread that then returns at once.
+// Commits run on the call's sequencer, one at a time for all its streams.
 class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PutSamplesReactor(SampleStore* store, ServerMetrics* metrics, WorkerPool* workers,
-                    int messages_in_flight, grpc::ByteBuffer* response)
+                    int messages_in_flight, std::shared_ptr<CommitSequencer> sequencer,
+                    int stripe, grpc::ByteBuffer* response)
       : store_(store),
         metrics_(metrics),
         workers_(messages_in_flight > 1 ? workers : nullptr),
         messages_in_flight_(workers_ != nullptr ? messages_in_flight : 1),
+        sequencer_(std::move(sequencer)),
+        stripe_(stripe),
         response_(response) {
     reading_ = true;
     StartRead(&incoming_);
@@ -64,11 +68,13 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     // without a second reference that would keep them alive.
     auto bytes = std::make_unique<grpc::ByteBuffer>();
     int64_t seq = -1;
+    int64_t delivered = -1;
     {
       absl::MutexLock lock(&mu_);
       reading_ = false;
       if (!ok) {
         reads_done_ = true;  // the client closed its side (or went away)
+        delivered = next_read_seq_;
       } else if (!failed_ && !finished_) {
         seq = next_read_seq_++;
         bytes->Swap(&incoming_);
@@ -77,17 +83,20 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
         incoming_.Clear();  // read after a refusal: dropped
       }
     }
+    if (delivered >= 0) sequencer_->EndStripe(stripe_, delivered);
     if (seq >= 0 && workers_ == nullptr) {
-      Advance(std::make_pair(seq, Prepare(bytes.get())));
-      return;
-    }
-    if (seq >= 0) {
+      Submit(seq, Prepare(bytes.get()));
+    } else if (seq >= 0) {
       workers_->Schedule([this, seq, b = std::move(bytes)] {
-        PreparedMessage message = Prepare(b.get());
-        Advance(std::make_pair(seq, std::move(message)));  // the last use of `this` here
+        Submit(seq, Prepare(b.get()));  // the last use of `this` here
       });
     }
     Advance();
+  }
+
+  void OnCancel() override {
+    sequencer_->Abort(absl::CancelledError(
+        absl::StrCat("PutSamples stream ", stripe_, " of the call was cancelled")));
   }
 
   void OnDone() override { delete this; }
@@ -116,61 +125,47 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     return message;
   }
 
-  // Queues `ready` (a prepared message), commits what is ready in order when
-  // no other thread is committing, then starts the next read or finishes.
-  void Advance(std::optional<std::pair<int64_t, PreparedMessage>> ready = std::nullopt) {
+  // Hands the stream's message `seq` to the call's sequencer. Its done is
+  // the last touch of this reactor on behalf of that message.
+  void Submit(int64_t seq, PreparedMessage message) {
+    sequencer_->Submit(
+        seq * sequencer_->stripes() + stripe_,
+        [this, m = std::move(message)]() mutable { return Commit(m); },
+        [this](absl::Status status) { Advance(std::move(status)); });
+  }
+
+  // Counts `committed` (a message's end: OK, refused or dropped) when given,
+  // then starts the next read or finishes, in the same critical section.
+  void Advance(std::optional<absl::Status> committed = std::nullopt) {
     bool read_started = false;
     while (true) {
-      std::vector<PreparedMessage> batch;
-      bool already_failed = false;
       enum class Next { kNothing, kRead, kFinish } next = Next::kNothing;
       grpc::Status status;
       {
         absl::MutexLock lock(&mu_);
-        if (ready.has_value()) {
-          prepared_.emplace(ready->first, std::move(ready->second));
-          ready.reset();
+        if (committed.has_value()) {
+          --in_flight_;
+          if (!committed->ok() && !failed_) {
+            failed_ = true;
+            failure_ = *std::move(committed);
+          }
+          committed.reset();
         }
         if (read_started) starting_read_ = false;
         read_started = false;
-        if (!committing_) {
-          for (auto it = prepared_.begin();
-               it != prepared_.end() && it->first == next_commit_seq_; it = prepared_.erase(it)) {
-            batch.push_back(std::move(it->second));
-            ++next_commit_seq_;
-          }
-          committing_ = !batch.empty();
-          already_failed = failed_;
+        if (finished_) return;
+        if (in_flight_ == 0 && !starting_read_ && (failed_ || (reads_done_ && !reading_))) {
+          // A refusal finishes at once, a read still pending: a client that
+          // waits for the status without closing its side must get it.
+          finished_ = true;
+          next = Next::kFinish;
+          status = failed_ ? ToGrpcStatus(failure_) : SerializeResponse();
+        } else if (!reading_ && !starting_read_ && !reads_done_ && !failed_ &&
+                   in_flight_ < messages_in_flight_) {
+          reading_ = true;
+          starting_read_ = true;
+          next = Next::kRead;
         }
-        if (batch.empty()) {
-          if (finished_) return;
-          if (in_flight_ == 0 && !committing_ && !starting_read_ &&
-              (failed_ || (reads_done_ && !reading_))) {
-            // A refusal finishes at once, a read still pending: a client that
-            // waits for the status without closing its side must get it.
-            finished_ = true;
-            next = Next::kFinish;
-            status = failed_ ? ToGrpcStatus(failure_) : SerializeResponse();
-          } else if (!reading_ && !starting_read_ && !reads_done_ && !failed_ &&
-                     in_flight_ < messages_in_flight_) {
-            reading_ = true;
-            starting_read_ = true;
-            next = Next::kRead;
-          }
-        }
-      }
-      if (!batch.empty()) {
-        // The store's Put (an fsync in durable mode) runs without the lock:
-        // other messages of the stream keep arriving meanwhile.
-        absl::Status failure = already_failed ? absl::OkStatus() : CommitInOrder(batch);
-        absl::MutexLock lock(&mu_);
-        in_flight_ -= static_cast<int>(batch.size());
-        committing_ = false;
-        if (!failure.ok()) {
-          failed_ = true;
-          failure_ = std::move(failure);
-        }
-        continue;  // more may be ready now; then read or finish
       }
       if (next == Next::kRead) {
         StartRead(&incoming_);
@@ -182,22 +177,17 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     }
   }
 
-  // The committer only (committing_ set): commits `batch` in order up to the
-  // first refusal, which it returns with what was committed before it.
-  absl::Status CommitInOrder(std::vector<PreparedMessage>& batch) {
-    for (PreparedMessage& message : batch) {
-      absl::Status s = Commit(message);
-      if (s.ok()) continue;
-      if (metrics_ != nullptr) metrics_->OnPutRefused(pool_, s.code());
-      return absl::Status(
-          s.code(), absl::StrCat(s.message(), " [", accepted_,
-                                 " samples of earlier messages of this stream were committed; "
-                                 "this message's were not]"));
+  // On the sequencer, one message of the call at a time: the samples stored
+  // (identical re-sends included), or why the message was refused.
+  absl::StatusOr<int64_t> Commit(PreparedMessage& message) {
+    absl::StatusOr<int64_t> accepted = CommitMessage(message);
+    if (!accepted.ok() && metrics_ != nullptr) {
+      metrics_->OnPutRefused(pool_, accepted.status().code());
     }
-    return absl::OkStatus();
+    return accepted;
   }
 
-  absl::Status Commit(PreparedMessage& message) {
+  absl::StatusOr<int64_t> CommitMessage(PreparedMessage& message) {
     if (!message.pool.empty()) pool_ = message.pool;
     if (!message.status.ok()) return message.status;
     if (message.unvalidated.has_value()) {
@@ -216,10 +206,11 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     accepted_ += result->accepted;
     duplicates_ += result->duplicates;
     stored_bytes_ += result->stored_bytes;
-    return absl::OkStatus();
+    return result->accepted;
   }
 
-  // When finishing: no committer runs, and mu_ ordered the last one's writes.
+  // When finishing: no commit of this stream runs, and mu_ ordered the last
+  // one's writes.
   grpc::Status SerializeResponse() {
     v1::PutSamplesResponse response;
     response.set_accepted(accepted_);
@@ -234,6 +225,8 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   ServerMetrics* const metrics_;
   WorkerPool* const workers_;
   const int messages_in_flight_;
+  const std::shared_ptr<CommitSequencer> sequencer_;
+  const int stripe_;
   grpc::ByteBuffer* const response_;
   // Filled by gRPC's read; swapped out in OnReadDone before the next read.
   grpc::ByteBuffer incoming_;
@@ -242,17 +235,14 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool starting_read_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool committing_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  // Messages read and not yet committed (or dropped).
+  // Messages read and not yet done by the sequencer.
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_read_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_commit_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, PreparedMessage> prepared_ ABSL_GUARDED_BY(mu_);
 
-  // The committer's (one thread at a time, handed over through mu_).
+  // The committing thread's (the sequencer runs one commit at a time).
   std::string pool_;
   int64_t accepted_ = 0;
   int64_t duplicates_ = 0;
@@ -265,8 +255,11 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutSamplesReactor(SampleStore* sto
                                                                 ServerMetrics* metrics,
                                                                 WorkerPool* workers,
                                                                 int messages_in_flight,
+                                                                std::shared_ptr<CommitSequencer> sequencer,
+                                                                int stripe,
                                                                 grpc::ByteBuffer* response) {
-  return new PutSamplesReactor(store, metrics, workers, messages_in_flight, response);
+  return new PutSamplesReactor(store, metrics, workers, messages_in_flight, std::move(sequencer),
+                               stripe, response);
 }
 
 }  // namespace rollpack

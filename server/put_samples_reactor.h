@@ -11,8 +11,11 @@
 #ifndef ROLLPACK_SERVER_PUT_SAMPLES_REACTOR_H_
 #define ROLLPACK_SERVER_PUT_SAMPLES_REACTOR_H_
 
+#include <memory>
+
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
+#include "server/commit_sequencer.h"
 #include "server/sample_store.h"
 #include "server/server_metrics.h"
 #include "server/worker_pool.h"
@@ -28,12 +31,17 @@ struct IngestOptions {
   int threads = 0;
 };
 
-// The reactor of one PutSamples call; it deletes itself when the call is
-// done. `workers` may be null (then messages_in_flight is 1); `metrics` too.
+// The reactor of one PutSamples stream; it deletes itself when the stream is
+// done. Its messages are committed through `sequencer`, as stream `stripe`
+// of the call (server/commit_sequencer.h; a call of one stream has a
+// sequencer of its own). `workers` may be null (then messages_in_flight is
+// 1); `metrics` too.
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutSamplesReactor(SampleStore* store,
                                                                 ServerMetrics* metrics,
                                                                 WorkerPool* workers,
                                                                 int messages_in_flight,
+                                                                std::shared_ptr<CommitSequencer> sequencer,
+                                                                int stripe,
                                                                 grpc::ByteBuffer* response);
 
 }  // namespace rollpack

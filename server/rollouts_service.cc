@@ -53,8 +53,19 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RolloutsService::PutSamples(
       return new RefusedPut(s);
     }
   }
+  std::shared_ptr<CommitSequencer> sequencer;
+  int stripe = 0;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find(StripedCalls::kMetadataKey); it != metadata.end()) {
+    absl::StatusOr<std::shared_ptr<CommitSequencer>> joined =
+        striped_calls_.Join(absl::string_view(it->second.data(), it->second.size()), &stripe);
+    if (!joined.ok()) return new RefusedPut(ToGrpcStatus(joined.status()));
+    sequencer = *std::move(joined);
+  } else {
+    sequencer = CommitSequencer::Create();
+  }
   return NewPutSamplesReactor(store_, metrics_, workers_.get(), ingest_.messages_in_flight,
-                              response);
+                              std::move(sequencer), stripe, response);
 }
 
 grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* context,

@@ -6,6 +6,7 @@
 
 #include "rollpack/v1/rollouts.grpc.pb.h"
 #include "server/auth.h"
+#include "server/commit_sequencer.h"
 #include "server/put_samples_reactor.h"
 #include "server/sample_store.h"
 #include "server/server_metrics.h"
@@ -38,6 +39,8 @@ class RolloutsService final
   const IngestOptions ingest_;
   // Null when messages_in_flight is 1.
   std::unique_ptr<WorkerPool> workers_;
+  // PutSamples calls a producer spreads over several streams.
+  StripedCalls striped_calls_;
 };
 
 }  // namespace rollpack

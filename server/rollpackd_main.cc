@@ -1,6 +1,5 @@
 // rollpackd: the rollpack sidecar server.
 #include <algorithm>
-#include <malloc.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <csignal>
@@ -15,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "server/keep_freed_memory.h"
 #include "server/server.h"
 #include "spdlog/spdlog.h"
 
@@ -83,33 +83,10 @@ std::vector<std::string> NormalizeFlagSpelling(int argc, char** argv) {
   return args;
 }
 
-// Keeps freed memory for the next samples instead of handing it back to the
-// kernel: every page handed back costs a page fault and zeroing when the next
-// ingest touches it, a third of ingest's server CPU (docs/performance.md).
-// RSS then stays near its peak, which --max-memory bounds anyway.
-//
-// Kept memory is reused only by threads allocating from the same malloc arena,
-// and glibc gives up to 8 arenas per core: on a 16-core host the samples of
-// one step were parsed on threads whose arenas did not hold the freed memory
-// of the last, and peak RSS reached 1.5-1.65x the payload held. Two arenas
-// bring it to 1.09-1.14x with no loss of throughput (docs/performance.md). An
-// operator's MALLOC_ARENA_MAX or glibc.malloc.arena_max tunable wins.
-void KeepFreedMemory() {
-#if defined(__GLIBC__)
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // payloads from the heap, not one mmap each
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
-  if (std::getenv("MALLOC_ARENA_MAX") == nullptr &&
-      (tunables == nullptr || std::strstr(tunables, "arena_max") == nullptr)) {
-    mallopt(M_ARENA_MAX, 2);
-  }
-#endif
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  KeepFreedMemory();
+  rollpack::KeepFreedMemory();
   absl::SetProgramUsageMessage("rollpackd --listen 127.0.0.1:50051 [--max-memory BYTES]");
   std::vector<std::string> args = NormalizeFlagSpelling(argc, argv);
   std::vector<char*> arg_ptrs;

@@ -28,10 +28,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/cli/grpc_ceiling.h"
 #include "client/cpp/client.h"
 #include "client/cpp/synthetic_rollouts.h"
 #include "client/cpp/trainer_stream.h"
 #include "grpcpp/create_channel.h"
+#include "server/server.h"
 
 namespace rollpack {
 namespace {
@@ -127,18 +129,21 @@ double BusiestThreadShare(const std::map<int, double>& before, const std::map<in
   return seconds > 0 ? busiest / seconds : 0;
 }
 
-// A rollpackd child process whose CPU time and peak RSS we can read.
+// A server child process (rollpackd, or this program's gRPC sink) whose CPU
+// time and peak RSS we can read; stopped with SIGTERM when destroyed.
 class Daemon {
  public:
-  // `extra_args` go to rollpackd after the bench's own (A/B of server flags).
-  static std::unique_ptr<Daemon> Start(const std::string& binary, int64_t max_memory,
-                                       const std::vector<std::string>& extra_args) {
-    const std::string port_file = absl::StrCat("/tmp/rollpack-bench-", getpid(), ".port");
+  // Runs `binary server_args... --port-file F` and waits for the port in F.
+  static std::unique_ptr<Daemon> Start(const std::string& binary,
+                                       const std::vector<std::string>& server_args) {
+    static int started = 0;
+    const std::string port_file =
+        absl::StrCat("/tmp/rollpack-bench-", getpid(), "-", started++, ".port");
     unlink(port_file.c_str());
-    std::vector<std::string> args = {binary,         "--listen",     "127.0.0.1:0",
-                                     "--port-file",  port_file,      "--max-memory",
-                                     absl::StrCat(max_memory)};
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    std::vector<std::string> args = {binary};
+    args.insert(args.end(), server_args.begin(), server_args.end());
+    args.push_back("--port-file");
+    args.push_back(port_file);
     pid_t pid = fork();
     if (pid == 0) {
       std::vector<char*> argv;
@@ -243,8 +248,8 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
   std::vector<double> producer_thread_cpu(per_producer.size());
   for (size_t p = 0; p < per_producer.size(); ++p) {
     threads.emplace_back([&, p] {
-      RollpackClient client(DistinctChannel(daemon.address(), static_cast<int>(p)),
-                            producer_options);
+      // Connections of its own, put_streams of them.
+      RollpackClient client(daemon.address(), producer_options);
       if (!client.PutSamples(pool, per_producer[p]).ok()) ok = false;
       timespec cpu;
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
@@ -400,24 +405,28 @@ int RunBenchTransportCommand(int argc, char** argv) {
     } else if (arg == "--batch-bytes" && i + 1 < argc &&
                absl::SimpleAtoi(argv[i + 1], &producer_options.batch_bytes)) {
       ++i;
+    } else if (arg == "--put-streams" && i + 1 < argc &&
+               absl::SimpleAtoi(argv[i + 1], &producer_options.put_streams) &&
+               producer_options.put_streams >= 1 && producer_options.put_streams <= 64) {
+      ++i;
     } else {
       std::fprintf(stderr,
                    "usage: rollpack bench transport [--samples N] [--first-mb-samples N] "
                    "[--phases ingest,fetch,first] [--server-arg FLAG]... [--rollpackd PATH] "
-                   "[--batch-bytes N]\n");
+                   "[--batch-bytes N] [--put-streams N]\n");
       return 2;
     }
   }
-  std::string binary = rollpackd;
-  if (binary.empty()) {
-    char self[4096];
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) return 1;
-    self[n] = '\0';
-    binary = self;
-    binary = binary.substr(0, binary.rfind('/')) + "/rollpackd";
-  }
-  std::unique_ptr<Daemon> daemon = Daemon::Start(binary, int64_t{16} << 30, server_args);
+  char self_path[4096];
+  const ssize_t self_length = readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
+  if (self_length <= 0) return 1;
+  const std::string self(self_path, self_length);
+  const std::string binary =
+      rollpackd.empty() ? self.substr(0, self.rfind('/')) + "/rollpackd" : rollpackd;
+  std::vector<std::string> daemon_args = {"--listen", "127.0.0.1:0", "--max-memory",
+                                          absl::StrCat(int64_t{16} << 30)};
+  daemon_args.insert(daemon_args.end(), server_args.begin(), server_args.end());
+  std::unique_ptr<Daemon> daemon = Daemon::Start(binary, daemon_args);
   if (daemon == nullptr) {
     std::fprintf(stderr, "bench transport: cannot start %s\n", binary.c_str());
     return 1;
@@ -429,6 +438,9 @@ int RunBenchTransportCommand(int argc, char** argv) {
   model.set_num_experts(128);
   model.set_topk(8);
 
+  auto runs = [&](const std::string& phase) {
+    return std::find(phases.begin(), phases.end(), phase) != phases.end();
+  };
   const double tcp = LoopbackTcpGBps(int64_t{4} << 30);
   const double memcpy_gbps = MemcpyGBps(int64_t{256} << 20, 8);
 
@@ -449,37 +461,79 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::printf("%-44s %12.2f\n", "loopback TCP, one stream", tcp);
   std::printf("%-44s %12.2f\n", "memcpy (bytes copied)", memcpy_gbps);
   std::string json = absl::StrCat("{\"loopback_tcp_gbps\": ", tcp, ", \"memcpy_gbps\": ", memcpy_gbps);
+  // gRPC alone, in a process of its own with rollpackd's channel arguments:
+  // what the producers' streams could carry if rollpack cost nothing.
+  if (runs("ingest")) {
+    std::vector<std::string> sink_args = {"bench", "grpc-sink"};
+    for (const std::string& arg : server_args) {
+      if (arg.rfind("--grpc-arg=", 0) == 0) sink_args.push_back(arg);
+    }
+    std::unique_ptr<Daemon> sink = Daemon::Start(self, sink_args);
+    if (sink == nullptr) {
+      std::fprintf(stderr, "bench transport: cannot start the gRPC sink\n");
+      return 1;
+    }
+    GrpcCeilingOptions ceiling;
+    ceiling.message_bytes = producer_options.batch_bytes;
+    ceiling.total_bytes = std::max<int64_t>(
+        int64_t{256} << 20, WireBytes(Replicate(base, samples_per_case, "ceiling")));
+    for (int streams : {1, producer_options.put_streams}) {
+      ceiling.streams = streams;
+      absl::StatusOr<double> gbps = MeasureGrpcCeilingGBps(sink->address(), ceiling);
+      if (!gbps.ok()) {
+        std::fprintf(stderr, "bench transport: %s\n", gbps.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("%-44s %12.2f\n",
+                  absl::StrCat("gRPC alone, ", streams, " stream(s), messages dropped").c_str(),
+                  *gbps);
+      absl::StrAppend(&json, ", \"grpc_", streams, "_stream_gbps\": ", *gbps);
+      if (streams == producer_options.put_streams) break;
+    }
+  }
 
-  std::printf("\n%-44s %10s %10s %10s %12s %12s %9s %9s\n", "ingest", "GB/s", "x TCP",
+  std::printf("\n%-50s %10s %10s %10s %12s %12s %9s %9s\n", "ingest", "GB/s", "x TCP",
               "samples/s", "srv CPU s/GB", "prod CPU s/GB", "srv thr", "prod thr");
-  auto runs = [&](const std::string& phase) {
-    return std::find(phases.begin(), phases.end(), phase) != phases.end();
-  };
   int pool_id = 0;
-  for (int producers : {1, 4}) {
+  struct IngestCase {
+    int producers, streams;
+    // The first ingest into a fresh server also pays for faulting in memory
+    // that a long-running sidecar reuses: measured, shown, not compared.
+    bool warm_up;
+  };
+  const int streams = producer_options.put_streams;
+  std::vector<IngestCase> ingest_cases = {
+      {1, streams, true}, {1, 1, false}, {1, streams, false}, {4, streams, false}};
+  if (streams == 1) ingest_cases.erase(ingest_cases.begin() + 2);
+  for (const auto [producers, put_streams, warm_up] : ingest_cases) {
     if (!runs("ingest")) break;
+    ClientOptions options = producer_options;
+    options.put_streams = put_streams;
     const std::string pool = absl::StrCat("ingest-", pool_id++);
     if (!control.RegisterModel(pool, model).ok()) return 1;
     std::vector<std::vector<v1::Sample>> batches;
     for (int p = 0; p < producers; ++p) {
       batches.push_back(Replicate(base, samples_per_case / producers, absl::StrCat(pool, "-", p)));
     }
-    const IngestResult r = Ingest(*daemon, pool, batches, producer_options);
+    const IngestResult r = Ingest(*daemon, pool, batches, options);
     if (r.bytes == 0) {
       std::fprintf(stderr, "bench transport: PutSamples failed (%d producers)\n", producers);
       return 1;
     }
-    std::printf("%-44s %10.2f %10.2f %10.0f %12.2f %12.2f %9.2f %9.2f\n",
-                absl::StrCat(producers, " producer(s), ", samples_per_case, " samples").c_str(),
+    std::printf("%-50s %10.2f %10.2f %10.0f %12.2f %12.2f %9.2f %9.2f\n",
+                absl::StrCat(producers, " producer(s) x ", put_streams, " stream(s), ",
+                             samples_per_case, " samples", warm_up ? " (warm-up)" : "")
+                    .c_str(),
                 r.gbps, r.gbps / tcp, r.samples_per_s, r.server_cpu_s_per_gb,
                 r.producer_cpu_s_per_gb, r.server_busiest_thread, r.producer_busiest_thread);
-    absl::StrAppend(&json, ", \"ingest_", producers, "_gbps\": ", r.gbps, ", \"ingest_",
-                    producers, "_samples_per_s\": ", r.samples_per_s, ", \"ingest_", producers,
-                    "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb, ", \"ingest_", producers,
-                    "_producer_cpu_s_per_gb\": ", r.producer_cpu_s_per_gb, ", \"ingest_",
-                    producers, "_server_busiest_thread\": ", r.server_busiest_thread,
-                    ", \"ingest_", producers,
-                    "_producer_busiest_thread\": ", r.producer_busiest_thread);
+    const std::string key =
+        warm_up ? "ingest_warm_up_" : absl::StrCat("ingest_", producers, "p", put_streams, "s_");
+    absl::StrAppend(&json, ", \"", key, "gbps\": ", r.gbps, ", \"", key,
+                    "samples_per_s\": ", r.samples_per_s, ", \"", key,
+                    "server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb, ", \"", key,
+                    "producer_cpu_s_per_gb\": ", r.producer_cpu_s_per_gb, ", \"", key,
+                    "server_busiest_thread\": ", r.server_busiest_thread, ", \"", key,
+                    "producer_busiest_thread\": ", r.producer_busiest_thread);
     // Free the pool's samples: a step over all of them, released.
     v1::CreateStepRequest drop;
     drop.set_step_id(pool);

@@ -11,6 +11,7 @@
 #include "client/cli/bench_load_command.h"
 #include "client/cli/bench_transport_command.h"
 #include "client/cli/demo_command.h"
+#include "client/cli/grpc_ceiling.h"
 #include "client/cli/plan_command.h"
 
 namespace {
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
     if (bench == "layout") return rollpack::RunBenchLayoutCommand(argc - 2, argv + 2);
     if (bench == "transport") return rollpack::RunBenchTransportCommand(argc - 2, argv + 2);
     if (bench == "load") return rollpack::RunBenchLoadCommand(argc - 2, argv + 2);
+    // The server half of bench transport's gRPC-alone rows.
+    if (bench == "grpc-sink") return rollpack::RunGrpcSinkCommand(argc - 2, argv + 2);
     std::fprintf(stderr, "rollpack bench: unknown benchmark \"%s\"\n", bench.c_str());
     return 2;
   }

@@ -32,6 +32,13 @@ struct ClientOptions {
   int stream_window_bytes = 8 << 20;
   // Samples are streamed in request messages of about this many bytes.
   int64_t batch_bytes = 8 << 20;
+  // PutSamples spreads a call's request messages over up to this many
+  // streams, each on a connection of its own (1 to 64); the server commits
+  // them in the order sent, as on one stream. One HTTP/2 connection carries
+  // well under half of what loopback TCP does (docs/performance.md). Only a
+  // client made from an address opens the extra connections; one made from
+  // a channel uses that channel's one stream.
+  int put_streams = 4;
   absl::Duration deadline = absl::Minutes(5);
   // Sent as `authorization: Bearer <auth_token>` when set (rollpackd
   // --auth-tokens; docs/operations.md).
@@ -57,15 +64,27 @@ grpc::ChannelArguments BulkChannelArguments(const ClientOptions& options = {});
 // options.tls, tls_root_certs_pem or tls_client_cert_pem is set.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const ClientOptions& options = {});
+// The same, on a TCP connection of its own: gRPC shares one connection
+// between channels of equal arguments, and this one's arguments are unique
+// in the process.
+std::shared_ptr<grpc::Channel> MakeDistinctChannel(const std::string& address,
+                                                   const ClientOptions& options = {});
 
 class RollpackClient {
  public:
+  // A client on the caller's channel: PutSamples sends one stream.
   explicit RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options = {});
+  // A client on connections of its own to `address` (MakeDistinctChannel):
+  // PutSamples may stripe over options.put_streams of them.
+  explicit RollpackClient(const std::string& address, ClientOptions options = {});
 
   // OK(true) when created, OK(false) when the pool already had this model.
   absl::StatusOr<bool> RegisterModel(const std::string& pool, const v1::ModelSpec& model);
-  // Streams the samples in messages of about batch_bytes; each message is
-  // committed all or nothing by the server.
+  // Streams the samples in messages of about batch_bytes, over up to
+  // put_streams connections; the server commits each message all or
+  // nothing, in the order of `samples`. On a refusal, the messages before
+  // the refused one stay committed and no later one is; re-sending the whole
+  // call is safe (identical samples are no-ops).
   absl::StatusOr<v1::PutSamplesResponse> PutSamples(const std::string& pool,
                                                     absl::Span<const v1::Sample> samples);
   absl::StatusOr<v1::PoolInfo> GetPool(const std::string& pool);
@@ -82,8 +101,14 @@ class RollpackClient {
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
+  absl::StatusOr<v1::PutSamplesResponse> PutSamplesStriped(
+      const std::string& pool, absl::Span<const v1::Sample> samples,
+      const std::vector<size_t>& message_starts, int streams);
 
   std::shared_ptr<grpc::Channel> channel_;
+  // channel_ and, for a client made from an address, put_streams - 1 more
+  // connections for PutSamples.
+  std::vector<std::shared_ptr<grpc::Channel>> put_channels_;
   ClientOptions options_;
   std::unique_ptr<v1::Rollouts::Stub> rollouts_;
   std::unique_ptr<v1::Scheduler::Stub> scheduler_;

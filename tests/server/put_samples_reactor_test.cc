@@ -1,6 +1,7 @@
-// Ingest with messages parsed in parallel (server/put_samples_reactor.h):
-// samples still arrive in the pool in the order they were sent, whatever
-// the number of messages in flight, and a refusal commits exactly the
+// Ingest with messages parsed in parallel (server/put_samples_reactor.h) and
+// calls striped over several streams (server/commit_sequencer.h): samples
+// still arrive in the pool in the order they were sent, whatever the number
+// of messages in flight or of streams, and a refusal commits exactly the
 // messages before it.
 #include "server/put_samples_reactor.h"
 
@@ -10,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
+#include "client/cpp/put_samples_stream.h"
 #include "client/cpp/synthetic_rollouts.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
@@ -27,18 +30,24 @@ v1::ModelSpec Model() {
   return m;
 }
 
-class PutSamplesReactorTest : public ::testing::TestWithParam<int> {
+struct IngestCase {
+  int messages_in_flight;
+  int put_streams;
+};
+
+class PutSamplesReactorTest : public ::testing::TestWithParam<IngestCase> {
  protected:
   void SetUp() override {
     ServerOptions options;
-    options.ingest.messages_in_flight = GetParam();
+    options.ingest.messages_in_flight = GetParam().messages_in_flight;
     options.ingest.threads = 3;
     absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     ClientOptions client_options;
     client_options.batch_bytes = 1;  // one sample per message
-    client_ = std::make_unique<RollpackClient>(MakeChannel(server_->address()), client_options);
+    client_options.put_streams = GetParam().put_streams;
+    client_ = std::make_unique<RollpackClient>(server_->address(), client_options);
     ASSERT_TRUE(client_->RegisterModel("p", Model()).ok());
     SyntheticOptions synth;
     synth.num_samples = 48;
@@ -99,10 +108,12 @@ TEST_P(PutSamplesReactorTest, RefusalCommitsExactlyTheMessagesBefore) {
   samples_[30].mutable_tokens()->clear_data();
   absl::StatusOr<v1::PutSamplesResponse> put = client_->PutSamples("p", samples_);
   ASSERT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << put.status();
-  EXPECT_NE(put.status().message().find("30 samples of earlier messages of this stream were "
-                                        "committed"),
-            std::string::npos)
-      << put.status();
+  const std::string committed =
+      GetParam().put_streams == 1
+          ? "30 samples of earlier messages of this stream were committed"
+          : absl::StrCat("30 samples of earlier messages of this call (", GetParam().put_streams,
+                         " streams) were committed");
+  EXPECT_NE(put.status().message().find(committed), std::string::npos) << put.status();
   absl::StatusOr<v1::PoolInfo> pool = client_->GetPool("p");
   ASSERT_TRUE(pool.ok());
   EXPECT_EQ(pool->num_samples(), 30);
@@ -111,9 +122,25 @@ TEST_P(PutSamplesReactorTest, RefusalCommitsExactlyTheMessagesBefore) {
   EXPECT_EQ(OldestFree(30), first);
 }
 
-INSTANTIATE_TEST_SUITE_P(MessagesInFlight, PutSamplesReactorTest, ::testing::Values(1, 2, 8),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return "InFlight" + std::to_string(info.param);
+// A stream that claims to be part of a call it does not fit is refused
+// before anything is read.
+TEST_P(PutSamplesReactorTest, RefusesMalformedStripeMetadata) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->AddMetadata("rollpack-stripe", "abcdefgh/3/2");
+  PutSamplesStream stream(MakeChannel(server_->address()), std::move(context));
+  v1::PutSamplesResponse response;
+  grpc::Status status = stream.Finish(&response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("the stripe must be 0 to COUNT - 1"), std::string::npos)
+      << status.error_message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ingest, PutSamplesReactorTest,
+                         ::testing::Values(IngestCase{1, 1}, IngestCase{2, 1}, IngestCase{8, 1},
+                                           IngestCase{1, 4}, IngestCase{8, 3}),
+                         [](const ::testing::TestParamInfo<IngestCase>& info) {
+                           return absl::StrCat("InFlight", info.param.messages_in_flight,
+                                               "Streams", info.param.put_streams);
                          });
 
 }  // namespace
