@@ -1,5 +1,6 @@
 #include "server/commit_sequencer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -14,7 +15,11 @@ std::shared_ptr<CommitSequencer> CommitSequencer::Create(int stripes) {
   return std::shared_ptr<CommitSequencer>(new CommitSequencer(stripes));
 }
 
+// Submit, EndStripe and Abort first take a reference of their own: once the
+// lock is released, another thread's Drain may run the done that drops the
+// caller's last one while this call still has Drain to run.
 void CommitSequencer::Submit(int64_t index, Commit commit, Done done) {
+  const std::shared_ptr<CommitSequencer> keep = shared_from_this();
   {
     absl::MutexLock lock(&mu_);
     if (index >= next_ && pending_.count(index) == 0) {
@@ -30,6 +35,7 @@ void CommitSequencer::Submit(int64_t index, Commit commit, Done done) {
 }
 
 void CommitSequencer::EndStripe(int stripe, int64_t count) {
+  const std::shared_ptr<CommitSequencer> keep = shared_from_this();
   {
     absl::MutexLock lock(&mu_);
     const int64_t missing = stripe + count * stripes_;
@@ -44,6 +50,7 @@ void CommitSequencer::EndStripe(int stripe, int64_t count) {
 }
 
 void CommitSequencer::Abort(absl::Status why) {
+  const std::shared_ptr<CommitSequencer> keep = shared_from_this();
   {
     absl::MutexLock lock(&mu_);
     if (ended_.ok()) ended_ = std::move(why);
@@ -58,8 +65,6 @@ std::string CommitSequencer::Refusal(absl::string_view what) const {
 }
 
 void CommitSequencer::Drain() {
-  // A done may drop the last reference its stream held; this one outlives it.
-  const std::shared_ptr<CommitSequencer> keep = shared_from_this();
   mu_.Lock();
   if (draining_) {
     mu_.Unlock();
@@ -88,7 +93,7 @@ void CommitSequencer::Drain() {
     pending_.erase(next);
     ++next_;
     mu_.Unlock();
-    absl::StatusOr<int64_t> committed = std::move(message.commit)();
+    absl::StatusOr<int64_t> committed = std::move(message.commit)(call_state_);
     absl::Status status;
     mu_.Lock();
     if (committed.ok()) {
@@ -107,6 +112,64 @@ void CommitSequencer::Drain() {
   }
   draining_ = false;
   mu_.Unlock();
+}
+
+StripedCalls::StripedCalls(absl::Duration join_timeout, int max_waiting)
+    : join_timeout_(join_timeout), max_waiting_(max_waiting) {
+  const absl::Duration period =
+      std::clamp(join_timeout_ / 2, absl::Milliseconds(1), absl::Seconds(10));
+  sweeper_ = std::thread([this, period] {
+    mu_.Lock();
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+      mu_.Unlock();
+      Sweep();
+      mu_.Lock();
+    }
+    mu_.Unlock();
+  });
+}
+
+StripedCalls::~StripedCalls() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  sweeper_.join();
+}
+
+absl::Status StripedCalls::TimedOut() const {
+  return absl::DeadlineExceededError(
+      absl::StrCat("striped PutSamples call: not every stream connected within ",
+                   absl::FormatDuration(join_timeout_)));
+}
+
+void StripedCalls::Sweep() {
+  std::vector<std::shared_ptr<CommitSequencer>> timed_out;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      Call& call = it->second;
+      const bool all_joined = call.until_joined == nullptr;
+      if (!call.timed_out.ok()) {
+        // Long enough for a late stream to be told, then forgotten.
+        if (now - call.created > 2 * join_timeout_) {
+          it = calls_.erase(it);
+          continue;
+        }
+      } else if (all_joined && call.sequencer.expired()) {
+        it = calls_.erase(it);
+        continue;
+      } else if (!all_joined && now - call.created > join_timeout_) {
+        timed_out.push_back(std::move(call.until_joined));
+        call.timed_out = TimedOut();
+        --waiting_;
+      }
+      ++it;
+    }
+  }
+  // Outside the lock: the dones run the streams' reactors.
+  for (auto& stale : timed_out) stale->Abort(TimedOut());
 }
 
 absl::StatusOr<std::shared_ptr<CommitSequencer>> StripedCalls::Join(absl::string_view value,
@@ -131,70 +194,42 @@ absl::StatusOr<std::shared_ptr<CommitSequencer>> StripedCalls::Join(absl::string
   if (!absl::SimpleAtoi(parts[1], &index) || index < 0 || index >= count) {
     return bad("the stripe must be 0 to COUNT - 1");
   }
-  std::vector<std::shared_ptr<CommitSequencer>> timed_out;
-  std::shared_ptr<CommitSequencer> sequencer;
-  absl::Status refused;
-  {
-    absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
-    for (auto it = calls_.begin(); it != calls_.end();) {
-      Call& call = it->second;
-      const bool all_joined = call.until_joined == nullptr;
-      if (all_joined && call.sequencer.expired()) {
-        it = calls_.erase(it);
-      } else if (!all_joined && now - call.created > join_timeout_) {
-        timed_out.push_back(std::move(call.until_joined));
-        it = calls_.erase(it);
-      } else {
-        ++it;
-      }
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(std::string(id));
+  if (it == calls_.end()) {
+    if (waiting_ >= max_waiting_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          waiting_, " striped PutSamples calls are waiting for their streams, at most ",
+          max_waiting_));
     }
-    auto it = calls_.find(std::string(id));
-    if (it == calls_.end()) {
-      if (static_cast<int>(calls_.size()) >= max_calls_) {
-        refused = absl::ResourceExhaustedError(
-            absl::StrCat(calls_.size(), " striped PutSamples calls in progress, at most ",
-                         max_calls_));
-      } else {
-        Call call;
-        call.until_joined = CommitSequencer::Create(count);
-        call.sequencer = call.until_joined;
-        call.stripes = count;
-        call.created = now;
-        it = calls_.emplace(std::string(id), std::move(call)).first;
-      }
-    }
-    if (refused.ok()) {
-      Call& call = it->second;
-      if (call.stripes != count) {
-        refused = bad(absl::StrCat("the call has ", call.stripes, " streams"));
-      } else if (call.joined & (uint64_t{1} << index)) {
-        refused = bad(absl::StrCat("stream ", index, " of the call already joined"));
-      } else {
-        call.joined |= uint64_t{1} << index;
-        sequencer = call.sequencer.lock();
-        if (call.joined == (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1)) {
-          call.until_joined.reset();
-        }
-        if (sequencer == nullptr) refused = bad("the call has ended");
-      }
-    }
+    Call call;
+    call.until_joined = CommitSequencer::Create(count);
+    call.sequencer = call.until_joined;
+    call.stripes = count;
+    call.created = absl::Now();
+    it = calls_.emplace(std::string(id), std::move(call)).first;
+    ++waiting_;
   }
-  for (auto& stale : timed_out) {
-    stale->Abort(absl::DeadlineExceededError(absl::StrCat(
-        "striped PutSamples call: not every stream connected within ",
-        absl::FormatDuration(join_timeout_))));
+  Call& call = it->second;
+  if (!call.timed_out.ok()) return call.timed_out;
+  if (call.stripes != count) return bad(absl::StrCat("the call has ", call.stripes, " streams"));
+  if (call.joined & (uint64_t{1} << index)) {
+    return bad(absl::StrCat("stream ", index, " of the call already joined"));
   }
-  if (!refused.ok()) return refused;
+  std::shared_ptr<CommitSequencer> sequencer = call.sequencer.lock();
+  if (sequencer == nullptr) return bad("the call has ended");
+  call.joined |= uint64_t{1} << index;
+  if (call.joined == (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1)) {
+    call.until_joined.reset();
+    --waiting_;
+  }
   *stripe = index;
   return sequencer;
 }
 
 int StripedCalls::waiting() const {
   absl::MutexLock lock(&mu_);
-  int n = 0;
-  for (const auto& [id, call] : calls_) n += call.until_joined != nullptr;
-  return n;
+  return waiting_;
 }
 
 }  // namespace rollpack

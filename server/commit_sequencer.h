@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -31,8 +32,15 @@ namespace rollpack {
 
 class CommitSequencer : public std::enable_shared_from_this<CommitSequencer> {
  public:
+  // What the commits of one call share, whatever stream carried them; only
+  // commits touch it, and they run one at a time, in message order.
+  struct CallState {
+    // The pool of the latest message that named one: a message without a
+    // pool goes to the pool of the message before it in the call.
+    std::string pool;
+  };
   // Commits one message; returns the samples it stored or why it was refused.
-  using Commit = absl::AnyInvocable<absl::StatusOr<int64_t>() &&>;
+  using Commit = absl::AnyInvocable<absl::StatusOr<int64_t>(CallState&) &&>;
   // Runs exactly once per submitted message, after its commit (OK or the
   // refusal) or instead of it (why it was not committed). It is the last
   // thing the sequencer does with the message.
@@ -81,6 +89,8 @@ class CommitSequencer : public std::enable_shared_from_this<CommitSequencer> {
   // Set by the first refusal or Abort; every later message is dropped with it.
   absl::Status ended_ ABSL_GUARDED_BY(mu_);
   int64_t committed_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  // Only the draining thread touches it, with mu_ released.
+  CallState call_state_;
 };
 
 // The striped calls being served: the streams of one call find their shared
@@ -90,14 +100,21 @@ class CommitSequencer : public std::enable_shared_from_this<CommitSequencer> {
 class StripedCalls {
  public:
   static constexpr char kMetadataKey[] = "rollpack-stripe";
-  // A call whose streams have not all arrived after this long is aborted.
-  explicit StripedCalls(absl::Duration join_timeout = absl::Minutes(5), int max_calls = 4096)
-      : join_timeout_(join_timeout), max_calls_(max_calls) {}
+  // A call whose streams have not all arrived after `join_timeout` is
+  // aborted (DEADLINE_EXCEEDED), by a thread of this object that looks every
+  // half timeout (at most every 10 s); a stream of it that arrives later, up
+  // to another timeout on, is refused with the same status.
+  explicit StripedCalls(absl::Duration join_timeout = absl::Minutes(5), int max_waiting = 4096);
+  ~StripedCalls();
+
+  StripedCalls(const StripedCalls&) = delete;
+  StripedCalls& operator=(const StripedCalls&) = delete;
 
   // The sequencer of the call `value` (the metadata value) names, joined as
   // its stripe. INVALID_ARGUMENT for a malformed value, a count that differs
-  // from the call's or a stripe that already joined; RESOURCE_EXHAUSTED past
-  // max_calls calls waiting for their streams.
+  // from the call's or a stripe that already joined; DEADLINE_EXCEEDED for a
+  // call aborted because its streams did not all arrive; RESOURCE_EXHAUSTED
+  // past max_waiting calls waiting for their streams.
   absl::StatusOr<std::shared_ptr<CommitSequencer>> Join(absl::string_view value, int* stripe);
 
   // Calls still waiting for some of their streams (for tests).
@@ -112,12 +129,22 @@ class StripedCalls {
     int stripes = 0;
     uint64_t joined = 0;  // bit s: stripe s joined
     absl::Time created;
+    // Set when the call timed out: the entry stays, so that a late stream
+    // is refused rather than starting a call of its own.
+    absl::Status timed_out;
   };
 
+  // Aborts the calls past their join timeout and forgets ended ones.
+  void Sweep();
+  absl::Status TimedOut() const;
+
   const absl::Duration join_timeout_;
-  const int max_calls_;
+  const int max_waiting_;
   mutable absl::Mutex mu_;
   std::map<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_;
 };
 
 }  // namespace rollpack

@@ -24,7 +24,7 @@ namespace {
 // One request message once parsed and, when it names its pool, validated.
 struct PreparedMessage {
   absl::Status status;
-  std::string pool;  // empty: the pool of an earlier message of the stream
+  std::string pool;  // empty: the pool of the call's message before this one
   std::vector<StoredSample> samples;
   // A message without a pool is validated at commit, when the pool is known.
   std::optional<v1::PutSamplesRequest> unvalidated;
@@ -95,8 +95,10 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   }
 
   void OnCancel() override {
-    sequencer_->Abort(absl::CancelledError(
-        absl::StrCat("PutSamples stream ", stripe_, " of the call was cancelled")));
+    // ABORTED, for the call's other streams: they did not fail, this one
+    // (its own client sees CANCELLED whatever is said here).
+    sequencer_->Abort(absl::AbortedError(absl::StrCat(
+        "not committed: stream ", stripe_, " of this PutSamples call was cancelled")));
   }
 
   void OnDone() override { delete this; }
@@ -130,7 +132,9 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   void Submit(int64_t seq, PreparedMessage message) {
     sequencer_->Submit(
         seq * sequencer_->stripes() + stripe_,
-        [this, m = std::move(message)]() mutable { return Commit(m); },
+        [this, m = std::move(message)](CommitSequencer::CallState& call) mutable {
+          return Commit(m, call.pool);
+        },
         [this](absl::Status status) { Advance(std::move(status)); });
   }
 
@@ -179,29 +183,30 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
 
   // On the sequencer, one message of the call at a time: the samples stored
   // (identical re-sends included), or why the message was refused.
-  absl::StatusOr<int64_t> Commit(PreparedMessage& message) {
-    absl::StatusOr<int64_t> accepted = CommitMessage(message);
+  // `pool` is the call's: the pool its previous message named.
+  absl::StatusOr<int64_t> Commit(PreparedMessage& message, std::string& pool) {
+    if (!message.pool.empty()) pool = message.pool;
+    absl::StatusOr<int64_t> accepted = CommitMessage(message, pool);
     if (!accepted.ok() && metrics_ != nullptr) {
-      metrics_->OnPutRefused(pool_, accepted.status().code());
+      metrics_->OnPutRefused(pool, accepted.status().code());
     }
     return accepted;
   }
 
-  absl::StatusOr<int64_t> CommitMessage(PreparedMessage& message) {
-    if (!message.pool.empty()) pool_ = message.pool;
+  absl::StatusOr<int64_t> CommitMessage(PreparedMessage& message, const std::string& pool) {
     if (!message.status.ok()) return message.status;
     if (message.unvalidated.has_value()) {
-      if (pool_.empty()) return absl::InvalidArgumentError("PutSamplesRequest.pool is empty");
-      absl::StatusOr<ModelSpec> model = store_->GetModel(pool_);
+      if (pool.empty()) return absl::InvalidArgumentError("PutSamplesRequest.pool is empty");
+      absl::StatusOr<ModelSpec> model = store_->GetModel(pool);
       if (!model.ok()) return model.status();
       if (absl::Status s = ValidateAll(&*message.unvalidated, *model, &message.samples); !s.ok()) {
         return s;
       }
     }
-    absl::StatusOr<PutResult> result = store_->Put(pool_, std::move(message.samples));
+    absl::StatusOr<PutResult> result = store_->Put(pool, std::move(message.samples));
     if (!result.ok()) return result.status();
     if (metrics_ != nullptr) {
-      metrics_->OnPut(pool_, result->accepted, result->duplicates, result->stored_bytes);
+      metrics_->OnPut(pool, result->accepted, result->duplicates, result->stored_bytes);
     }
     accepted_ += result->accepted;
     duplicates_ += result->duplicates;
@@ -243,7 +248,6 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   int64_t next_read_seq_ ABSL_GUARDED_BY(mu_) = 0;
 
   // The committing thread's (the sequencer runs one commit at a time).
-  std::string pool_;
   int64_t accepted_ = 0;
   int64_t duplicates_ = 0;
   int64_t stored_bytes_ = 0;

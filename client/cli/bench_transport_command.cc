@@ -423,6 +423,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
   const std::string self(self_path, self_length);
   const std::string binary =
       rollpackd.empty() ? self.substr(0, self.rfind('/')) + "/rollpackd" : rollpackd;
+  producer_options.put_streams = ResolvedPutStreams(producer_options);
   std::vector<std::string> daemon_args = {"--listen", "127.0.0.1:0", "--max-memory",
                                           absl::StrCat(int64_t{16} << 30)};
   daemon_args.insert(daemon_args.end(), server_args.begin(), server_args.end());

@@ -31,13 +31,29 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address, const Clie
   return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
-// A fresh id for each striped call: random, so two producers never collide.
+// A fresh id for each striped call: 128 bits from the OS, drawn per call, so
+// that neither two producers nor a forked one ever send the same id.
 std::string NewCallId() {
   static constexpr char kDigits[] = "0123456789abcdef";
-  thread_local std::mt19937_64 random(std::random_device{}());
-  std::string id(32, '0');
-  for (char& c : id) c = kDigits[random() % 16];
+  std::random_device entropy;
+  std::string id;
+  for (int word = 0; word < 4; ++word) {
+    uint32_t bits = entropy();
+    for (int digit = 0; digit < 8; ++digit, bits >>= 4) id.push_back(kDigits[bits & 15]);
+  }
   return id;
+}
+
+// Which failure of a striped call's streams says why it failed: a stream's
+// own error before the ABORTED of the streams the server stopped because of
+// it, and those before the CANCELLED of the streams this client stopped.
+int CauseRank(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk: return 0;
+    case absl::StatusCode::kCancelled: return 1;
+    case absl::StatusCode::kAborted: return 2;
+    default: return 3;
+  }
 }
 
 // Where each request message starts in `samples` (and, last, the end):
@@ -75,6 +91,12 @@ grpc::ChannelArguments BulkChannelArguments(const ClientOptions& options) {
   return args;
 }
 
+int ResolvedPutStreams(const ClientOptions& options) {
+  if (options.put_streams > 0) return std::min(options.put_streams, 64);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores, 1, 4);
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const ClientOptions& options) {
   return NewChannel(address, options, BulkChannelArguments(options));
@@ -99,7 +121,7 @@ RollpackClient::RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOpt
 
 RollpackClient::RollpackClient(const std::string& address, ClientOptions options)
     : RollpackClient(MakeDistinctChannel(address, options), options) {
-  const int streams = std::clamp(options.put_streams, 1, 64);
+  const int streams = ResolvedPutStreams(options);
   for (int i = 1; i < streams; ++i) put_channels_.push_back(MakeDistinctChannel(address, options));
 }
 
@@ -133,68 +155,88 @@ absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamples(
   PutSamplesStream stream(channel_, NewContext());
   // The next message is encoded while this one is sent. A refused message
   // ends the call: Finish says why.
+  absl::Status encoded;
   for (int m = 0; m < messages; ++m) {
     absl::StatusOr<grpc::ByteBuffer> message = EncodePutSamplesRequest(
         pool, samples.subspan(starts[m], starts[m + 1] - starts[m]), encode_buffers_.get());
-    // Messages sent so far stay committed, as with any refusal.
-    if (!message.ok()) return message.status();
+    if (!message.ok()) {
+      encoded = message.status();
+      break;
+    }
     if (!stream.Write(*std::move(message))) break;
   }
+  // Half-closed even when a message did not encode: the messages before it
+  // are committed, and only those.
   v1::PutSamplesResponse response;
   grpc::Status status = stream.Finish(&response);
   if (!status.ok()) return FromGrpcStatus(status);
+  if (!encoded.ok()) return encoded;
   return response;
 }
 
 // Message m goes on stream m % streams, each stream fed by a thread of its
 // own (encoding is a copy of every byte: one thread would limit them all).
-// The server commits the messages in order across the streams; a stream
-// that stops early (a refusal, or a failure here) makes it commit nothing
-// after its next missing message.
+// The server commits the messages in order across the streams.
+// - A message that does not encode: no stream sends it or any later one, and
+//   every stream half-closes, so exactly the messages before it are
+//   committed, as on one stream.
+// - A stream the server refused or aborted: the server stops the others.
+// - Any other failure of a stream (it could not connect, it timed out): the
+//   others are cancelled, since the server would wait for its messages.
 absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamplesStriped(
     const std::string& pool, absl::Span<const v1::Sample> samples,
     const std::vector<size_t>& message_starts, int streams) {
   const int messages = static_cast<int>(message_starts.size()) - 1;
   const std::string call_id = NewCallId();
-  std::atomic<bool> failed{false};
+  // Messages from here on are not sent: the first that did not encode, or 0
+  // once a stream has failed on its own.
+  std::atomic<int64_t> send_below{messages};
+  std::vector<std::unique_ptr<PutSamplesStream>> calls;
+  for (int s = 0; s < streams; ++s) {
+    std::unique_ptr<grpc::ClientContext> context = NewContext();
+    context->AddMetadata(kStripeMetadataKey, absl::StrCat(call_id, "/", s, "/", streams));
+    calls.push_back(std::make_unique<PutSamplesStream>(put_channels_[s], std::move(context)));
+  }
   std::vector<absl::Status> statuses(streams);
   std::vector<v1::PutSamplesResponse> responses(streams);
   const auto run = [&](int s) {
-    std::unique_ptr<grpc::ClientContext> context = NewContext();
-    context->AddMetadata(kStripeMetadataKey, absl::StrCat(call_id, "/", s, "/", streams));
-    PutSamplesStream stream(put_channels_[s], std::move(context));
-    for (int m = s; m < messages && !failed.load(std::memory_order_relaxed); m += streams) {
+    PutSamplesStream& stream = *calls[s];
+    for (int m = s; m < send_below.load(std::memory_order_relaxed); m += streams) {
       absl::StatusOr<grpc::ByteBuffer> message = EncodePutSamplesRequest(
           pool,
           samples.subspan(message_starts[m], message_starts[m + 1] - message_starts[m]),
           encode_buffers_.get());
       if (!message.ok()) {
+        int64_t below = send_below.load();
+        while (m < below && !send_below.compare_exchange_weak(below, m)) {
+        }
         statuses[s] = message.status();
-        failed = true;
         break;
       }
       if (!stream.Write(*std::move(message))) break;
     }
-    grpc::Status status = stream.Finish(&responses[s]);
-    if (!status.ok()) {
-      failed = true;
-      if (statuses[s].ok()) statuses[s] = FromGrpcStatus(status);
+    const grpc::Status status = stream.Finish(&responses[s]);
+    if (status.ok()) return;
+    const absl::Status failure = FromGrpcStatus(status);
+    if (statuses[s].ok()) statuses[s] = failure;
+    // ABORTED and CANCELLED follow a failure that stops the others already.
+    // (After a message that did not encode, the server aborts a stream that
+    // sent a later one, and the others must still send theirs before it.)
+    if (failure.code() != absl::StatusCode::kAborted &&
+        failure.code() != absl::StatusCode::kCancelled) {
+      send_below = 0;
+      for (auto& other : calls) other->Cancel();
     }
   };
   std::vector<std::thread> threads;
   for (int s = 1; s < streams; ++s) threads.emplace_back(run, s);
   run(0);
   for (std::thread& t : threads) t.join();
-  // The cause, not the ABORTED of the streams that stopped because of it.
-  const absl::Status* cause = nullptr;
+  const absl::Status* cause = &statuses[0];
   for (const absl::Status& status : statuses) {
-    if (status.ok()) continue;
-    if (cause == nullptr || (cause->code() == absl::StatusCode::kAborted &&
-                             status.code() != absl::StatusCode::kAborted)) {
-      cause = &status;
-    }
+    if (CauseRank(status) > CauseRank(*cause)) cause = &status;
   }
-  if (cause != nullptr) return *cause;
+  if (!cause->ok()) return *cause;
   v1::PutSamplesResponse total;
   for (const v1::PutSamplesResponse& r : responses) {
     total.set_accepted(total.accepted() + r.accepted());

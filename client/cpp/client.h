@@ -33,12 +33,14 @@ struct ClientOptions {
   // Samples are streamed in request messages of about this many bytes.
   int64_t batch_bytes = 8 << 20;
   // PutSamples spreads a call's request messages over up to this many
-  // streams, each on a connection of its own (1 to 64); the server commits
-  // them in the order sent, as on one stream. One HTTP/2 connection carries
-  // well under half of what loopback TCP does (docs/performance.md). Only a
-  // client made from an address opens the extra connections; one made from
-  // a channel uses that channel's one stream.
-  int put_streams = 4;
+  // streams, each on a connection of its own (1 to 64; 0 = one per core of
+  // this host, at most 4: more streams than cores cost more than they carry);
+  // the server commits them in the order sent, as on one stream. One HTTP/2
+  // connection carries well under half of what loopback TCP does
+  // (docs/performance.md). Only a client made from an address opens the
+  // extra connections; one made from a channel uses that channel's one
+  // stream.
+  int put_streams = 0;
   absl::Duration deadline = absl::Minutes(5);
   // Sent as `authorization: Bearer <auth_token>` when set (rollpackd
   // --auth-tokens; docs/operations.md).
@@ -55,6 +57,9 @@ struct ClientOptions {
   // against gRPC's default roots (a publicly signed certificate).
   bool tls = false;
 };
+
+// options.put_streams with 0 resolved (one per core, at most 4), in [1, 64].
+int ResolvedPutStreams(const ClientOptions& options);
 
 // The channel arguments MakeChannel uses (message limits, stream window);
 // for callers that add arguments of their own.
@@ -106,13 +111,13 @@ class RollpackClient {
       const std::vector<size_t>& message_starts, int streams);
 
   std::shared_ptr<grpc::Channel> channel_;
-  // channel_ and, for a client made from an address, put_streams - 1 more
-  // connections for PutSamples.
-  std::vector<std::shared_ptr<grpc::Channel>> put_channels_;
   ClientOptions options_;
   std::unique_ptr<v1::Rollouts::Stub> rollouts_;
   std::unique_ptr<v1::Scheduler::Stub> scheduler_;
   std::unique_ptr<v1::Telemetry::Stub> telemetry_;
+  // channel_ and, for a client made from an address, put_streams - 1 more
+  // connections for PutSamples.
+  std::vector<std::shared_ptr<grpc::Channel>> put_channels_;
   // PutSamples' request buffers, reused across messages and calls.
   std::shared_ptr<EncodeBufferPool> encode_buffers_;
 };

@@ -92,6 +92,10 @@ class PutSamplesStream {
   bool Write(grpc::ByteBuffer message);
   // Half-closes, waits for the server's answer.
   grpc::Status Finish(v1::PutSamplesResponse* response);
+  // From any thread, at any time: ends the call with CANCELLED unless it has
+  // ended already (the server commits none of its messages not yet
+  // committed). Write and Finish on the owning thread then fail.
+  void Cancel() { context_->TryCancel(); }
 
  private:
   class Reactor;

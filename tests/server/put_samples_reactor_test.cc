@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "client/cpp/put_samples_stream.h"
 #include "client/cpp/synthetic_rollouts.h"
@@ -133,6 +134,74 @@ TEST_P(PutSamplesReactorTest, RefusesMalformedStripeMetadata) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_NE(status.error_message().find("the stripe must be 0 to COUNT - 1"), std::string::npos)
       << status.error_message();
+}
+
+// The streams of a call striped over two, opened by hand.
+std::vector<std::unique_ptr<PutSamplesStream>> OpenStripes(const std::string& address,
+                                                           const std::string& call_id) {
+  std::vector<std::unique_ptr<PutSamplesStream>> streams;
+  for (int s = 0; s < 2; ++s) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("rollpack-stripe", absl::StrCat(call_id, "/", s, "/2"));
+    streams.push_back(std::make_unique<PutSamplesStream>(MakeChannel(address), std::move(context)));
+  }
+  return streams;
+}
+
+// One sample as message `m` of the call, naming the pool or not.
+grpc::ByteBuffer Message(const std::vector<v1::Sample>& samples, int m, bool name_pool) {
+  return EncodePutSamplesRequest(name_pool ? "p" : "", absl::MakeConstSpan(samples).subspan(m, 1))
+      .value();
+}
+
+// The pool a message leaves out is the call's, not its stream's: message 1
+// travels alone on stream 1 and goes where message 0 went.
+TEST_P(PutSamplesReactorTest, AMessageWithoutAPoolGoesToThePoolOfTheMessageBeforeIt) {
+  auto streams = OpenStripes(server_->address(), "pool-of-the-call");
+  ASSERT_TRUE(streams[0]->Write(Message(samples_, 0, /*name_pool=*/true)));
+  ASSERT_TRUE(streams[1]->Write(Message(samples_, 1, /*name_pool=*/false)));
+  ASSERT_TRUE(streams[0]->Write(Message(samples_, 2, /*name_pool=*/false)));
+  v1::PutSamplesResponse first, second;
+  grpc::Status status = streams[0]->Finish(&first);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  status = streams[1]->Finish(&second);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(first.accepted(), 2);
+  EXPECT_EQ(second.accepted(), 1);
+  absl::StatusOr<v1::PoolInfo> pool = client_->GetPool("p");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_samples(), 3);
+}
+
+// A cancelled stream ends its call; the other streams did not fail, they
+// were stopped: ABORTED, naming the stream.
+TEST_P(PutSamplesReactorTest, ACancelledStreamAbortsTheOthers) {
+  auto streams = OpenStripes(server_->address(), "cancelled-call");
+  ASSERT_TRUE(streams[0]->Write(Message(samples_, 0, true)));
+  ASSERT_TRUE(streams[1]->Write(Message(samples_, 1, true)));
+  // Both committed: both streams have joined the call.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  int64_t stored = 0;
+  while (stored < 2 && absl::Now() < give_up) {
+    absl::StatusOr<v1::PoolInfo> pool = client_->GetPool("p");
+    stored = pool.ok() ? pool->num_samples() : 0;
+    if (stored < 2) absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(stored, 2);
+  ASSERT_TRUE(streams[1]->Write(Message(samples_, 3, true)));  // waits for message 2
+  streams[0]->Cancel();
+  v1::PutSamplesResponse response;
+  grpc::Status status = streams[1]->Finish(&response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED) << status.error_message();
+  // gRPC may end stream 0's reads before it reports the cancel: either way
+  // the others are told stream 0 stopped.
+  EXPECT_TRUE(
+      status.error_message().find("stream 0 of this PutSamples call was cancelled") !=
+          std::string::npos ||
+      status.error_message().find("(stream 0 of 2 ended after 1 messages)") != std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(streams[0]->Finish(&response).error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(client_->GetPool("p")->num_samples(), 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ingest, PutSamplesReactorTest,
