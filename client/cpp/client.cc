@@ -116,8 +116,7 @@ RollpackClient::RollpackClient(std::shared_ptr<grpc::Channel> channel, ClientOpt
       rollouts_(v1::Rollouts::NewStub(channel_)),
       scheduler_(v1::Scheduler::NewStub(channel_)),
       telemetry_(v1::Telemetry::NewStub(channel_)),
-      put_channels_{channel_},
-      encode_buffers_(EncodeBufferPool::Create()) {}
+      put_channels_{channel_} {}
 
 RollpackClient::RollpackClient(const std::string& address, ClientOptions options)
     : RollpackClient(MakeDistinctChannel(address, options), options) {
@@ -152,13 +151,17 @@ absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamples(
   const int messages = static_cast<int>(starts.size()) - 1;
   const int streams = std::min<int>(static_cast<int>(put_channels_.size()), messages);
   if (streams > 1) return PutSamplesStriped(pool, samples, starts, streams);
+  // The messages point into `samples` (no copy of the payload): declared
+  // first, so that it waits for gRPC to let go of them before the call
+  // returns to a caller who may free the samples.
+  BorrowedSlices borrowed;
   PutSamplesStream stream(channel_, NewContext());
   // The next message is encoded while this one is sent. A refused message
   // ends the call: Finish says why.
   absl::Status encoded;
   for (int m = 0; m < messages; ++m) {
-    absl::StatusOr<grpc::ByteBuffer> message = EncodePutSamplesRequest(
-        pool, samples.subspan(starts[m], starts[m + 1] - starts[m]), encode_buffers_.get());
+    absl::StatusOr<grpc::ByteBuffer> message = EncodePutSamplesRequestBorrowing(
+        pool, samples.subspan(starts[m], starts[m + 1] - starts[m]), &borrowed);
     if (!message.ok()) {
       encoded = message.status();
       break;
@@ -175,7 +178,8 @@ absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamples(
 }
 
 // Message m goes on stream m % streams, each stream fed by a thread of its
-// own (encoding is a copy of every byte: one thread would limit them all).
+// own: Write blocks until the stream's previous message is handed to the
+// transport, and no stream should wait on another's.
 // The server commits the messages in order across the streams.
 // - A message that does not encode: no stream sends it or any later one, and
 //   every stream half-closes, so exactly the messages before it are
@@ -191,6 +195,7 @@ absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamplesStriped(
   // Messages from here on are not sent: the first that did not encode, or 0
   // once a stream has failed on its own.
   std::atomic<int64_t> send_below{messages};
+  BorrowedSlices borrowed;  // outlives the streams: see PutSamples
   std::vector<std::unique_ptr<PutSamplesStream>> calls;
   for (int s = 0; s < streams; ++s) {
     std::unique_ptr<grpc::ClientContext> context = NewContext();
@@ -202,10 +207,10 @@ absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamplesStriped(
   const auto run = [&](int s) {
     PutSamplesStream& stream = *calls[s];
     for (int m = s; m < send_below.load(std::memory_order_relaxed); m += streams) {
-      absl::StatusOr<grpc::ByteBuffer> message = EncodePutSamplesRequest(
+      absl::StatusOr<grpc::ByteBuffer> message = EncodePutSamplesRequestBorrowing(
           pool,
           samples.subspan(message_starts[m], message_starts[m + 1] - message_starts[m]),
-          encode_buffers_.get());
+          &borrowed);
       if (!message.ok()) {
         int64_t below = send_below.load();
         while (m < below && !send_below.compare_exchange_weak(below, m)) {

@@ -21,7 +21,6 @@
 
 namespace rollpack {
 
-class EncodeBufferPool;  // client/cpp/put_samples_stream.h
 
 struct ClientOptions {
   int max_message_bytes = 512 << 20;
@@ -118,8 +117,6 @@ class RollpackClient {
   // channel_ and, for a client made from an address, put_streams - 1 more
   // connections for PutSamples.
   std::vector<std::shared_ptr<grpc::Channel>> put_channels_;
-  // PutSamples' request buffers, reused across messages and calls.
-  std::shared_ptr<EncodeBufferPool> encode_buffers_;
 };
 
 // grpc::Status -> absl::Status (the codes are shared).

@@ -73,9 +73,11 @@ void EncodeBufferPool::Release(void* opaque) {
   if (smallest->capacity < lease->buffer.capacity) *smallest = std::move(lease->buffer);
 }
 
-absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequest(absl::string_view pool,
-                                                         absl::Span<const v1::Sample> samples,
-                                                         EncodeBufferPool* buffers) {
+namespace {
+
+// Bytes of the request message; INVALID_ARGUMENT past protobuf's limit.
+// Computes the samples' cached sizes.
+absl::StatusOr<size_t> RequestBytes(absl::string_view pool, absl::Span<const v1::Sample> samples) {
   // proto3 leaves an empty string out.
   size_t total = pool.empty() ? 0 : wire::LengthDelimitedSize(kPoolField, pool.size());
   for (const v1::Sample& sample : samples) {
@@ -86,41 +88,75 @@ absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequest(absl::string_view pool,
         absl::StrCat("PutSamples message of ", samples.size(), " samples would be ", total,
                      " bytes, past protobuf's 2 GiB limit; lower ClientOptions::batch_bytes"));
   }
-  grpc_slice raw = buffers != nullptr ? buffers->Allocate(total) : grpc_slice_malloc(total);
-  uint8_t* const begin = GRPC_SLICE_START_PTR(raw);
-  uint8_t* out = begin;
+  return total;
+}
+
+// Writes the request through `coded` with the samples' cached sizes; INTERNAL
+// when it wrote another number of bytes than `expected` (a sample changed
+// between sizing and writing: a reused buffer would send stale bytes of an
+// earlier message in the gap).
+absl::Status WriteRequest(absl::string_view pool, absl::Span<const v1::Sample> samples,
+                          size_t expected, google::protobuf::io::CodedOutputStream* coded) {
+  using google::protobuf::internal::WireFormatLite;
+  // Map fields (token_fields) in key order: the same samples give the same bytes.
+  coded->SetSerializationDeterministic(true);
   if (!pool.empty()) {
-    out = wire::WriteLengthDelimitedHeader(kPoolField, pool.size(), out);
-    std::memcpy(out, pool.data(), pool.size());
-    out += pool.size();
+    coded->WriteTag(WireFormatLite::MakeTag(kPoolField, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    coded->WriteVarint64(pool.size());
+    coded->WriteRaw(pool.data(), static_cast<int>(pool.size()));
   }
-  grpc::Slice slice(raw, grpc::Slice::STEAL_REF);  // released on every return
-  const int64_t samples_bytes = static_cast<int64_t>(total - (out - begin));
-  int64_t written = 0;
-  bool failed = false;
-  {
-    google::protobuf::io::ArrayOutputStream array(out, static_cast<int>(samples_bytes));
-    google::protobuf::io::CodedOutputStream coded(&array);
-    // Map fields (token_fields) in key order: the same samples give the same bytes.
-    coded.SetSerializationDeterministic(true);
-    for (const v1::Sample& sample : samples) {
-      coded.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
-          kSamplesField, google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
-      coded.WriteVarint64(sample.GetCachedSize());
-      sample.SerializeWithCachedSizes(&coded);
-    }
-    coded.Trim();
-    failed = coded.HadError();
-    written = coded.ByteCount();
+  for (const v1::Sample& sample : samples) {
+    coded->WriteTag(
+        WireFormatLite::MakeTag(kSamplesField, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    coded->WriteVarint64(sample.GetCachedSize());
+    sample.SerializeWithCachedSizes(coded);
   }
-  // A sample changed between sizing and writing: a reused buffer would send
-  // stale bytes of an earlier message in the gap.
-  if (failed || written != samples_bytes) {
+  coded->Trim();
+  const int64_t written = coded->ByteCount();
+  if (coded->HadError() || written != static_cast<int64_t>(expected)) {
     return absl::InternalError(absl::StrCat("PutSamples message: wrote ", written,
-                                            " bytes of samples, sized ", samples_bytes,
+                                            " bytes, sized ", expected,
                                             " (a sample changed while being encoded)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequest(absl::string_view pool,
+                                                         absl::Span<const v1::Sample> samples,
+                                                         EncodeBufferPool* buffers) {
+  absl::StatusOr<size_t> total = RequestBytes(pool, samples);
+  if (!total.ok()) return total.status();
+  grpc_slice raw = buffers != nullptr ? buffers->Allocate(*total) : grpc_slice_malloc(*total);
+  grpc::Slice slice(raw, grpc::Slice::STEAL_REF);  // released on every return
+  {
+    // Through `slice`: a message of a few bytes is held inside the slice
+    // struct itself, and `raw` is only a copy of that struct.
+    google::protobuf::io::ArrayOutputStream array(const_cast<uint8_t*>(slice.begin()),
+                                                  static_cast<int>(*total));
+    google::protobuf::io::CodedOutputStream coded(&array);
+    if (absl::Status written = WriteRequest(pool, samples, *total, &coded); !written.ok()) {
+      return written;
+    }
+  }
   return grpc::ByteBuffer(&slice, 1);
+}
+
+absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequestBorrowing(
+    absl::string_view pool, absl::Span<const v1::Sample> samples, BorrowedSlices* borrowed) {
+  absl::StatusOr<size_t> total = RequestBytes(pool, samples);
+  if (!total.ok()) return total.status();
+  SliceGatherStream gather(borrowed);
+  {
+    google::protobuf::io::CodedOutputStream coded(&gather);
+    coded.EnableAliasing(true);
+    if (absl::Status written = WriteRequest(pool, samples, *total, &coded); !written.ok()) {
+      return written;
+    }
+  }
+  const std::vector<grpc::Slice> slices = gather.TakeSlices();
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 // Write ... WritesDone on a generic bidi call (the server's method is client

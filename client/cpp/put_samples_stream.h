@@ -1,6 +1,7 @@
 // The producer's side of Rollouts.PutSamples without the request copy: each
-// request message is encoded by hand into one gRPC slice, the samples
-// serialized straight into it, and written while the caller encodes the next.
+// request message is encoded by hand into gRPC slices, the samples
+// serialized straight into them (or, borrowing, their payload bytes sent
+// from where they are), and written while the caller encodes the next.
 //
 // Building a v1::PutSamplesRequest copies every sample into it and gRPC then
 // serializes that copy again; with payloads of gigabytes the single producer
@@ -19,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "client/cpp/slice_gather_stream.h"
 #include "grpc/slice.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -70,6 +72,14 @@ class EncodeBufferPool : public std::enable_shared_from_this<EncodeBufferPool> {
 absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequest(absl::string_view pool,
                                                          absl::Span<const v1::Sample> samples,
                                                          EncodeBufferPool* buffers = nullptr);
+
+// The same bytes without copying the samples' payload: the message's slices
+// point into `samples` for every bytes field that does not fit the 64 KiB
+// block being written (client/cpp/slice_gather_stream.h), lent through
+// `borrowed`; the samples must not change or go away until `borrowed` has
+// them all back (BorrowedSlices::AwaitReturned, or its destructor).
+absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequestBorrowing(
+    absl::string_view pool, absl::Span<const v1::Sample> samples, BorrowedSlices* borrowed);
 
 // One PutSamples call fed with encoded request messages. Not thread-safe: one
 // producer thread calls Write ... Finish. At most one message is in flight;

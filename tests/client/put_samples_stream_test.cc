@@ -100,6 +100,45 @@ TEST(EncodeBufferPoolTest, PooledEncodingIsTheSameBytes) {
   }
 }
 
+// Borrowing: protobuf's bytes still, but the payload of large arrays is sent
+// from the samples' own memory, and lent only while a message holds it.
+TEST(EncodePutSamplesRequestTest, BorrowingWritesTheSameBytesAndLendsThePayload) {
+  SyntheticOptions options;
+  options.num_samples = 6;
+  options.median_length = 3000;  // routed experts of 48 KB, spread both sides of a 64 KiB block
+  options.max_length = 40000;
+  options.seed = 5;
+  const std::vector<v1::Sample> samples = MakeSyntheticRollouts(Model(), options);
+  BorrowedSlices borrowed;
+  for (const std::string pool : {"pool-a", ""}) {
+    for (size_t n : {size_t{0}, size_t{1}, samples.size()}) {
+      v1::PutSamplesRequest request;
+      request.set_pool(pool);
+      for (size_t i = 0; i < n; ++i) *request.add_samples() = samples[i];
+      const auto some = absl::MakeConstSpan(samples).subspan(0, n);
+      {
+        const grpc::ByteBuffer message =
+            EncodePutSamplesRequestBorrowing(pool, some, &borrowed).value();
+        EXPECT_EQ(Flatten(message), DeterministicBytes(request)) << "pool '" << pool << "', " << n;
+        std::vector<grpc::Slice> slices;
+        ASSERT_TRUE(message.Dump(&slices).ok());
+        int lent = 0;
+        for (const grpc::Slice& slice : slices) {
+          for (const v1::Sample& sample : some) {
+            lent += slice.begin() ==
+                    reinterpret_cast<const uint8_t*>(sample.routed_experts().data().data());
+          }
+        }
+        if (n == samples.size()) {
+          EXPECT_GT(lent, 0) << "no routing array was sent from the sample's memory";
+          EXPECT_GT(borrowed.outstanding(), 0);
+        }
+      }
+      EXPECT_EQ(borrowed.outstanding(), 0);  // the message is gone: all given back
+    }
+  }
+}
+
 class PutSamplesStreamTest : public InProcessServerTest {
  protected:
   void SetUp() override {
