@@ -58,6 +58,11 @@ void CommitSequencer::Abort(absl::Status why) {
   Drain();
 }
 
+absl::Status CommitSequencer::ended() const {
+  absl::MutexLock lock(&mu_);
+  return ended_;
+}
+
 std::string CommitSequencer::Refusal(absl::string_view what) const {
   return absl::StrCat(what, " [", committed_samples_, " samples of earlier messages of this ",
                       stripes_ == 1 ? "stream" : absl::StrCat("call (", stripes_, " streams)"),
@@ -151,18 +156,26 @@ void StripedCalls::Sweep() {
     for (auto it = calls_.begin(); it != calls_.end();) {
       Call& call = it->second;
       const bool all_joined = call.until_joined == nullptr;
-      if (!call.timed_out.ok()) {
+      if (!call.refusal.ok()) {
         // Long enough for a late stream to be told, then forgotten.
         if (now - call.created > 2 * join_timeout_) {
           it = calls_.erase(it);
           continue;
         }
-      } else if (all_joined && call.sequencer.expired()) {
-        it = calls_.erase(it);
-        continue;
-      } else if (!all_joined && now - call.created > join_timeout_) {
+      } else if (all_joined) {
+        if (call.sequencer.expired()) {
+          it = calls_.erase(it);
+          continue;
+        }
+      } else if (absl::Status why = call.until_joined->ended(); !why.ok()) {
+        // Refused or cancelled before every stream came: its slot is free.
+        call.refusal = absl::AbortedError(
+            absl::StrCat("striped PutSamples call has ended: ", why.message()));
+        call.until_joined.reset();
+        --waiting_;
+      } else if (now - call.created > join_timeout_) {
         timed_out.push_back(std::move(call.until_joined));
-        call.timed_out = TimedOut();
+        call.refusal = TimedOut();
         --waiting_;
       }
       ++it;
@@ -211,7 +224,7 @@ absl::StatusOr<std::shared_ptr<CommitSequencer>> StripedCalls::Join(absl::string
     ++waiting_;
   }
   Call& call = it->second;
-  if (!call.timed_out.ok()) return call.timed_out;
+  if (!call.refusal.ok()) return call.refusal;
   if (call.stripes != count) return bad(absl::StrCat("the call has ", call.stripes, " streams"));
   if (call.joined & (uint64_t{1} << index)) {
     return bad(absl::StrCat("stream ", index, " of the call already joined"));

@@ -67,6 +67,9 @@ class CommitSequencer : public std::enable_shared_from_this<CommitSequencer> {
   // `why`.
   void Abort(absl::Status why);
 
+  // Why the call ended (a refusal or Abort), or OK while it goes on.
+  absl::Status ended() const;
+
  private:
   struct Pending {
     Commit commit;
@@ -79,7 +82,7 @@ class CommitSequencer : public std::enable_shared_from_this<CommitSequencer> {
   std::string Refusal(absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int stripes_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
@@ -129,12 +132,14 @@ class StripedCalls {
     int stripes = 0;
     uint64_t joined = 0;  // bit s: stripe s joined
     absl::Time created;
-    // Set when the call timed out: the entry stays, so that a late stream
-    // is refused rather than starting a call of its own.
-    absl::Status timed_out;
+    // Set when the call timed out or ended before all its streams joined:
+    // the entry stays, so that a late stream is refused with this rather
+    // than starting a call of its own.
+    absl::Status refusal;
   };
 
-  // Aborts the calls past their join timeout and forgets ended ones.
+  // Aborts the calls past their join timeout, stops waiting for the streams
+  // of calls that have ended, and forgets both after a while.
   void Sweep();
   absl::Status TimedOut() const;
 

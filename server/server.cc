@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "grpc/grpc.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -118,6 +119,10 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Clients ping every 20 s while a call is open (ClientOptions::
+  // keepalive_time): more often than gRPC's default of one per 5 minutes
+  // without data, which a client-streaming call (ingest) never sends.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   for (const auto& [name, value] : options.grpc_int_args) builder.AddChannelArgument(name, value);
   builder.RegisterService(server->rollouts_.get());
   builder.RegisterService(server->scheduler_.get());

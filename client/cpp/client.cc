@@ -88,6 +88,12 @@ grpc::ChannelArguments BulkChannelArguments(const ClientOptions& options) {
     args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, options.stream_window_bytes);
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   }
+  if (options.keepalive_time > absl::ZeroDuration()) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+                static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+  }
   return args;
 }
 
@@ -195,6 +201,7 @@ absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamplesStriped(
   // Messages from here on are not sent: the first that did not encode, or 0
   // once a stream has failed on its own.
   std::atomic<int64_t> send_below{messages};
+  std::atomic<bool> cancelling{false};
   BorrowedSlices borrowed;  // outlives the streams: see PutSamples
   std::vector<std::unique_ptr<PutSamplesStream>> calls;
   for (int s = 0; s < streams; ++s) {
@@ -224,11 +231,11 @@ absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamplesStriped(
     if (status.ok()) return;
     const absl::Status failure = FromGrpcStatus(status);
     if (statuses[s].ok()) statuses[s] = failure;
-    // ABORTED and CANCELLED follow a failure that stops the others already.
-    // (After a message that did not encode, the server aborts a stream that
-    // sent a later one, and the others must still send theirs before it.)
-    if (failure.code() != absl::StatusCode::kAborted &&
-        failure.code() != absl::StatusCode::kCancelled) {
+    // ABORTED is the server stopping this stream for the call's sake: it
+    // stops the others itself. (After a message that did not encode, it
+    // aborts a stream that sent a later one, and the others must still send
+    // theirs before it.) CANCELLED after we cancelled is our own doing.
+    if (failure.code() != absl::StatusCode::kAborted && !cancelling.exchange(true)) {
       send_below = 0;
       for (auto& other : calls) other->Cancel();
     }

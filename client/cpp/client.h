@@ -29,6 +29,14 @@ struct ClientOptions {
   // without waiting for the window to grow from 64 KiB on each new
   // connection. 0 = gRPC's default auto-tuning. docs/performance.md.
   int stream_window_bytes = 8 << 20;
+  // While a call is open, the connection is pinged after this long without
+  // a frame from the server, and closed (its calls fail UNAVAILABLE) when a
+  // ping is not answered within keepalive_timeout: a frozen or unreachable
+  // server is noticed in bounded time, and PutSamples, which waits until
+  // gRPC lets go of the samples' bytes, returns. 0 = no pings. rollpackd
+  // accepts a ping every 10 s.
+  absl::Duration keepalive_time = absl::Seconds(20);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
   // Samples are streamed in request messages of about this many bytes.
   int64_t batch_bytes = 8 << 20;
   // PutSamples spreads a call's request messages over up to this many

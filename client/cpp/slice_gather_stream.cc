@@ -7,8 +7,9 @@ namespace {
 
 constexpr size_t kBlockBytes = size_t{64} << 10;
 // Below this much room left a block is closed: the serializer copies a bytes
-// field that fits the room it is handed and lends one that does not, so tiny
-// rooms would lend small fields one slice each.
+// field that fits the room left and lends one that does not, so small rooms
+// would lend many small fields. (At a block's end a small field may still be
+// lent, at most about one per block.)
 constexpr ptrdiff_t kMinRoom = 4 << 10;
 
 }  // namespace

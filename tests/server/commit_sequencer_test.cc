@@ -244,6 +244,24 @@ TEST(StripedCallsTest, ACallWhoseStreamsNeverAllArriveIsAbortedAndItsLateStreams
   EXPECT_EQ(calls.waiting(), 0);
 }
 
+// A call that ended before its other streams came (its stream was cancelled,
+// or refused) stops counting against the bound at the next sweep, not after
+// the join timeout; its late streams are told it ended.
+TEST(StripedCallsTest, ACallThatEndsBeforeItsStreamsCameStopsWaiting) {
+  StripedCalls calls(absl::Seconds(2), /*max_waiting=*/1);
+  int stripe = -1;
+  auto first = calls.Join("call-0001/0/2", &stripe);
+  ASSERT_TRUE(first.ok());
+  (*first)->Abort(absl::AbortedError("stream 0 was cancelled"));
+  const absl::Time give_up = absl::Now() + absl::Seconds(1.5);  // before the join timeout
+  while (calls.waiting() > 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(calls.waiting(), 0);
+  EXPECT_TRUE(calls.Join("call-0002/0/2", &stripe).ok());
+  absl::Status late = calls.Join("call-0001/1/2", &stripe).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kAborted) << late;
+  EXPECT_NE(late.message().find("stream 0 was cancelled"), std::string::npos) << late;
+}
+
 TEST(StripedCallsTest, BoundsTheCallsWaitingForStreams) {
   StripedCalls calls(absl::Minutes(5), /*max_waiting=*/1);
   int stripe = -1;
