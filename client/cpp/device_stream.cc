@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cpp/client.h"
+#include "client/cpp/received_microbatch.h"
 #include "client/cpp/trainer_stream.h"
 #include "grpcpp/client_context.h"
 #include "kernels/replay_kernels.h"
@@ -176,12 +177,32 @@ const v1::NDArray& ArrayOf(const v1::Microbatch& m, const std::string& name) {
   return m.token_fields().at(name.substr(6));
 }
 
-absl::Status CheckBytes(const v1::Microbatch& m, const Layout& l) {
+// An array's bytes, from a parsed message or from the received buffers
+// (ReceivedMicrobatch: copied once, from gRPC's slices to the destination).
+int64_t DataSize(const v1::Microbatch& m, const std::string& name) {
+  return static_cast<int64_t>(ArrayOf(m, name).data().size());
+}
+[[maybe_unused]] void CopyData(const v1::Microbatch& m, const std::string& name, void* out) {
+  const std::string& data = ArrayOf(m, name).data();
+  std::memcpy(out, data.data(), data.size());
+}
+const v1::Microbatch& MetaOf(const v1::Microbatch& m) { return m; }
+[[maybe_unused]] int64_t DataSize(const ReceivedMicrobatch& m, const std::string& name) {
+  return std::max<int64_t>(0, m.data_size(name));
+}
+[[maybe_unused]] void CopyData(const ReceivedMicrobatch& m, const std::string& name,
+                               void* out) {
+  m.CopyData(name, out);
+}
+[[maybe_unused]] const v1::Microbatch& MetaOf(const ReceivedMicrobatch& m) { return m.meta(); }
+
+template <typename Message>
+absl::Status CheckBytes(const Message& m, const Layout& l) {
   for (const Slot& s : l.slots) {
-    const int64_t have = static_cast<int64_t>(ArrayOf(m, s.name).data().size());
+    const int64_t have = DataSize(m, s.name);
     if (have != s.bytes) {
-      return absl::DataLossError(absl::StrCat("micro-batch ", m.index(), ": ", s.name, " holds ",
-                                              have, " bytes, its shape needs ", s.bytes));
+      return absl::DataLossError(absl::StrCat("micro-batch ", MetaOf(m).index(), ": ", s.name,
+                                              " holds ", have, " bytes, its shape needs ", s.bytes));
     }
   }
   return absl::OkStatus();
@@ -549,14 +570,14 @@ class CudaImpl : public DeviceStream::Impl {
 
   // Copies `m`'s arrays (all slots) through pinned memory into `base` and
   // unpacks the ids; views assigned. Does not record the ready event.
-  absl::Status StageFromHost(DeviceBatch* b, const Layout& l, char* base) {
-    const v1::Microbatch& m = b->meta_;
+  template <typename Message>
+  absl::Status StageFromHost(const Message& m, const Layout& l, char* base) {
     if (l.arrays_bytes > 0) {
       absl::StatusOr<PinnedSlot*> slot = AcquirePinned(l.arrays_bytes);
       if (!slot.ok()) return slot.status();
       char* host = static_cast<char*>((*slot)->ptr);
       for (const Slot& s : l.slots) {
-        if (s.bytes > 0) std::memcpy(host + s.offset, ArrayOf(m, s.name).data().data(), s.bytes);
+        if (s.bytes > 0) CopyData(m, s.name, host + s.offset);
       }
       RP_CUDA(cudaMemcpyAsync(base, host, l.arrays_bytes, cudaMemcpyHostToDevice, state_->copy));
       RP_CUDA(cudaEventRecord((*slot)->done, state_->copy));
@@ -623,7 +644,7 @@ class LocalCudaImpl final : public CudaImpl {
   void Loop() {
     DeviceGuard g(state_->device);
     while (!stopping()) {
-      absl::StatusOr<std::optional<v1::Microbatch>> next = stream_.Next();
+      absl::StatusOr<std::optional<ReceivedMicrobatch>> next = stream_.NextReceived();
       if (!next.ok() || !next->has_value()) {
         PushEnd(next.ok() ? absl::OkStatus() : next.status());
         return;
@@ -638,18 +659,20 @@ class LocalCudaImpl final : public CudaImpl {
     }
   }
 
-  absl::Status Stage(v1::Microbatch m, Item* item) {
+  // The arrays go from gRPC's received slices straight into pinned memory:
+  // one copy on the host, not a parse into strings and a copy of those.
+  absl::Status Stage(ReceivedMicrobatch m, Item* item) {
     std::shared_ptr<DeviceBatch> b(new DeviceBatch());
-    b->meta_ = std::move(m);
+    b->meta_ = m.meta();
     absl::StatusOr<Layout> l = ComputeLayout(b->meta_, options_.ids_int32);
     if (!l.ok()) return l.status();
-    if (absl::Status s = CheckBytes(b->meta_, *l); !s.ok()) return s;
+    if (absl::Status s = CheckBytes(m, *l); !s.ok()) return s;
     absl::StatusOr<char*> base = AllocBatch(b.get(), l->total);
     if (!base.ok()) return base.status();
     AssignViews(b.get(), *l, *base, *base + l->ids_offset, options_.ids_int32, &b->tokens_,
                 &b->cu_seqlens_, &b->cu_seqlens_padded_, &b->replay_mask_, &b->replay_experts_,
                 &b->token_fields_, &b->replay_ids_);
-    if (absl::Status s = StageFromHost(b.get(), *l, *base); !s.ok()) return s;
+    if (absl::Status s = StageFromHost(m, *l, *base); !s.ok()) return s;
     return UnpackAndPublish(std::move(b), *l, item);
   }
 
@@ -1093,7 +1116,7 @@ class TpGroupImpl final : public CudaImpl {
     AssignViews(b.get(), l0, *base, *base + l0.ids_offset, options_.ids_int32, &b->tokens_,
                 &b->cu_seqlens_, &b->cu_seqlens_padded_, &b->replay_mask_, &b->replay_experts_,
                 &b->token_fields_, &b->replay_ids_);
-    if (absl::Status s = StageFromHost(b.get(), l0, *base); !s.ok()) return s;
+    if (absl::Status s = StageFromHost(b->meta_, l0, *base); !s.ok()) return s;
     if (absl::Status s = BroadcastShared(l0, *base); !s.ok()) return s;
 
     // The other ranks' replay rows + masks: one pinned buffer, one temporary

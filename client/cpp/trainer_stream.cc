@@ -3,15 +3,23 @@
 #include <utility>
 
 #include "client/cpp/client.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 
 namespace rollpack {
+namespace {
+
+constexpr char kFetchMethod[] = "/rollpack.v1.Trainer/FetchMicrobatches";
+
+}  // namespace
 
 TrainerStream::TrainerStream(std::shared_ptr<grpc::Channel> channel, std::string step_id,
                              v1::RankCoords rank, TrainerStreamOptions options)
     : step_id_(std::move(step_id)),
       rank_(rank),
       options_(options),
-      stub_(v1::Trainer::NewStub(channel)) {
+      channel_(std::move(channel)) {
   reader_ = std::thread([this] { ReadLoop(); });
 }
 
@@ -36,6 +44,13 @@ int TrainerStream::resumes() const {
 }
 
 absl::StatusOr<std::optional<v1::Microbatch>> TrainerStream::Next() {
+  absl::StatusOr<std::optional<ReceivedMicrobatch>> next = NextReceived();
+  if (!next.ok()) return next.status();
+  if (!next->has_value()) return std::optional<v1::Microbatch>();
+  return std::optional<v1::Microbatch>((*next)->ToMessage());
+}
+
+absl::StatusOr<std::optional<ReceivedMicrobatch>> TrainerStream::NextReceived() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](TrainerStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
@@ -43,12 +58,12 @@ absl::StatusOr<std::optional<v1::Microbatch>> TrainerStream::Next() {
       },
       this));
   if (!queue_.empty()) {
-    v1::Microbatch next = std::move(queue_.front());
+    ReceivedMicrobatch next = std::move(queue_.front());
     queue_.pop_front();
-    return std::optional<v1::Microbatch>(std::move(next));
+    return std::optional<ReceivedMicrobatch>(std::move(next));
   }
   if (!error_.ok()) return error_;
-  return std::optional<v1::Microbatch>();
+  return std::optional<ReceivedMicrobatch>();
 }
 
 void TrainerStream::ReadLoop() {
@@ -70,11 +85,25 @@ void TrainerStream::ReadLoop() {
     *request.mutable_rank() = rank_;
     request.set_start_index(next_index);
     request.set_all_fields(options_.all_fields);
-    std::unique_ptr<grpc::ClientReader<v1::Microbatch>> reader =
-        stub_->FetchMicrobatches(&context, request);
-    v1::Microbatch message;
-    while (reader->Read(&message)) {
-      next_index = message.index() + 1;
+    // The generated stub's call, with each response left as received.
+    const grpc::internal::RpcMethod method(kFetchMethod,
+                                           grpc::internal::RpcMethod::SERVER_STREAMING, channel_);
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                      &context, request));
+    grpc::ByteBuffer received;
+    absl::Status parse_error;
+    while (reader->Read(&received)) {
+      absl::StatusOr<ReceivedMicrobatch> message = ReceivedMicrobatch::Parse(received);
+      received.Clear();
+      if (!message.ok()) {
+        // What the generated reader does with a message that does not
+        // parse: end the call; it resumes below like any INTERNAL error.
+        parse_error = message.status();
+        context.TryCancel();
+        break;
+      }
+      next_index = message->meta().index() + 1;
       attempts = 0;
       absl::MutexLock lock(&mu_);
       // Back-pressure: wait for room before taking the next message.
@@ -85,9 +114,12 @@ void TrainerStream::ReadLoop() {
           },
           this));
       if (cancelled_) break;
-      queue_.push_back(std::move(message));
+      queue_.push_back(*std::move(message));
     }
     grpc::Status status = reader->Finish();
+    if (!parse_error.ok()) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL, parse_error.ToString());
+    }
     {
       absl::MutexLock lock(&mu_);
       context_ = nullptr;

@@ -2,6 +2,11 @@
 // on a background thread so the training loop never waits on the network for
 // a micro-batch that could already be here. Resumes a broken stream at the
 // next micro-batch (the server re-sends identical bytes).
+//
+// The reader thread only receives: it keeps gRPC's slices as they came off
+// the socket and parses the small fields (ReceivedMicrobatch), so it is back
+// to reading while the consumer copies the arrays out, once, where it needs
+// them (NextReceived) or into a message (Next).
 #ifndef ROLLPACK_CLIENT_CPP_TRAINER_STREAM_H_
 #define ROLLPACK_CLIENT_CPP_TRAINER_STREAM_H_
 
@@ -13,9 +18,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/cpp/received_microbatch.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
-#include "rollpack/v1/trainer.grpc.pb.h"
+#include "rollpack/v1/trainer.pb.h"
 
 namespace rollpack {
 
@@ -44,6 +50,11 @@ class TrainerStream {
   // ended the stream.
   absl::StatusOr<std::optional<v1::Microbatch>> Next();
 
+  // The same, its arrays still in the received buffers: for a consumer that
+  // copies them straight to their destination (DeviceStream's pinned
+  // staging) instead of through a message.
+  absl::StatusOr<std::optional<ReceivedMicrobatch>> NextReceived();
+
   // Ends the stream: a blocked or later Next() returns CANCELLED (or what
   // was already queued). Safe from any thread.
   void Cancel();
@@ -57,10 +68,10 @@ class TrainerStream {
   const std::string step_id_;
   const v1::RankCoords rank_;
   const TrainerStreamOptions options_;
-  std::unique_ptr<v1::Trainer::Stub> stub_;
+  const std::shared_ptr<grpc::Channel> channel_;
 
   mutable absl::Mutex mu_;
-  std::deque<v1::Microbatch> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<ReceivedMicrobatch> queue_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

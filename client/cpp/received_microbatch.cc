@@ -1,0 +1,313 @@
+#include "client/cpp/received_microbatch.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
+
+namespace rollpack {
+
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::CodedOutputStream;
+using google::protobuf::io::StringOutputStream;
+using google::protobuf::internal::WireFormatLite;
+
+namespace {
+
+// Reads gRPC slices in order without copying them.
+class SliceInputStream final : public google::protobuf::io::ZeroCopyInputStream {
+ public:
+  explicit SliceInputStream(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
+
+  bool Next(const void** data, int* size) override {
+    if (backed_up_ > 0) {
+      const grpc::Slice& s = slices_[index_ - 1];
+      *data = s.begin() + s.size() - backed_up_;
+      *size = static_cast<int>(backed_up_);
+      count_ += backed_up_;
+      backed_up_ = 0;
+      return true;
+    }
+    while (index_ < slices_.size() && slices_[index_].size() == 0) ++index_;
+    if (index_ == slices_.size()) return false;
+    const grpc::Slice& s = slices_[index_++];
+    *data = s.begin();
+    *size = static_cast<int>(s.size());
+    count_ += static_cast<int64_t>(s.size());
+    return true;
+  }
+
+  void BackUp(int count) override {
+    backed_up_ += count;
+    count_ -= count;
+  }
+
+  bool Skip(int count) override {
+    const void* data;
+    int size;
+    while (count > 0) {
+      if (!Next(&data, &size)) return false;
+      if (size > count) {
+        BackUp(size - count);
+        return true;
+      }
+      count -= size;
+    }
+    return true;
+  }
+
+  int64_t ByteCount() const override { return count_; }
+
+ private:
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;
+  int64_t backed_up_ = 0;  // of slices_[index_ - 1], handed out again next
+  int64_t count_ = 0;
+};
+
+constexpr uint32_t LengthDelimitedTag(int field) {
+  return WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+}
+
+// Microbatch's NDArray fields (trainer.proto) by field number.
+const char* ArrayName(int field) {
+  switch (field) {
+    case 6: return "cu_seqlens";
+    case 7: return "cu_seqlens_padded";
+    case 9: return "tokens";
+    case 11: return "replay_experts";
+    case 12: return "replay_mask";
+    default: return nullptr;
+  }
+}
+
+v1::NDArray* MutableArray(v1::Microbatch* m, absl::string_view name) {
+  if (name == "tokens") return m->mutable_tokens();
+  if (name == "cu_seqlens") return m->mutable_cu_seqlens();
+  if (name == "cu_seqlens_padded") return m->mutable_cu_seqlens_padded();
+  if (name == "replay_experts") return m->mutable_replay_experts();
+  if (name == "replay_mask") return m->mutable_replay_mask();
+  return &(*m->mutable_token_fields())[std::string(
+      name.substr(ReceivedMicrobatch::kFieldPrefix.size()))];
+}
+
+}  // namespace
+
+// One NDArray while parsing: everything but `data` kept as encoded (merged
+// occurrences concatenate, as protobuf merges them), `data` located.
+struct PendingArray {
+  std::string head;
+  int64_t data_offset = 0;
+  int64_t data_size = 0;
+};
+
+class MicrobatchWireParser {
+ public:
+  explicit MicrobatchWireParser(ReceivedMicrobatch* out) : out_(out) {}
+
+  absl::Status Run() {
+    SliceInputStream stream(out_->slices_);
+    CodedInputStream in(&stream);
+    in.SetTotalBytesLimit(INT_MAX);
+    std::string rest;  // the fields that are not arrays, as encoded
+    {
+      StringOutputStream rest_stream(&rest);
+      CodedOutputStream rest_out(&rest_stream);
+      while (true) {
+        uint32_t tag = 0;
+        if (!ReadTag(&in, &tag)) return Error(in, "a field tag");
+        if (tag == 0) break;
+        const int field = WireFormatLite::GetTagFieldNumber(tag);
+        const char* array = ArrayName(field);
+        if (array != nullptr && tag == LengthDelimitedTag(field)) {
+          if (!ParseArray(&in, &arrays_[array])) return Error(in, array);
+        } else if (tag == LengthDelimitedTag(10)) {
+          if (!ParseTokenFieldEntry(&in)) return Error(in, "token_fields");
+        } else if (!WireFormatLite::SkipField(&in, tag, &rest_out)) {
+          return Error(in, absl::StrCat("field ", field));
+        }
+      }
+      if (!in.ConsumedEntireMessage()) return Error(in, "a field tag");
+    }
+    if (!out_->meta_.ParseFromString(rest)) {
+      return absl::DataLossError("received micro-batch: its fields other than the arrays do not parse");
+    }
+    for (auto& [name, pending] : arrays_) {
+      v1::NDArray* array = MutableArray(&out_->meta_, name);
+      if (!array->ParseFromString(pending.head)) {
+        return absl::DataLossError(absl::StrCat("received micro-batch: array ", name,
+                                                " does not parse"));
+      }
+      out_->data_[name] = {pending.data_offset, pending.data_size};
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status Error(const CodedInputStream& in, absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("received micro-batch does not parse: ", what,
+                                            " at byte ", in.CurrentPosition()));
+  }
+
+  // A nested message ends at its length, not earlier at the end of the
+  // bytes (which CodedInputStream also reports as a clean end).
+  static bool EndsAtLimit(CodedInputStream* in) {
+    return in->ConsumedEntireMessage() && in->BytesUntilLimit() == 0;
+  }
+
+  // A nested message's length, which must fit in the message around it
+  // (PushLimit would silently shorten it to that).
+  static bool ReadLength(CodedInputStream* in, int* length) {
+    if (!ReadSize(in, length)) return false;
+    const int room = in->BytesUntilLimit();
+    return room < 0 || *length <= room;
+  }
+
+  // protobuf's parser reads tags and sizes of at most 5 bytes, where
+  // CodedInputStream reads longer varints and drops their high bits.
+  static bool ReadTag(CodedInputStream* in, uint32_t* tag) {
+    const int start = in->CurrentPosition();
+    *tag = in->ReadTag();
+    return in->CurrentPosition() - start <= 5;
+  }
+  static bool ReadSize(CodedInputStream* in, int* size) {
+    const int start = in->CurrentPosition();
+    uint32_t n = 0;
+    if (!in->ReadVarint32(&n) || n > INT_MAX || in->CurrentPosition() - start > 5) return false;
+    *size = static_cast<int>(n);
+    return true;
+  }
+
+  static bool ParseArray(CodedInputStream* in, PendingArray* array) {
+    int length = 0;
+    if (!ReadLength(in, &length)) return false;
+    const CodedInputStream::Limit limit = in->PushLimit(length);
+    StringOutputStream head_stream(&array->head);
+    CodedOutputStream head_out(&head_stream);
+    while (true) {
+      uint32_t tag = 0;
+      if (!ReadTag(in, &tag)) return false;
+      if (tag == 0) break;
+      if (tag == LengthDelimitedTag(3)) {
+        int size = 0;
+        if (!ReadSize(in, &size)) return false;
+        const int64_t offset = in->CurrentPosition();
+        if (!in->Skip(size)) return false;
+        array->data_offset = offset;
+        array->data_size = size;
+      } else if (!WireFormatLite::SkipField(in, tag, &head_out)) {
+        return false;
+      }
+    }
+    if (!EndsAtLimit(in)) return false;
+    in->PopLimit(limit);
+    return true;
+  }
+
+  // A map entry {1: key, 2: value}: the last entry of a key replaces the
+  // earlier ones; within an entry the last key wins and values merge.
+  bool ParseTokenFieldEntry(CodedInputStream* in) {
+    int length = 0;
+    if (!ReadLength(in, &length)) return false;
+    const CodedInputStream::Limit limit = in->PushLimit(length);
+    std::string key;
+    PendingArray value;
+    while (true) {
+      uint32_t tag = 0;
+      if (!ReadTag(in, &tag)) return false;
+      if (tag == 0) break;
+      if (tag == LengthDelimitedTag(1)) {
+        int size = 0;
+        if (!ReadSize(in, &size) || !in->ReadString(&key, size)) return false;
+      } else if (tag == LengthDelimitedTag(2)) {
+        if (!ParseArray(in, &value)) return false;
+      } else if (!WireFormatLite::SkipField(in, tag)) {
+        return false;
+      }
+    }
+    if (!EndsAtLimit(in)) return false;
+    in->PopLimit(limit);
+    if (!WireFormatLite::VerifyUtf8String(key.data(), static_cast<int>(key.size()),
+                                          WireFormatLite::PARSE,
+                                          "rollpack.v1.Microbatch.TokenFieldsEntry.key")) {
+      return false;
+    }
+    arrays_[absl::StrCat(ReceivedMicrobatch::kFieldPrefix, key)] = std::move(value);
+    return true;
+  }
+
+  ReceivedMicrobatch* const out_;
+  std::map<std::string, PendingArray> arrays_;
+};
+
+absl::StatusOr<ReceivedMicrobatch> ReceivedMicrobatch::Parse(const grpc::ByteBuffer& buffer) {
+  ReceivedMicrobatch m;
+  if (grpc::Status s = buffer.Dump(&m.slices_); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("received micro-batch: ", s.error_message()));
+  }
+  m.slice_offsets_.reserve(m.slices_.size());
+  for (const grpc::Slice& s : m.slices_) {
+    m.slice_offsets_.push_back(m.wire_bytes_);
+    m.wire_bytes_ += static_cast<int64_t>(s.size());
+  }
+  if (m.wire_bytes_ > INT_MAX) {
+    return absl::DataLossError(
+        absl::StrCat("received micro-batch of ", m.wire_bytes_, " bytes: over 2 GiB"));
+  }
+  MicrobatchWireParser parser(&m);
+  if (absl::Status s = parser.Run(); !s.ok()) return s;
+  return m;
+}
+
+const ReceivedMicrobatch::Range* ReceivedMicrobatch::Find(absl::string_view array) const {
+  auto it = data_.find(array);
+  return it == data_.end() ? nullptr : &it->second;
+}
+
+int64_t ReceivedMicrobatch::data_size(absl::string_view array) const {
+  const Range* r = Find(array);
+  return r == nullptr ? -1 : r->size;
+}
+
+template <typename Fn>
+void ReceivedMicrobatch::ForEachPiece(Range range, Fn piece) const {
+  if (range.size == 0) return;
+  size_t i = static_cast<size_t>(
+      std::upper_bound(slice_offsets_.begin(), slice_offsets_.end(), range.offset) -
+      slice_offsets_.begin() - 1);
+  int64_t at = range.offset - slice_offsets_[i];
+  int64_t left = range.size;
+  for (; left > 0; ++i, at = 0) {
+    const int64_t n = std::min<int64_t>(left, static_cast<int64_t>(slices_[i].size()) - at);
+    piece(reinterpret_cast<const char*>(slices_[i].begin()) + at, n);
+    left -= n;
+  }
+}
+
+void ReceivedMicrobatch::CopyData(absl::string_view array, void* out) const {
+  const Range* r = Find(array);
+  if (r == nullptr) return;
+  char* to = static_cast<char*>(out);
+  ForEachPiece(*r, [&to](const char* from, int64_t n) {
+    std::memcpy(to, from, n);
+    to += n;
+  });
+}
+
+v1::Microbatch ReceivedMicrobatch::ToMessage() const {
+  v1::Microbatch m = meta_;
+  for (const auto& [name, range] : data_) {
+    std::string* data = MutableArray(&m, name)->mutable_data();
+    data->reserve(range.size);
+    ForEachPiece(range, [data](const char* from, int64_t n) { data->append(from, n); });
+  }
+  return m;
+}
+
+}  // namespace rollpack

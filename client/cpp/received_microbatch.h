@@ -1,0 +1,83 @@
+// A Microbatch as the trainer receives it: gRPC's received slices kept as they
+// are, the small fields parsed, and every array's bytes located in the slices
+// but not copied. The consumer copies each array once, straight to where it
+// is used (DeviceStream: the pinned staging buffer the H2D copy reads), where
+// protobuf's parse would first copy every array into a std::string of fresh
+// memory and the consumer would copy it again (docs/performance.md).
+//
+// Parsing follows protobuf's rules for any valid encoding, not only the
+// canonical one rollpackd writes: fields in any order, unknown fields kept,
+// a repeated message field merged, the last value of a scalar or bytes field
+// wins, the last map entry of a key wins. ToMessage() equals what
+// Microbatch::ParseFromString gives for the same bytes (tested on randomised
+// encodings in tests/client/received_microbatch_test.cc).
+#ifndef ROLLPACK_CLIENT_CPP_RECEIVED_MICROBATCH_H_
+#define ROLLPACK_CLIENT_CPP_RECEIVED_MICROBATCH_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+#include "rollpack/v1/trainer.pb.h"
+
+namespace rollpack {
+
+class ReceivedMicrobatch {
+ public:
+  // The arrays of a Microbatch, by the names DeviceStream uses for them:
+  // "tokens", "cu_seqlens", "cu_seqlens_padded", "replay_experts",
+  // "replay_mask", and "field:<name>" for token_fields[<name>].
+  static constexpr absl::string_view kFieldPrefix = "field:";
+
+  // DATA_LOSS naming the byte offset when the bytes are not a Microbatch.
+  static absl::StatusOr<ReceivedMicrobatch> Parse(const grpc::ByteBuffer& buffer);
+
+  ReceivedMicrobatch() = default;
+  ReceivedMicrobatch(ReceivedMicrobatch&&) = default;
+  ReceivedMicrobatch& operator=(ReceivedMicrobatch&&) = default;
+
+  // Every field but the arrays' `data`, which is empty here.
+  const v1::Microbatch& meta() const { return meta_; }
+  // Bytes the message occupied on the wire.
+  int64_t wire_bytes() const { return wire_bytes_; }
+
+  // The named array's `data` size in bytes; -1 if the message has no such
+  // array (an absent array and one without data both read as 0 in
+  // protobuf: ToMessage() makes no difference between them either).
+  int64_t data_size(absl::string_view array) const;
+
+  // Copies the named array's bytes to `out` (data_size bytes); nothing for
+  // an absent array.
+  void CopyData(absl::string_view array, void* out) const;
+
+  // The whole message, arrays copied once into its strings.
+  v1::Microbatch ToMessage() const;
+
+ private:
+  struct Range {
+    int64_t offset = 0;
+    int64_t size = 0;
+  };
+
+  friend class MicrobatchWireParser;
+
+  // Calls `piece(data, size)` for each slice's part of [offset, offset+size).
+  template <typename Fn>
+  void ForEachPiece(Range range, Fn piece) const;
+  const Range* Find(absl::string_view array) const;
+
+  v1::Microbatch meta_;
+  std::map<std::string, Range, std::less<>> data_;
+  std::vector<grpc::Slice> slices_;
+  std::vector<int64_t> slice_offsets_;  // offset of each slice's first byte
+  int64_t wire_bytes_ = 0;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_CLIENT_CPP_RECEIVED_MICROBATCH_H_
