@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "client/cli/grpc_ceiling.h"
 #include "client/cpp/client.h"
+#include "client/cpp/received_microbatch.h"
 #include "client/cpp/synthetic_rollouts.h"
 #include "client/cpp/trainer_stream.h"
 #include "grpcpp/create_channel.h"
@@ -272,9 +273,28 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
   return r;
 }
 
+// Copies every array of `m` into `staging`, one after another.
+void StageArrays(const ReceivedMicrobatch& m, std::vector<char>* staging) {
+  std::vector<std::string> arrays = {"tokens", "cu_seqlens", "cu_seqlens_padded",
+                                     "replay_experts", "replay_mask"};
+  for (const auto& [name, array] : m.meta().token_fields()) {
+    arrays.push_back(absl::StrCat(ReceivedMicrobatch::kFieldPrefix, name));
+  }
+  int64_t total = 0;
+  for (const std::string& a : arrays) total += std::max<int64_t>(0, m.data_size(a));
+  if (static_cast<int64_t>(staging->size()) < total) staging->resize(total);
+  char* at = staging->data();
+  for (const std::string& a : arrays) {
+    m.CopyData(a, at);
+    at += std::max<int64_t>(0, m.data_size(a));
+  }
+}
+
 struct FetchResult {
   int streams = 0;
   double gbps = 0, first_all_ms = 0, server_cpu_s_per_gb = 0;
+  // This process's CPU over the fetch: nothing but the trainer ranks runs.
+  double trainer_cpu_s_per_gb = 0;
   // Of first_all_ms: until CreateStep returned (plan and layout).
   double create_step_ms = 0;
   // The first and the median rank to hold its first micro-batch.
@@ -326,9 +346,13 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
       step_created.WaitForNotification();
       if (!created_ok) return;
       TrainerStream stream(channels[i], create.step_id(), ranks[i]);
+      // What DeviceStream does on a GPU rank before the host-to-device
+      // copy: each array copied once from the received buffers into a
+      // staging buffer kept between micro-batches.
+      std::vector<char> staging;
       bool first = true;
       while (true) {
-        absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
+        absl::StatusOr<std::optional<ReceivedMicrobatch>> next = stream.NextReceived();
         if (!next.ok()) {
           absl::MutexLock lock(&error_mu);
           if (r.error.empty()) r.error = absl::StrCat("rank ", i, ": ", next.status().ToString());
@@ -340,11 +364,13 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
           first = false;
           if (first_only) return;
         }
-        bytes[i] += static_cast<int64_t>((*next)->ByteSizeLong());
+        StageArrays(**next, &staging);
+        bytes[i] += (*next)->wire_bytes();
       }
     });
   }
   const double cpu0 = daemon.CpuSeconds();
+  const double trainer_cpu0 = ProcessCpuSeconds();
   start = absl::Now();
   const absl::StatusOr<v1::StepInfo> created = control.CreateStep(create);
   created_ok = created.ok();
@@ -365,6 +391,7 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
   }
   r.gbps = r.bytes / s / 1e9;
   r.server_cpu_s_per_gb = r.bytes > 0 ? (daemon.CpuSeconds() - cpu0) / (r.bytes / 1e9) : 0;
+  r.trainer_cpu_s_per_gb = r.bytes > 0 ? (ProcessCpuSeconds() - trainer_cpu0) / (r.bytes / 1e9) : 0;
   (void)control.ReleaseStep(create.step_id());
   return r;
 }
@@ -544,13 +571,13 @@ int RunBenchTransportCommand(int argc, char** argv) {
     if (!control.CreateStep(drop).ok() || !control.ReleaseStep(pool).ok()) return 1;
   }
 
-  std::printf("\n%-44s %10s %10s %12s %14s\n", "fetch (all ranks concurrently)", "GB/s",
-              "x TCP", "srv CPU s/GB", "first mb, ms");
+  std::printf("\n%-44s %10s %10s %12s %14s %14s\n", "fetch (all ranks concurrently)", "GB/s",
+              "x TCP", "srv CPU s/GB", "ranks CPU s/GB", "first mb, ms");
   int64_t peak_payload = 0;
   struct FetchCase {
     int dp, cp, tp, pp;
   };
-  for (const FetchCase& c : {FetchCase{8, 1, 1, 1}, FetchCase{8, 2, 2, 1}, FetchCase{8, 2, 2, 2}}) {
+  for (const FetchCase& c : {FetchCase{1, 1, 1, 1}, FetchCase{8, 1, 1, 1}, FetchCase{8, 2, 2, 1}, FetchCase{8, 2, 2, 2}}) {
     if (!runs("fetch")) break;
     const std::string pool = absl::StrCat("fetch-", pool_id++);
     if (!control.RegisterModel(pool, model).ok()) return 1;
@@ -562,12 +589,14 @@ int RunBenchTransportCommand(int argc, char** argv) {
       std::fprintf(stderr, "bench transport: fetch failed: %s\n", r.error.c_str());
       return 1;
     }
-    std::printf("%-44s %10.2f %10.2f %12.2f %14.1f\n",
-                absl::StrCat(r.streams, " streams (dp", c.dp, " cp", c.cp, " tp", c.tp, " pp", c.pp,
-                             ")").c_str(),
-                r.gbps, r.gbps / tcp, r.server_cpu_s_per_gb, r.first_all_ms);
+    std::printf("%-44s %10.2f %10.2f %12.2f %14.2f %14.1f\n",
+                absl::StrCat(r.streams, r.streams == 1 ? " stream" : " streams", " (dp", c.dp,
+                             " cp", c.cp, " tp", c.tp, " pp", c.pp, ")").c_str(),
+                r.gbps, r.gbps / tcp, r.server_cpu_s_per_gb, r.trainer_cpu_s_per_gb,
+                r.first_all_ms);
     absl::StrAppend(&json, ", \"fetch_", r.streams, "_gbps\": ", r.gbps, ", \"fetch_", r.streams,
-                    "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb);
+                    "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb, ", \"fetch_", r.streams,
+                    "_trainer_cpu_s_per_gb\": ", r.trainer_cpu_s_per_gb);
   }
 
   // CreateStep to first micro-batch on 64 ranks for a large step. Short
