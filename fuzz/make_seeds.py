@@ -80,3 +80,23 @@ for j in range(12):
 for target in ("plan", "layout"):
     for j in range(16):
         write(target, "seed_%02d" % j, bytes(rng.randrange(256) for _ in range(rng.choice([32, 64, 200, 400]))))
+
+# received_microbatch: Microbatch bytes, then the slice cut points and piece
+# count (FuzzedDataProvider takes integers from the end of the input).
+from rollpack.v1 import trainer_pb2  # noqa: E402
+
+for j in range(4):
+    n = 1 + rng.randrange(40)
+    m = trainer_pb2.Microbatch(step_id="step", index=j, num_microbatches=4, local_cp_size=1,
+                               max_seqlen=n, workload=1.5)
+    m.sample_ids.extend(["s1", "s2"])
+    m.cu_seqlens.CopyFrom(array(ndarray_pb2.INT32, [3], "i", [0, n // 2, n]))
+    m.cu_seqlens_padded.CopyFrom(array(ndarray_pb2.INT32, [3], "i", [0, n // 2, n]))
+    m.tokens.CopyFrom(array(ndarray_pb2.INT32, [n], "i", [rng.randrange(1000) for _ in range(n)]))
+    m.token_fields["logprobs"].CopyFrom(array(ndarray_pb2.FLOAT32, [n], "f", [-0.5] * n))
+    m.replay_experts.CopyFrom(array(ndarray_pb2.UINT8, [n, 2, 2], "B",
+                                    [rng.randrange(8) for _ in range(4 * n)]))
+    m.replay_mask.CopyFrom(array(ndarray_pb2.UINT8, [n], "B", [1] * n))
+    m.replay_layers.extend([1, 3])
+    write("received_microbatch", "seed_%02d" % j,
+          m.SerializeToString() + bytes(rng.randrange(256) for _ in range(2 * j + 1)))

@@ -15,7 +15,7 @@ start=$(date +%s)
 asan_tests=(ndarray_test sample_validation_test sample_store_test durable_log_test bad_input_test
             server_test routing_report_test topology_test plan_test pipeline_layers_test
             layout_test layout_property_test put_samples_reactor_test put_samples_stream_test
-            commit_sequencer_test striped_put_test)
+            commit_sequencer_test striped_put_test received_microbatch_test)
 cmake -S . -B "$ASAN_DIR" -G Ninja -DROLLPACK_SANITIZE=ON -DROLLPACK_WITH_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 >/dev/null
 cmake --build "$ASAN_DIR" -j "$JOBS" --target "${asan_tests[@]}"
@@ -29,7 +29,8 @@ asan_done=$(date +%s)
 
 CC=clang CXX=clang++ cmake -S . -B "$FUZZ_DIR" -G Ninja -DROLLPACK_FUZZ=ON -DROLLPACK_WITH_CUDA=OFF \
   -DROLLPACK_FUZZ_SECONDS="$FUZZ_SECONDS" >/dev/null
-cmake --build "$FUZZ_DIR" -j "$JOBS" --target sample_validation_fuzzer topology_fuzzer plan_fuzzer layout_fuzzer
+cmake --build "$FUZZ_DIR" -j "$JOBS" --target sample_validation_fuzzer topology_fuzzer plan_fuzzer layout_fuzzer \
+  received_microbatch_fuzzer
 (cd "$FUZZ_DIR" && ctest --output-on-failure -L fuzz)
 end=$(date +%s)
 echo "ci-extra: sanitizer build + tests $((asan_done - start)) s, fuzz build + runs $((end - asan_done)) s"

@@ -225,6 +225,12 @@ class MicrobatchWireParser {
       if (tag == LengthDelimitedTag(1)) {
         int size = 0;
         if (!ReadSize(in, &size) || !in->ReadString(&key, size)) return false;
+        // Every occurrence, as protobuf checks each key it reads.
+        if (!WireFormatLite::VerifyUtf8String(key.data(), static_cast<int>(key.size()),
+                                              WireFormatLite::PARSE,
+                                              "rollpack.v1.Microbatch.TokenFieldsEntry.key")) {
+          return false;
+        }
       } else if (tag == LengthDelimitedTag(2)) {
         if (!ParseArray(in, &value)) return false;
       } else if (!WireFormatLite::SkipField(in, tag)) {
@@ -233,11 +239,6 @@ class MicrobatchWireParser {
     }
     if (!EndsAtLimit(in)) return false;
     in->PopLimit(limit);
-    if (!WireFormatLite::VerifyUtf8String(key.data(), static_cast<int>(key.size()),
-                                          WireFormatLite::PARSE,
-                                          "rollpack.v1.Microbatch.TokenFieldsEntry.key")) {
-      return false;
-    }
     arrays_[absl::StrCat(ReceivedMicrobatch::kFieldPrefix, key)] = std::move(value);
     return true;
   }

@@ -1,0 +1,56 @@
+// The trainer's parser of received micro-batches (client/cpp/received_microbatch.h)
+// on any bytes, cut into gRPC slices where the fuzzer says. Oracle: no memory
+// error, and where both it and protobuf's parser accept, the same message,
+// every array it locates inside the received bytes.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <string>
+#include <vector>
+
+#include "client/cpp/received_microbatch.h"
+#include "fuzz/fuzz_common.h"
+#include "google/protobuf/stubs/logging.h"
+#include "tests/server/deterministic_bytes.h"
+
+using namespace rollpack;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static google::protobuf::LogSilencer* quiet = new google::protobuf::LogSilencer();
+  (void)quiet;
+  FuzzedDataProvider in(data, size);
+  const uint8_t pieces = in.ConsumeIntegralInRange<uint8_t>(1, 16);
+  std::vector<size_t> cuts;
+  for (int i = 1; i < pieces; ++i) cuts.push_back(in.ConsumeIntegral<uint16_t>());
+  const std::string bytes = in.ConsumeRemainingBytesAsString();
+  std::vector<grpc::Slice> slices;
+  size_t at = 0;
+  for (size_t cut : cuts) {
+    cut = std::min(std::max(cut, at), bytes.size());
+    slices.emplace_back(bytes.data() + at, cut - at);
+    at = cut;
+  }
+  slices.emplace_back(bytes.data() + at, bytes.size() - at);
+  const grpc::ByteBuffer buffer(slices.data(), slices.size());
+
+  v1::Microbatch expected;
+  const bool protobuf_ok = expected.ParseFromString(bytes);
+  absl::StatusOr<ReceivedMicrobatch> received = ReceivedMicrobatch::Parse(buffer);
+  // Refusals agree on the unit test's corruptions; on fuzzed malformed
+  // nested encodings they may not yet (docs/reliability.md), so the oracle
+  // here is memory safety plus equal results where both accept.
+  if (!received.ok() || !protobuf_ok) return 0;
+  FUZZ_CHECK(received->wire_bytes() == static_cast<int64_t>(bytes.size()));
+  // Bytes, not MessageDifferencer: a NaN workload is the same value but
+  // compares unequal.
+  FUZZ_CHECK(DeterministicBytes(received->ToMessage()) == DeterministicBytes(expected));
+  for (const char* name : {"tokens", "cu_seqlens", "cu_seqlens_padded", "replay_experts",
+                           "replay_mask"}) {
+    const int64_t n = received->data_size(name);
+    FUZZ_CHECK(n <= received->wire_bytes());
+    if (n > 0) {
+      std::string out(static_cast<size_t>(n), '\0');
+      received->CopyData(name, out.data());
+    }
+  }
+  return 0;
+}
