@@ -239,6 +239,9 @@ class MicrobatchWireParser {
     }
     if (!EndsAtLimit(in)) return false;
     in->PopLimit(limit);
+    // protobuf parses an entry's value even when a later entry of the same
+    // key replaces it, so a malformed value refuses the message either way.
+    if (v1::NDArray checked; !checked.ParseFromString(value.head)) return false;
     arrays_[absl::StrCat(ReceivedMicrobatch::kFieldPrefix, key)] = std::move(value);
     return true;
   }

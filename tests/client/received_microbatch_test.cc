@@ -219,6 +219,18 @@ TEST(ReceivedMicrobatchTest, RefusesExactlyWhatProtobufRefuses) {
     for (int k = 0; k < 3; ++k) flipped[rng() % flipped.size()] = static_cast<char>(rng());
     agree(flipped, absl::StrCat("byte ", at, " and three more changed, trial ", trial));
   }
+  // A malformed value in a token-field entry that a later entry of the same
+  // key replaces: protobuf parses (and refuses) it all the same.
+  {
+    v1::Microbatch later;
+    (*later.mutable_token_fields())["a"].add_shape(3);
+    const std::string entry_key("\n\x01\x61", 3);                  // key "a"
+    const std::string bad_value("\x12\x04\x12\x02\xff\xff", 6);   // shape: unterminated varint
+    const std::string bad_entry = "R" + std::string(1, static_cast<char>(entry_key.size() +
+                                                                      bad_value.size())) +
+                                  entry_key + bad_value;               // field 10
+    agree(bad_entry + later.SerializeAsString(), "malformed value replaced by a later entry");
+  }
   // An invalid UTF-8 token-field name, as protobuf checks proto3 strings.
   v1::Microbatch bad_key;
   (*bad_key.mutable_token_fields())[std::string("\xff\xfe", 2)];
