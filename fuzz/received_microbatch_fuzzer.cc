@@ -10,7 +10,7 @@
 #include "client/cpp/received_microbatch.h"
 #include "fuzz/fuzz_common.h"
 #include "google/protobuf/stubs/logging.h"
-#include "tests/server/deterministic_bytes.h"
+#include "testing/deterministic_bytes.h"
 
 using namespace rollpack;
 

@@ -9,9 +9,9 @@
 
 #include "fuzz/fuzz_common.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/durable_log.h"
-#include "server/sample_store.h"
-#include "server/sample_validation.h"
+#include "server/store/durable_log.h"
+#include "server/store/sample_store.h"
+#include "server/ingest/sample_validation.h"
 
 using namespace rollpack;
 

@@ -7,7 +7,7 @@
 
 #include "fuzz/fuzz_common.h"
 #include "scheduler/pipeline_layers.h"
-#include "server/convert.h"
+#include "server/store/convert.h"
 
 using namespace rollpack;
 

@@ -1,6 +1,6 @@
 // Hand-written framing of length-delimited protobuf fields, for the paths that
 // write a message's bytes directly into a transport buffer instead of building
-// the message and serializing it (server/microbatch_builder.cc on fetch,
+// the message and serializing it (server/delivery/microbatch_builder.cc on fetch,
 // client/cpp/put_samples_stream.cc on ingest). The bytes are exactly what
 // protobuf's own serializer writes for the same field.
 #ifndef ROLLPACK_PROTO_WIRE_FORMAT_H_

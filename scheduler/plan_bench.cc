@@ -20,7 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/cli/plan_command.h"
+#include "cli/plan_command.h"
 #include "scheduler/plan.h"
 #include "scheduler/topology.h"
 

@@ -1,4 +1,4 @@
-#include "client/cli/plan_command.h"
+#include "cli/plan_command.h"
 
 #include <cstdio>
 #include <fstream>

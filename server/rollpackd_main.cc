@@ -14,7 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
-#include "server/keep_freed_memory.h"
+#include "server/ops/keep_freed_memory.h"
 #include "server/server.h"
 #include "spdlog/spdlog.h"
 

@@ -15,18 +15,18 @@
 #include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
-#include "server/auth.h"
-#include "server/metrics/http_exporter.h"
-#include "server/metrics/registry.h"
-#include "server/rollouts_service.h"
-#include "server/durable_log.h"
-#include "server/rendezvous_service.h"
-#include "server/routing_agreement.h"
-#include "server/sample_store.h"
-#include "server/scheduler_service.h"
-#include "server/server_metrics.h"
-#include "server/telemetry_service.h"
-#include "server/trainer_service.h"
+#include "server/ops/auth.h"
+#include "server/ops/metrics/http_exporter.h"
+#include "server/ops/metrics/registry.h"
+#include "server/ingest/rollouts_service.h"
+#include "server/store/durable_log.h"
+#include "server/control/rendezvous_service.h"
+#include "server/control/routing_agreement.h"
+#include "server/store/sample_store.h"
+#include "server/control/scheduler_service.h"
+#include "server/ops/server_metrics.h"
+#include "server/control/telemetry_service.h"
+#include "server/delivery/trainer_service.h"
 
 namespace rollpack {
 
@@ -43,7 +43,7 @@ struct ServerOptions {
   // for hosts unlike ours, measured with `rollpack bench transport
   // --server-arg --grpc-arg=...` (docs/performance.md).
   std::vector<std::pair<std::string, int>> grpc_int_args;
-  // Durable mode (server/durable_log.h): when set, every acknowledged
+  // Durable mode (server/store/durable_log.h): when set, every acknowledged
   // mutation is logged under this directory and replayed at start.
   std::string data_dir;
   FsyncPolicy fsync = FsyncPolicy::kAlways;
@@ -59,13 +59,13 @@ struct ServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
-  // `ROLE TOKEN` lines (server/auth.h); empty = no auth.
+  // `ROLE TOKEN` lines (server/ops/auth.h); empty = no auth.
   std::string auth_tokens_file;
   // Bytes one pool may hold; 0 = only max_memory_bytes applies.
   int64_t max_pool_memory_bytes = 0;
-  // Delivery (server/trainer_service.h).
+  // Delivery (server/delivery/trainer_service.h).
   FetchOptions fetch;
-  // Ingest (server/put_samples_reactor.h).
+  // Ingest (server/ingest/put_samples_reactor.h).
   IngestOptions ingest;
 };
 

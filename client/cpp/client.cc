@@ -15,7 +15,7 @@ namespace rollpack {
 namespace {
 
 // The metadata that makes a stream one of a striped PutSamples call
-// (server/commit_sequencer.h).
+// (server/ingest/commit_sequencer.h).
 constexpr char kStripeMetadataKey[] = "rollpack-stripe";
 
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address, const ClientOptions& options,

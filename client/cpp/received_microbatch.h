@@ -10,7 +10,7 @@
 // a repeated message field merged, the last value of a scalar or bytes field
 // wins, the last map entry of a key wins. ToMessage() equals what
 // Microbatch::ParseFromString gives for the same bytes (tested on randomised
-// encodings in tests/client/received_microbatch_test.cc).
+// encodings in client/cpp/received_microbatch_test.cc).
 #ifndef ROLLPACK_CLIENT_CPP_RECEIVED_MICROBATCH_H_
 #define ROLLPACK_CLIENT_CPP_RECEIVED_MICROBATCH_H_
 

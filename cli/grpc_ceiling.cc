@@ -1,0 +1,199 @@
+#include "cli/grpc_ceiling.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpc/grpc.h"
+#include "grpc/slice.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+#include "server/ops/keep_freed_memory.h"
+#include "server/server.h"
+
+namespace rollpack {
+namespace {
+
+constexpr char kDrainMethod[] = "/rollpack.bench.Sink/Drain";
+
+// Reads every message and drops it.
+class DrainReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  DrainReactor() { StartRead(&message_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    message_.Clear();
+    StartRead(&message_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::ByteBuffer message_;
+};
+
+class SinkService final : public grpc::CallbackGenericService {
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    return new DrainReactor();
+  }
+};
+
+// Writes the same message (one slice, shared: nothing is copied per write)
+// `count` times, one write in flight, as a producer does.
+class Sender final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  Sender(const grpc::ByteBuffer& message, int64_t count) : message_(message), left_(count) {}
+
+  void Start(grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>* stub) {
+    stub->PrepareBidiStreamingCall(&context_, kDrainMethod, grpc::StubOptions(), this);
+    WriteNext();
+    StartCall();
+  }
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();
+  }
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+  grpc::Status Wait() {
+    done_.WaitForNotification();
+    return status_;
+  }
+
+ private:
+  void WriteNext() {
+    if (left_-- > 0) {
+      StartWrite(&message_);
+    } else {
+      StartWritesDone();
+    }
+  }
+
+  grpc::ClientContext context_;
+  grpc::ByteBuffer message_;
+  int64_t left_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+}  // namespace
+
+absl::StatusOr<double> MeasureGrpcCeilingGBps(const std::string& address,
+                                              const GrpcCeilingOptions& options) {
+  if (options.message_bytes <= 0 || options.streams <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("message_bytes ", options.message_bytes,
+                                                   " and streams ", options.streams,
+                                                   " must be > 0"));
+  }
+  grpc_slice raw = grpc_slice_malloc(static_cast<size_t>(options.message_bytes));
+  std::memset(GRPC_SLICE_START_PTR(raw), 0x5a, GRPC_SLICE_LENGTH(raw));
+  const grpc::Slice slice(raw, grpc::Slice::STEAL_REF);
+  const grpc::ByteBuffer message(&slice, 1);
+  const int64_t count = std::max<int64_t>(
+      1, options.total_bytes / options.streams / options.message_bytes);
+
+  std::vector<std::unique_ptr<grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>>>
+      stubs;
+  for (int i = 0; i < options.streams; ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    args.SetInt("rollpack.connection", i);  // a connection of its own
+    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(5)))) {
+      return absl::UnavailableError(absl::StrCat("gRPC sink at ", address, " did not answer"));
+    }
+    stubs.push_back(
+        std::make_unique<grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>>(channel));
+  }
+  std::vector<std::unique_ptr<Sender>> senders;
+  for (int i = 0; i < options.streams; ++i) senders.push_back(std::make_unique<Sender>(message, count));
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < options.streams; ++i) senders[i]->Start(stubs[i].get());
+  grpc::Status failed;
+  for (auto& sender : senders) {
+    grpc::Status status = sender->Wait();
+    if (!status.ok() && failed.ok()) failed = status;
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!failed.ok()) {
+    return absl::UnavailableError(absl::StrCat("gRPC sink call: ", failed.error_message()));
+  }
+  return static_cast<double>(count * options.message_bytes) * options.streams / seconds / 1e9;
+}
+
+int RunGrpcSinkCommand(int argc, char** argv) {
+  KeepFreedMemory();  // as rollpackd: the same cost of memory on both
+  std::string port_file;
+  std::vector<std::pair<std::string, int>> int_args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--port-file" && i + 1 < argc) {
+      port_file = argv[++i];
+    } else if (arg.rfind("--grpc-arg=", 0) == 0) {
+      for (absl::string_view item : absl::StrSplit(arg.substr(11), ',')) {
+        absl::StatusOr<std::pair<std::string, int>> parsed = ParseGrpcIntArg(item);
+        if (!parsed.ok()) {
+          std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+          return 2;
+        }
+        int_args.push_back(*parsed);
+      }
+    } else {
+      std::fprintf(stderr, "usage: rollpack bench grpc-sink --port-file PATH "
+                           "[--grpc-arg=NAME=INTEGER,...]\n");
+      return 2;
+    }
+  }
+  // Blocked before any thread starts, so every thread inherits the mask.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  SinkService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(&service);
+  builder.SetMaxReceiveMessageSize(-1);
+  for (const auto& [name, value] : int_args) builder.AddChannelArgument(name, value);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "rollpack bench grpc-sink: cannot listen\n");
+    return 1;
+  }
+  if (!port_file.empty()) {
+    const std::string temporary = port_file + ".tmp";
+    std::ofstream(temporary) << port << "\n";
+    std::rename(temporary.c_str(), port_file.c_str());
+  }
+  int signal = 0;
+  sigwait(&stop, &signal);
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  return 0;
+}
+
+}  // namespace rollpack

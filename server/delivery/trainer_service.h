@@ -1,0 +1,54 @@
+// gRPC adapter of delivery: stream one rank's micro-batches of a step.
+#ifndef ROLLPACK_SERVER_DELIVERY_TRAINER_SERVICE_H_
+#define ROLLPACK_SERVER_DELIVERY_TRAINER_SERVICE_H_
+
+#include <atomic>
+
+#include "grpcpp/support/byte_buffer.h"
+#include "rollpack/v1/trainer.grpc.pb.h"
+#include "server/ops/auth.h"
+#include "server/store/sample_store.h"
+#include "server/delivery/first_delivery_gate.h"
+#include "server/ops/server_metrics.h"
+
+namespace rollpack {
+
+struct FetchOptions {
+  // FetchMicrobatches streams in flight at once (0 = no limit); past it a
+  // new one gets RESOURCE_EXHAUSTED.
+  int max_concurrent_streams = 0;
+  // Hold prefetch writes while other streams' first micro-batches are in
+  // flight (server/delivery/first_delivery_gate.h).
+  bool first_microbatch_priority = true;
+};
+
+// FetchMicrobatches is served raw: each micro-batch is encoded straight into
+// the grpc::ByteBuffer that goes on the wire (server/delivery/microbatch_builder.h)
+// instead of being built as a message and serialized again.
+class TrainerService final
+    : public v1::Trainer::WithRawCallbackMethod_FetchMicrobatches<v1::Trainer::CallbackService> {
+ public:
+  // `metrics` and `auth` may be null (no metrics, no auth).
+  explicit TrainerService(SampleStore* store, ServerMetrics* metrics = nullptr,
+                          const Authorizer* auth = nullptr, FetchOptions options = {})
+      : store_(store), metrics_(metrics), auth_(auth), options_(options) {}
+
+  int active_streams() const { return active_streams_.load(); }
+
+  // `request` is a serialized v1::FetchRequest; each write a v1::Microbatch.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchMicrobatches(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+
+ private:
+  SampleStore* const store_;
+  ServerMetrics* const metrics_;
+  const Authorizer* const auth_;
+  const FetchOptions options_;
+  FirstDeliveryGate first_delivery_;
+  std::atomic<int64_t> next_stream_id_{1};
+  std::atomic<int> active_streams_{0};
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_DELIVERY_TRAINER_SERVICE_H_

@@ -1,0 +1,49 @@
+// The server side of Rollouts.PutSamples. Request messages arrive as raw
+// bytes; up to IngestOptions::messages_in_flight of one stream are parsed and
+// validated at once on a worker pool, and committed in the order they were
+// sent, each all or nothing. The first refused message ends the stream;
+// earlier ones stay committed, later ones are dropped.
+//
+// Why: gRPC reads one stream's messages one after another, so with a single
+// producer the server parsed (copied out of gRPC's slices into fresh memory)
+// and validated one message at a time and a single producer got a fraction
+// of the link on a host with cores to spare (docs/performance.md).
+#ifndef ROLLPACK_SERVER_INGEST_PUT_SAMPLES_REACTOR_H_
+#define ROLLPACK_SERVER_INGEST_PUT_SAMPLES_REACTOR_H_
+
+#include <memory>
+
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/server_callback.h"
+#include "server/ingest/commit_sequencer.h"
+#include "server/store/sample_store.h"
+#include "server/ops/server_metrics.h"
+#include "server/ingest/worker_pool.h"
+
+namespace rollpack {
+
+struct IngestOptions {
+  // Messages of one PutSamples stream being parsed, validated or waiting to
+  // commit at once; each holds up to a message's bytes. 1 = one at a time on
+  // gRPC's thread, no worker pool.
+  int messages_in_flight = 4;
+  // Threads of the worker pool (0 = one per core, at most 8).
+  int threads = 0;
+};
+
+// The reactor of one PutSamples stream; it deletes itself when the stream is
+// done. Its messages are committed through `sequencer`, as stream `stripe`
+// of the call (server/ingest/commit_sequencer.h; a call of one stream has a
+// sequencer of its own). `workers` may be null (then messages_in_flight is
+// 1); `metrics` too.
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutSamplesReactor(SampleStore* store,
+                                                                ServerMetrics* metrics,
+                                                                WorkerPool* workers,
+                                                                int messages_in_flight,
+                                                                std::shared_ptr<CommitSequencer> sequencer,
+                                                                int stripe,
+                                                                grpc::ByteBuffer* response);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_INGEST_PUT_SAMPLES_REACTOR_H_

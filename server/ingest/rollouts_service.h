@@ -1,0 +1,48 @@
+// gRPC adapter of the producer side: register models, stream samples in.
+#ifndef ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
+#define ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
+
+#include <memory>
+
+#include "rollpack/v1/rollouts.grpc.pb.h"
+#include "server/ops/auth.h"
+#include "server/ingest/commit_sequencer.h"
+#include "server/ingest/put_samples_reactor.h"
+#include "server/store/sample_store.h"
+#include "server/ops/server_metrics.h"
+#include "server/ingest/worker_pool.h"
+
+namespace rollpack {
+
+// PutSamples is served raw: its messages are parsed on the ingest worker pool
+// (server/ingest/put_samples_reactor.h), not on gRPC's thread.
+class RolloutsService final
+    : public v1::Rollouts::WithRawCallbackMethod_PutSamples<v1::Rollouts::CallbackService> {
+ public:
+  // `metrics` and `auth` may be null (no metrics, no auth).
+  explicit RolloutsService(SampleStore* store, ServerMetrics* metrics = nullptr,
+                           const Authorizer* auth = nullptr, IngestOptions ingest = {});
+
+  grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
+                                          const v1::RegisterModelRequest* request,
+                                          v1::RegisterModelResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PutSamples(grpc::CallbackServerContext* context,
+                                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetPool(grpc::CallbackServerContext* context,
+                                    const v1::GetPoolRequest* request,
+                                    v1::PoolInfo* response) override;
+
+ private:
+  SampleStore* const store_;
+  ServerMetrics* const metrics_;
+  const Authorizer* const auth_;
+  const IngestOptions ingest_;
+  // Null when messages_in_flight is 1.
+  std::unique_ptr<WorkerPool> workers_;
+  // PutSamples calls a producer spreads over several streams.
+  StripedCalls striped_calls_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_

@@ -1,0 +1,391 @@
+#include "server/ingest/sample_validation.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/ingest/expert_id_check.h"
+#include "server/store/ndarray.h"
+
+namespace rollpack {
+namespace {
+
+constexpr size_t kMaxSampleIdBytes = 1024;
+// The durable log's codec keeps at most 16 dimensions after n; a field it
+// could not replay must not be acknowledged (found by
+// fuzz/sample_validation_fuzzer).
+constexpr int kMaxTokenFieldRank = 17;
+
+struct ExpertsInput {
+  ArrayView view;
+  int64_t row_offset = 0;
+  int64_t rows = 0;
+  int payload_layers = 0;
+  // Payload layer index of each MoE layer, in M order.
+  std::vector<int> moe_payload_index;
+};
+
+class SampleValidator {
+ public:
+  // `owned` is null or `&sample`: a request the caller discards afterwards,
+  // whose payload bytes may then be moved into the result.
+  SampleValidator(const v1::Sample& sample, const ModelSpec& model, v1::Sample* owned)
+      : sample_(sample), owned_(owned), model_(model),
+        who_(absl::StrCat("sample \"", sample.sample_id(), "\": ")) {}
+
+  absl::StatusOr<StoredSample> Run() {
+    if (sample_.sample_id().empty()) {
+      return absl::InvalidArgumentError("sample_id is empty");
+    }
+    if (sample_.sample_id().size() > kMaxSampleIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample_id of ", sample_.sample_id().size(), " bytes is longer than ",
+          kMaxSampleIdBytes));
+    }
+    StoredSample out;
+    out.sample_id = sample_.sample_id();
+    out.group_id = sample_.group_id();
+    out.policy_version = sample_.policy_version();
+    out.scalars.insert(sample_.scalars().begin(), sample_.scalars().end());
+
+    if (absl::Status s = ConvertTokens(out); !s.ok()) return s;
+    if (absl::Status s = ConvertExperts(out); !s.ok()) return s;
+    if (absl::Status s = ConvertTokenFields(out); !s.ok()) return s;
+    return out;
+  }
+
+ private:
+  absl::Status Invalid(absl::string_view message) const {
+    return absl::InvalidArgumentError(absl::StrCat(who_, message));
+  }
+
+  absl::Status ConvertTokens(StoredSample& out) {
+    if (!sample_.has_tokens() || IsEmptyArray(sample_.tokens())) {
+      return Invalid("tokens is missing");
+    }
+    absl::StatusOr<ArrayView> tokens = ViewArray(sample_.tokens(), who_ + "tokens");
+    if (!tokens.ok()) return tokens.status();
+    if (tokens->dtype != v1::INT32) {
+      return Invalid(absl::StrCat("tokens has dtype ", DTypeName(tokens->dtype),
+                                  ", must be int32"));
+    }
+    if (tokens->rank() != 1) {
+      return Invalid(absl::StrCat("tokens has rank ", tokens->rank(), ", must be 1"));
+    }
+    n_ = tokens->dim(0);
+    if (n_ < 1) return Invalid("tokens is empty, need at least 1 token");
+    out.tokens.resize(n_);
+    std::memcpy(out.tokens.data(), tokens->data.data(), tokens->data.size());
+    return absl::OkStatus();
+  }
+
+  absl::Status ConvertExperts(StoredSample& out) {
+    const bool sent = sample_.has_routed_experts() && !IsEmptyArray(sample_.routed_experts());
+    if (model_.is_dense()) {
+      if (sent) {
+        return Invalid(absl::StrCat("routed_experts sent, but model \"", model_.name,
+                                    "\" is dense (num_experts 0)"));
+      }
+      return absl::OkStatus();
+    }
+    if (!sent) return Invalid("routed_experts is missing (the model is MoE)");
+    absl::StatusOr<ExpertsInput> input = CheckExpertsShape();
+    if (!input.ok()) return input.status();
+    return ConvertExpertRows(*input, out);
+  }
+
+  absl::StatusOr<ExpertsInput> CheckExpertsShape() {
+    ExpertsInput in;
+    absl::StatusOr<ArrayView> view = ViewArray(sample_.routed_experts(), who_ + "routed_experts");
+    if (!view.ok()) return view.status();
+    in.view = *std::move(view);
+    const v1::DType dtype = in.view.dtype;
+    if (dtype != v1::UINT8 && dtype != v1::UINT16 && dtype != v1::INT16 &&
+        dtype != v1::INT32) {
+      return Invalid(absl::StrCat("routed_experts has dtype ", DTypeName(dtype),
+                                  ", must be uint8, uint16, int16 or int32"));
+    }
+    if (dtype == v1::UINT8 && model_.num_experts > 256) {
+      return Invalid(absl::StrCat(
+          "routed_experts is uint8 but num_experts is ", model_.num_experts,
+          " (> 256): the ids were truncated by the producer"));
+    }
+    if (in.view.rank() != 3) {
+      return Invalid(absl::StrCat("routed_experts has rank ", in.view.rank(),
+                                  ", must be 3 [rows, layers, topk]"));
+    }
+    in.rows = in.view.dim(0);
+    const int64_t layers = in.view.dim(1);
+    const int64_t k = in.view.dim(2);
+    moe_layers_ = model_.ResolvedMoeLayers();
+    const int64_t num_moe = static_cast<int64_t>(moe_layers_.size());
+    if (layers != model_.num_layers && layers != num_moe) {
+      return Invalid(absl::StrCat("routed_experts has ", layers,
+                                  " layers, must be num_layers = ", model_.num_layers,
+                                  " (full) or len(moe_layers) = ", num_moe, " (compact)"));
+    }
+    if (k != model_.topk) {
+      return Invalid(absl::StrCat("routed_experts has topk ", k, ", model topk is ",
+                                  model_.topk));
+    }
+    in.payload_layers = static_cast<int>(layers);
+    const bool full = layers == model_.num_layers;
+    for (size_t i = 0; i < moe_layers_.size(); ++i) {
+      in.moe_payload_index.push_back(full ? moe_layers_[i] : static_cast<int>(i));
+    }
+    in.row_offset = sample_.routed_experts_row_offset();
+    if (in.row_offset < 0) {
+      return Invalid(absl::StrCat("routed_experts_row_offset is ", in.row_offset,
+                                  ", must be >= 0"));
+    }
+    const int64_t end = in.row_offset + in.rows;
+    if (end != n_ && end != n_ - 1) {
+      return Invalid(absl::StrCat("routed_experts has ", in.rows, " rows from offset ",
+                                  in.row_offset, ", ending at ", end, "; must end at n = ", n_,
+                                  " or n - 1 = ", n_ - 1));
+    }
+    return in;
+  }
+
+  // One pass over the payload: classify each row (replay or missing), check
+  // ids, and copy MoE layers into the compact stored layout. Typed on the
+  // input and stored id widths. uint8 (what producers send when E <= 256)
+  // first tries the word-at-a-time path; what it refuses comes here for the
+  // exact error.
+  absl::Status ConvertExpertRows(const ExpertsInput& in, StoredSample& out) {
+    const bool narrow = model_.stored_id_bytes() == 1;
+    switch (in.view.dtype) {
+      case v1::UINT8:
+        if (TryConvertUint8(in, out)) return absl::OkStatus();
+        return ConvertTyped<uint8_t, uint8_t>(in, out);
+      case v1::UINT16:
+        return narrow ? ConvertTyped<uint16_t, uint8_t>(in, out)
+                      : ConvertTyped<uint16_t, uint16_t>(in, out);
+      case v1::INT16:
+        return narrow ? ConvertTyped<int16_t, uint8_t>(in, out)
+                      : ConvertTyped<int16_t, uint16_t>(in, out);
+      default:
+        return narrow ? ConvertTyped<int32_t, uint8_t>(in, out)
+                      : ConvertTyped<int32_t, uint16_t>(in, out);
+    }
+  }
+
+  // uint8 ids are already the stored width and have no missing rows (-1 is
+  // not representable), so a valid payload's MoE layers are stored as they
+  // came: moved without a copy when they are exactly [n, |M|, K] and the
+  // request is ours, else copied once. False (nothing stored) when some id
+  // breaks a rule; ConvertTyped then names it.
+  bool TryConvertUint8(const ExpertsInput& in, StoredSample& out) {
+    const int k = model_.topk;
+    const int num_moe = static_cast<int>(moe_layers_.size());
+    const int64_t row_bytes = int64_t{num_moe} * k;
+    const int64_t total = n_ * row_bytes;
+    const int64_t first = in.row_offset * row_bytes;
+    const uint8_t* src = in.view.as<uint8_t>();
+    // Compact, or full with every layer MoE: the payload rows are the stored rows.
+    const bool compact = in.payload_layers == num_moe;
+    std::string experts;
+    const uint8_t* ids = src;
+    if (!compact) {
+      experts.resize(total);
+      GatherMoeLayers(in, src, reinterpret_cast<uint8_t*>(experts.data()) + first);
+      ids = reinterpret_cast<const uint8_t*>(experts.data()) + first;
+    }
+    if (!Uint8ExpertIdsValid(ids, in.rows * num_moe, k, model_.num_experts)) return false;
+    if (!model_.allow_all_zero_layers && in.rows > 1 &&
+        !EveryLayerNonzero(ids, in.rows, num_moe, k)) {
+      return false;
+    }
+    if (compact) {
+      if (owned_ != nullptr && first == 0 && in.rows == n_) {
+        experts = std::move(*owned_->mutable_routed_experts()->mutable_data());
+      } else {
+        experts.reserve(total);
+        experts.append(first, '\0');
+        experts.append(in.view.data.data(), in.rows * row_bytes);
+        experts.append(total - first - in.rows * row_bytes, '\0');
+      }
+    }
+    out.experts = std::move(experts);
+    out.row_valid.assign(n_, 0);
+    std::fill_n(out.row_valid.begin() + in.row_offset, in.rows, 1);
+    return true;
+  }
+
+  // Copies the MoE layers of every payload row into `dst` ([rows, |M|, K]),
+  // one memcpy per run of consecutive MoE layers (DeepSeek-V3: one run).
+  void GatherMoeLayers(const ExpertsInput& in, const uint8_t* src, uint8_t* dst) const {
+    const int k = model_.topk;
+    std::vector<std::pair<int, int>> runs;  // (first payload layer, layers)
+    for (int idx : in.moe_payload_index) {
+      if (!runs.empty() && runs.back().first + runs.back().second == idx) {
+        ++runs.back().second;
+      } else {
+        runs.emplace_back(idx, 1);
+      }
+    }
+    const int64_t row_stride = int64_t{in.payload_layers} * k;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      const uint8_t* row = src + r * row_stride;
+      for (const auto& [layer, count] : runs) {
+        std::memcpy(dst, row + int64_t{layer} * k, static_cast<size_t>(count) * k);
+        dst += int64_t{count} * k;
+      }
+    }
+  }
+
+  template <typename In, typename Stored>
+  absl::Status ConvertTyped(const ExpertsInput& in, StoredSample& out) {
+    const int k = model_.topk;
+    const int num_moe = static_cast<int>(moe_layers_.size());
+    const int64_t e = model_.num_experts;
+    out.row_valid.assign(n_, 0);
+    out.experts.assign(static_cast<size_t>(n_) * num_moe * k * sizeof(Stored), '\0');
+    Stored* dst_all = reinterpret_cast<Stored*>(out.experts.data());
+    const In* src_all = in.view.as<In>();
+    const int64_t row_stride = int64_t{in.payload_layers} * k;
+
+    // seen[id] == stamp marks ids already taken in the current (row, layer):
+    // a duplicate check in O(K) without clearing between rows.
+    std::vector<uint32_t> seen(e, 0);
+    uint32_t stamp = 0;
+    std::vector<uint8_t> layer_nonzero(num_moe, 0);
+    int64_t covered_rows = 0;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      const int64_t token = in.row_offset + r;
+      const In* row = src_all + r * row_stride;
+      if (std::is_signed_v<In> && RowIsAllMissing(row, in)) continue;
+      ++covered_rows;
+      Stored* dst = dst_all + token * num_moe * k;
+      for (int m = 0; m < num_moe; ++m) {
+        const In* ids = row + int64_t{in.moe_payload_index[m]} * k;
+        ++stamp;
+        In any = 0;
+        for (int j = 0; j < k; ++j) {
+          const int64_t id = ids[j];
+          if (id < 0 || id >= e) {
+            return Invalid(absl::StrCat(
+                "routed_experts row ", r, " (token ", token, ") layer ", moe_layers_[m],
+                " has expert id ", id, ", must be in [0, ", e, ")",
+                id == -1 ? " (-1 marks a missing token only when the whole row is -1)" : ""));
+          }
+          if (seen[id] == stamp) {
+            if (absl::Status s = CheckZeroLayer<In>(in, m); !s.ok()) return s;
+            return Invalid(absl::StrCat("routed_experts row ", r, " (token ", token, ") layer ",
+                                        moe_layers_[m], " repeats expert id ", id,
+                                        " (topk ids must be distinct)"));
+          }
+          seen[id] = stamp;
+          any |= ids[j];
+          dst[j] = static_cast<Stored>(id);
+        }
+        layer_nonzero[m] |= any != 0;
+        dst += k;
+      }
+      out.row_valid[token] = 1;
+    }
+    if (!model_.allow_all_zero_layers && covered_rows > 1) {
+      for (int m = 0; m < num_moe; ++m) {
+        if (!layer_nonzero[m]) return ZeroLayerError(m, covered_rows);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename In>
+  bool RowIsAllMissing(const In* row, const ExpertsInput& in) const {
+    const int k = model_.topk;
+    for (int idx : in.moe_payload_index) {
+      for (int j = 0; j < k; ++j) {
+        if (row[int64_t{idx} * k + j] != -1) return false;
+      }
+    }
+    return true;
+  }
+
+  // A duplicate 0 is what a zero-filled layer looks like with topk > 1; name
+  // the real cause when the whole layer is zero.
+  template <typename In>
+  absl::Status CheckZeroLayer(const ExpertsInput& in, int m) const {
+    if (model_.allow_all_zero_layers) return absl::OkStatus();
+    const int k = model_.topk;
+    const int64_t row_stride = int64_t{in.payload_layers} * k;
+    int64_t covered = 0;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      const In* row = in.view.as<In>() + r * row_stride;
+      if (std::is_signed_v<In> && RowIsAllMissing(row, in)) continue;
+      ++covered;
+      const In* ids = row + int64_t{in.moe_payload_index[m]} * k;
+      for (int j = 0; j < k; ++j) {
+        if (ids[j] != 0) return absl::OkStatus();
+      }
+    }
+    return covered > 1 ? ZeroLayerError(m, covered) : absl::OkStatus();
+  }
+
+  absl::Status ZeroLayerError(int m, int64_t covered_rows) const {
+    return Invalid(absl::StrCat("routed_experts MoE layer ", moe_layers_[m],
+                                " is 0 for all ", covered_rows,
+                                " covered tokens: a broken capture (register the model with "
+                                "allow_all_zero_layers to accept it)"));
+  }
+
+  absl::Status ConvertTokenFields(StoredSample& out) {
+    // By name: a protobuf map's iteration order differs between copies of a
+    // message, and with two bad fields the error must not depend on it.
+    std::map<std::string, const v1::NDArray*> by_name;
+    for (const auto& [name, array] : sample_.token_fields()) by_name.emplace(name, &array);
+    for (const auto& [name, array_ptr] : by_name) {
+      const v1::NDArray& array = *array_ptr;
+      const std::string what = absl::StrCat(who_, "token_fields[\"", name, "\"]");
+      if (name.empty()) return Invalid("token_fields has an empty name");
+      absl::StatusOr<ArrayView> view = ViewArray(array, what);
+      if (!view.ok()) return view.status();
+      if (view->rank() < 1 || view->dim(0) != n_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " has first dimension ", view->rank() < 1 ? 0 : view->dim(0),
+            ", must be n = ", n_, " (one entry per token)"));
+      }
+      if (view->rank() > kMaxTokenFieldRank) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " has rank ", view->rank(), ", at most ", kMaxTokenFieldRank,
+            " (n and 16 more dimensions)"));
+      }
+      StoredField field;
+      field.dtype = view->dtype;
+      field.trailing_shape.assign(view->shape.begin() + 1, view->shape.end());
+      if (owned_ != nullptr) {
+        field.data = std::move(*owned_->mutable_token_fields()->at(name).mutable_data());
+      } else {
+        field.data.assign(view->data.data(), view->data.size());
+      }
+      out.token_fields.emplace(name, std::move(field));
+    }
+    return absl::OkStatus();
+  }
+
+  const v1::Sample& sample_;
+  v1::Sample* const owned_;
+  const ModelSpec& model_;
+  const std::string who_;
+  int64_t n_ = 0;
+  std::vector<int> moe_layers_;
+};
+
+}  // namespace
+
+absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample,
+                                            const ModelSpec& model) {
+  return SampleValidator(sample, model, nullptr).Run();
+}
+
+absl::StatusOr<StoredSample> ValidateAndTakeSample(v1::Sample* sample, const ModelSpec& model) {
+  return SampleValidator(*sample, model, sample).Run();
+}
+
+}  // namespace rollpack

@@ -1,0 +1,31 @@
+// Full validation of one incoming sample against its pool's model
+// (layout.md section 1), producing the store's normalised form. Nothing is
+// stored unless this succeeds.
+#ifndef ROLLPACK_SERVER_INGEST_SAMPLE_VALIDATION_H_
+#define ROLLPACK_SERVER_INGEST_SAMPLE_VALIDATION_H_
+
+#include "absl/status/statusor.h"
+#include "rollpack/v1/rollouts.pb.h"
+#include "scheduler/model_spec.h"
+#include "server/store/stored_sample.h"
+
+namespace rollpack {
+
+// INVALID_ARGUMENT with a message that names the sample, the field and the
+// numbers, e.g. `sample "s17": routed_experts has 4095 rows from offset 0,
+// must end at n = 4097 or n - 1 = 4096`. Checks the arrays' dtypes, shapes
+// and byte lengths, the row range, the layer axis (full or compact), expert
+// ids, missing rows, duplicate ids, all-zero MoE layers, and token fields'
+// first dimension. Consistency of token fields across a pool is the store's
+// job (it knows the pool).
+absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample,
+                                            const ModelSpec& model);
+
+// The same checks and result, but payload bytes that need no conversion are
+// moved out of `*sample` instead of copied (ingest's path: the request is
+// discarded afterwards). On error `*sample` may have lost payload bytes.
+absl::StatusOr<StoredSample> ValidateAndTakeSample(v1::Sample* sample, const ModelSpec& model);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_INGEST_SAMPLE_VALIDATION_H_

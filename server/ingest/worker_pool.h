@@ -1,0 +1,43 @@
+// A fixed set of threads running queued work in FIFO order. The server uses
+// one to parse and validate ingest messages of a single PutSamples stream in
+// parallel (server/ingest/put_samples_reactor.h): gRPC runs one stream's reads one
+// after another, and on a many-core host one parse at a time capped a single
+// producer far below the link.
+#ifndef ROLLPACK_SERVER_INGEST_WORKER_POOL_H_
+#define ROLLPACK_SERVER_INGEST_WORKER_POOL_H_
+
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+
+namespace rollpack {
+
+class WorkerPool {
+ public:
+  // At least one thread, whatever `threads` says.
+  explicit WorkerPool(int threads);
+  // Runs what is queued, then joins the threads.
+  ~WorkerPool();
+
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  void Schedule(absl::AnyInvocable<void() &&> work);
+  int size() const { return static_cast<int>(threads_.size()); }
+
+ private:
+  void Run();
+
+  absl::Mutex mu_;
+  std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_INGEST_WORKER_POOL_H_

@@ -1,0 +1,153 @@
+#include "server/ops/auth.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace rollpack {
+namespace {
+
+// Compares without an early exit on the first differing byte.
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
+  }
+  return diff == 0;
+}
+
+constexpr size_t kMinTokenLength = 16;
+
+}  // namespace
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kProducer:
+      return "producer";
+    case Role::kTrainer:
+      return "trainer";
+    case Role::kAdmin:
+      return "admin";
+  }
+  return "unknown";
+}
+
+const std::map<std::string, std::set<Role>>& MethodRoles() {
+  static const auto* const kTable = new std::map<std::string, std::set<Role>>{
+      {"/rollpack.v1.Rollouts/RegisterModel", {Role::kProducer, Role::kAdmin}},
+      {"/rollpack.v1.Rollouts/PutSamples", {Role::kProducer, Role::kAdmin}},
+      {"/rollpack.v1.Rollouts/GetPool", {Role::kProducer, Role::kTrainer, Role::kAdmin}},
+      {"/rollpack.v1.Scheduler/CreateStep", {Role::kTrainer, Role::kAdmin}},
+      {"/rollpack.v1.Scheduler/GetPlan", {Role::kTrainer, Role::kAdmin}},
+      {"/rollpack.v1.Scheduler/ReleaseStep", {Role::kAdmin}},
+      {"/rollpack.v1.Trainer/FetchMicrobatches", {Role::kTrainer, Role::kAdmin}},
+      // TP-leader trainers exchange their NCCL id here (docs/trainer.md).
+      {"/rollpack.v1.Rendezvous/ExchangeId", {Role::kTrainer, Role::kAdmin}},
+      // Trainers report routing agreement (docs/trainer.md).
+      {"/rollpack.v1.Telemetry/ReportRoutingAgreement", {Role::kTrainer, Role::kAdmin}},
+  };
+  return *kTable;
+}
+
+absl::StatusOr<Authorizer> Authorizer::Parse(const std::string& text) {
+  Authorizer auth;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
+      line = line.substr(0, hash);
+    }
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    std::vector<std::string> fields = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (fields.size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("auth tokens line ", line_number, ": want `ROLE TOKEN`"));
+    }
+    Role role;
+    if (fields[0] == "producer") {
+      role = Role::kProducer;
+    } else if (fields[0] == "trainer") {
+      role = Role::kTrainer;
+    } else if (fields[0] == "admin") {
+      role = Role::kAdmin;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("auth tokens line ", line_number,
+                                                     ": unknown role \"", fields[0],
+                                                     "\" (producer, trainer or admin)"));
+    }
+    if (fields[1].size() < kMinTokenLength) {
+      return absl::InvalidArgumentError(absl::StrCat("auth tokens line ", line_number,
+                                                     ": token shorter than ", kMinTokenLength,
+                                                     " characters"));
+    }
+    for (const Entry& e : auth.tokens_) {
+      if (e.token == fields[1]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("auth tokens line ", line_number, ": token listed twice"));
+      }
+    }
+    auth.tokens_.push_back({fields[1], role});
+  }
+  return auth;
+}
+
+absl::StatusOr<Authorizer> Authorizer::FromFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read auth tokens file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<Authorizer> auth = Parse(text.str());
+  if (auth.ok() && !auth->enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat("auth tokens file ", path, " has no tokens"));
+  }
+  return auth;
+}
+
+grpc::Status Authorizer::Check(const grpc::ServerContextBase& context,
+                               const std::string& method) const {
+  if (!enabled()) return grpc::Status::OK;
+  const auto& md = context.client_metadata();
+  const auto it = md.find("authorization");
+  std::string header;
+  if (it != md.end()) header.assign(it->second.data(), it->second.size());
+  return CheckHeader(header, method);
+}
+
+grpc::Status Authorizer::CheckHeader(const std::string& authorization,
+                                     const std::string& method) const {
+  if (!enabled()) return grpc::Status::OK;
+  if (authorization.empty()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing `authorization: Bearer <token>` metadata");
+  }
+  absl::string_view value = authorization;
+  if (!absl::ConsumePrefix(&value, "Bearer ") && !absl::ConsumePrefix(&value, "bearer ")) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "authorization metadata is not `Bearer <token>`");
+  }
+  value = absl::StripAsciiWhitespace(value);
+  const std::string token(value);
+  const Entry* match = nullptr;
+  for (const Entry& e : tokens_) {  // no early exit: same time for every entry
+    if (ConstantTimeEquals(e.token, token) && match == nullptr) match = &e;
+  }
+  if (match == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown token");
+  }
+  const auto& table = MethodRoles();
+  const auto allowed = table.find(method);
+  if (allowed == table.end() || allowed->second.count(match->role) == 0) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("role ", RoleName(match->role), " may not call ", method));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace rollpack

@@ -1,0 +1,70 @@
+// Token authentication with roles, checked at the top of every rollpack RPC
+// handler (so it works on insecure and TLS ports alike).
+//
+// Clients send `authorization: Bearer <token>` metadata (the Python
+// Producer's `token=` option does). Tokens come from a file
+// (--auth-tokens FILE), one `ROLE TOKEN` pair per line, `#` comments:
+//
+//   producer 3f1c...   # rollout workers: RegisterModel, PutSamples, GetPool
+//   trainer  9a7e...   # trainers: CreateStep, GetPlan, FetchMicrobatches, GetPool,
+//                      #   Rendezvous.ExchangeId, Telemetry.ReportRoutingAgreement
+//   admin    c02b...   # everything, and the only role that may ReleaseStep
+//
+// No token file = auth off (every call allowed). With one: no or malformed
+// metadata or an unknown token -> UNAUTHENTICATED; a known token whose role
+// may not call the method -> PERMISSION_DENIED. The health service and
+// server reflection stay open (probes and grpcurl/buf need them; reflection
+// exposes the schema, not data).
+#ifndef ROLLPACK_SERVER_OPS_AUTH_H_
+#define ROLLPACK_SERVER_OPS_AUTH_H_
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/status.h"
+
+namespace rollpack {
+
+enum class Role { kProducer, kTrainer, kAdmin };
+
+const char* RoleName(Role role);
+
+// Full method name -> roles that may call it. Methods not listed are denied
+// to everyone when auth is on.
+const std::map<std::string, std::set<Role>>& MethodRoles();
+
+class Authorizer {
+ public:
+  // Auth off: Check() allows everything.
+  Authorizer() = default;
+
+  // Parses `ROLE TOKEN` lines. INVALID_ARGUMENT (with the line number) for
+  // an unknown role, a line without exactly two fields, a token shorter than
+  // 16 characters or one listed twice.
+  static absl::StatusOr<Authorizer> Parse(const std::string& text);
+  static absl::StatusOr<Authorizer> FromFile(const std::string& path);
+
+  bool enabled() const { return !tokens_.empty(); }
+  size_t num_tokens() const { return tokens_.size(); }
+
+  // OK, UNAUTHENTICATED or PERMISSION_DENIED for a call of `method`
+  // ("/rollpack.v1.Scheduler/ReleaseStep") with the context's metadata.
+  grpc::Status Check(const grpc::ServerContextBase& context, const std::string& method) const;
+  // The same on a raw authorization header value (empty = missing).
+  grpc::Status CheckHeader(const std::string& authorization, const std::string& method) const;
+
+ private:
+  struct Entry {
+    std::string token;
+    Role role;
+  };
+  std::vector<Entry> tokens_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_OPS_AUTH_H_

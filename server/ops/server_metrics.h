@@ -1,0 +1,86 @@
+// The metrics rollpackd exports (docs/operations.md lists them): families
+// registered once per server, updated by the services and by the gRPC
+// interceptor below, and gauges read from the store at scrape time.
+#ifndef ROLLPACK_SERVER_OPS_SERVER_METRICS_H_
+#define ROLLPACK_SERVER_OPS_SERVER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "server/ops/metrics/registry.h"
+#include "server/store/sample_store.h"
+#include "server/store/step.h"
+
+namespace rollpack {
+
+class ServerMetrics {
+ public:
+  // Registers every family in `registry` and a scrape-time callback reading
+  // `store` (both must outlive this object's registry use).
+  ServerMetrics(metrics::Registry* registry, SampleStore* store);
+
+  metrics::Registry& registry() { return *registry_; }
+
+  // Ingest: samples newly stored (duplicates counted apart) and their bytes.
+  void OnPut(const std::string& pool, int64_t accepted, int64_t duplicates, int64_t bytes);
+  // A refused PutSamples message; reason = the status code, lower case.
+  void OnPutRefused(const std::string& pool, absl::StatusCode code);
+  void OnStepCreated(const Step& step);
+  void OnStepReleased(int64_t samples, int64_t bytes);
+  // Trainer streams.
+  void OnStreamStart(bool resumed);
+  void OnStreamEnd();
+  void OnMicrobatchSent(int64_t bytes);
+  void OnStreamRefused();
+
+  // Per-method RPC latency and status codes.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
+  void OnRpcDone(const std::string& method, grpc::StatusCode code, double seconds);
+
+ private:
+  void Collect();
+
+  metrics::Registry* const registry_;
+  SampleStore* const store_;
+
+  metrics::Family<metrics::Counter>& samples_ingested_;
+  metrics::Family<metrics::Counter>& duplicate_samples_;
+  metrics::Family<metrics::Counter>& bytes_ingested_;
+  metrics::Family<metrics::Counter>& put_refusals_;
+  metrics::Family<metrics::Gauge>& store_bytes_;
+  metrics::Family<metrics::Gauge>& store_max_bytes_;
+  metrics::Family<metrics::Gauge>& pool_max_bytes_;
+  metrics::Family<metrics::Gauge>& store_samples_;
+  metrics::Family<metrics::Gauge>& live_steps_;
+  metrics::Family<metrics::Gauge>& pool_bytes_;
+  metrics::Family<metrics::Gauge>& pool_samples_;
+  metrics::Family<metrics::Gauge>& pool_free_samples_;
+  metrics::Family<metrics::Gauge>& pool_live_steps_;
+  metrics::Family<metrics::Counter>& steps_created_;
+  metrics::Family<metrics::Counter>& steps_released_;
+  metrics::Family<metrics::Counter>& released_samples_;
+  metrics::Family<metrics::Counter>& released_bytes_;
+  metrics::Family<metrics::Histogram>& plan_seconds_;
+  metrics::Family<metrics::Gauge>& plan_rank_imbalance_;
+  metrics::Family<metrics::Gauge>& plan_sync_;
+  metrics::Family<metrics::Gauge>& plan_padding_overhead_;
+  metrics::Family<metrics::Gauge>& plan_microbatches_;
+  metrics::Family<metrics::Counter>& microbatches_streamed_;
+  metrics::Family<metrics::Counter>& bytes_streamed_;
+  metrics::Family<metrics::Gauge>& active_streams_;
+  metrics::Family<metrics::Counter>& stream_resumes_;
+  metrics::Family<metrics::Counter>& streams_refused_;
+  metrics::Family<metrics::Counter>& rpcs_handled_;
+  metrics::Family<metrics::Histogram>& rpc_seconds_;
+};
+
+// "/rollpack.v1.Rollouts/PutSamples" -> {"rollpack.v1.Rollouts", "PutSamples"}.
+std::pair<std::string, std::string> SplitMethod(const std::string& full_method);
+// grpc::StatusCode -> "OK", "NOT_FOUND", ... (grpc_code label values).
+const char* StatusCodeName(int code);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_OPS_SERVER_METRICS_H_

@@ -1,0 +1,175 @@
+#include "server/store/convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace rollpack {
+
+ModelSpec FromProto(const v1::ModelSpec& spec) {
+  ModelSpec out;
+  out.name = spec.name();
+  out.num_layers = spec.num_layers();
+  out.moe_layers.assign(spec.moe_layers().begin(), spec.moe_layers().end());
+  out.num_experts = spec.num_experts();
+  out.topk = spec.topk();
+  out.allow_all_zero_layers = spec.allow_all_zero_layers();
+  return out;
+}
+
+v1::ModelSpec ToProto(const ModelSpec& spec) {
+  v1::ModelSpec out;
+  out.set_name(spec.name);
+  out.set_num_layers(spec.num_layers);
+  out.mutable_moe_layers()->Assign(spec.moe_layers.begin(), spec.moe_layers.end());
+  out.set_num_experts(spec.num_experts);
+  out.set_topk(spec.topk);
+  out.set_allow_all_zero_layers(spec.allow_all_zero_layers);
+  return out;
+}
+
+absl::StatusOr<Topology> NormalizeTopology(const v1::Topology& in) {
+  Topology t;
+  auto size = [](const char* field, int64_t value, auto* out) -> absl::Status {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("topology: ", field, " is ", value, ", must not be negative"));
+    }
+    *out = value == 0 ? 1 : value;
+    return absl::OkStatus();
+  };
+  for (auto [field, value, out] :
+       {std::tuple<const char*, int64_t, int*>{"dp", in.dp(), &t.dp},
+        {"cp", in.cp(), &t.cp},
+        {"tp", in.tp(), &t.tp},
+        {"pp", in.pp(), &t.pp},
+        {"vpp", in.vpp(), &t.vpp},
+        {"pad_multiple", in.pad_multiple(), &t.pad_multiple},
+        {"min_cp", in.min_cp(), &t.min_cp}}) {
+    if (absl::Status s = size(field, value, out); !s.ok()) return s;
+  }
+  if (in.num_layers_in_first_pipeline_stage() < 0 || in.num_layers_in_last_pipeline_stage() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topology: num_layers_in_first_pipeline_stage ", in.num_layers_in_first_pipeline_stage(),
+        " and num_layers_in_last_pipeline_stage ", in.num_layers_in_last_pipeline_stage(),
+        " must not be negative"));
+  }
+  t.num_layers_in_first_pipeline_stage = in.num_layers_in_first_pipeline_stage();
+  t.num_layers_in_last_pipeline_stage = in.num_layers_in_last_pipeline_stage();
+  t.sequence_parallel = in.has_sequence_parallel() ? in.sequence_parallel() : true;
+  if (in.max_tokens_per_rank() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topology: max_tokens_per_rank is ", in.max_tokens_per_rank(), ", must be set (>= 1)"));
+  }
+  t.max_tokens_per_rank = in.max_tokens_per_rank();
+  if (in.microbatch_group_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topology: microbatch_group_size is ", in.microbatch_group_size(), ", must not be negative"));
+  }
+  t.microbatch_group_size = in.microbatch_group_size() > 0 ? in.microbatch_group_size()
+                            : t.vpp > 1                    ? t.pp
+                                                           : 1;
+  switch (in.scheduler()) {
+    case v1::STATIC_CP:
+      t.scheduler = SchedulerKind::kStaticCp;
+      break;
+    case v1::DYNAMIC_CP:
+      t.scheduler = SchedulerKind::kDynamicCp;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("topology: unknown scheduler ", static_cast<int>(in.scheduler())));
+  }
+  const v1::CostModel& cost = in.cost();
+  if (cost.linear() < 0 || cost.quadratic() < 0 || cost.hidden_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topology: cost linear ", cost.linear(), ", quadratic ", cost.quadratic(),
+        ", hidden_size ", cost.hidden_size(), " must not be negative"));
+  }
+  if (cost.linear() > 0 || cost.quadratic() > 0) {
+    t.cost.linear = cost.linear();
+    t.cost.quadratic = cost.quadratic();
+  } else if (cost.hidden_size() > 0) {
+    t.cost.linear = 6.0 * static_cast<double>(cost.hidden_size());
+    t.cost.quadratic = 1.0;
+  }
+  return t;
+}
+
+v1::Topology ToProto(const Topology& t) {
+  v1::Topology out;
+  out.set_dp(t.dp);
+  out.set_cp(t.cp);
+  out.set_tp(t.tp);
+  out.set_pp(t.pp);
+  out.set_vpp(t.vpp);
+  out.set_sequence_parallel(t.sequence_parallel);
+  out.set_num_layers_in_first_pipeline_stage(t.num_layers_in_first_pipeline_stage);
+  out.set_num_layers_in_last_pipeline_stage(t.num_layers_in_last_pipeline_stage);
+  out.set_max_tokens_per_rank(t.max_tokens_per_rank);
+  out.set_pad_multiple(t.pad_multiple);
+  out.set_microbatch_group_size(t.microbatch_group_size);
+  out.set_scheduler(t.scheduler == SchedulerKind::kDynamicCp ? v1::DYNAMIC_CP : v1::STATIC_CP);
+  out.set_min_cp(t.min_cp);
+  out.mutable_cost()->set_linear(t.cost.linear);
+  out.mutable_cost()->set_quadratic(t.cost.quadratic);
+  return out;
+}
+
+v1::PlanStats ToProto(const PlanStats& s) {
+  v1::PlanStats out;
+  out.set_num_microbatches(s.num_microbatches);
+  out.set_min_microbatches(s.min_microbatches);
+  out.set_rank_imbalance(s.rank_imbalance);
+  out.set_sync(s.sync);
+  out.set_peak(s.peak);
+  out.set_padding_overhead(s.padding_overhead);
+  out.set_plan_ms(s.plan_ms);
+  out.set_num_tokens(s.num_tokens);
+  out.set_num_padded_tokens(s.num_padded_tokens);
+  return out;
+}
+
+v1::Plan PlanToProto(const Step& step) {
+  v1::Plan out;
+  out.set_step_id(step.step_id);
+  out.set_pool(step.pool);
+  *out.mutable_topology() = ToProto(step.topology);
+  *out.mutable_stats() = ToProto(step.plan.stats);
+  for (size_t m = 0; m < step.plan.microbatches.size(); ++m) {
+    v1::PlanMicrobatch* mb = out.add_microbatches();
+    mb->set_index(static_cast<int>(m));
+    for (const PlanGroup& group : step.plan.microbatches[m].groups) {
+      v1::RankGroup* g = mb->add_groups();
+      g->set_first_rank(group.first_rank);
+      g->set_cp_size(group.cp_size);
+      for (int seq : group.sequences) g->add_sample_ids(step.samples[seq]->sample_id);
+      g->mutable_padded_lengths()->Assign(group.padded_lengths.begin(), group.padded_lengths.end());
+      g->set_workload(group.work_per_rank);
+      g->set_tokens_per_rank(group.tokens_per_rank);
+    }
+  }
+  return out;
+}
+
+v1::StepInfo StepInfoToProto(const Step& step) {
+  v1::StepInfo out;
+  out.set_step_id(step.step_id);
+  out.set_pool(step.pool);
+  out.set_num_samples(static_cast<int>(step.samples.size()));
+  out.set_num_microbatches(static_cast<int>(step.plan.microbatches.size()));
+  *out.mutable_topology() = ToProto(step.topology);
+  *out.mutable_stats() = ToProto(step.plan.stats);
+  for (const PipelineStage& stage : step.layout.pipeline().stages()) {
+    v1::PipelineStageLayers* s = out.add_stage_layers();
+    s->set_pp_rank(stage.pp_rank);
+    s->mutable_layers()->Assign(stage.layers.begin(), stage.layers.end());
+    s->mutable_replay_layers()->Assign(stage.replay_layers.begin(), stage.replay_layers.end());
+  }
+  return out;
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace rollpack

@@ -1,0 +1,38 @@
+// Conversions between the wire contract (proto/) and the scheduler's pure C++
+// types, with the defaults of layout.md section 1 applied exactly once here.
+#ifndef ROLLPACK_SERVER_STORE_CONVERT_H_
+#define ROLLPACK_SERVER_STORE_CONVERT_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/support/status.h"
+#include "rollpack/v1/rollouts.pb.h"
+#include "rollpack/v1/scheduler.pb.h"
+#include "scheduler/model_spec.h"
+#include "scheduler/plan.h"
+#include "scheduler/topology.h"
+#include "server/store/step.h"
+
+namespace rollpack {
+
+ModelSpec FromProto(const v1::ModelSpec& spec);
+v1::ModelSpec ToProto(const ModelSpec& spec);
+
+// Sizes of 0 mean 1; unset sequence_parallel means true;
+// microbatch_group_size 0 means pp when vpp > 1, else 1; a cost model with
+// both coefficients 0 is derived from hidden_size (6 * h, 1), else the
+// default. INVALID_ARGUMENT naming the field for negative values.
+absl::StatusOr<Topology> NormalizeTopology(const v1::Topology& topology);
+v1::Topology ToProto(const Topology& topology);
+
+v1::PlanStats ToProto(const PlanStats& stats);
+// The plan in the operator-readable form of GetPlan (sample ids, not indices).
+v1::Plan PlanToProto(const Step& step);
+v1::StepInfo StepInfoToProto(const Step& step);
+
+// absl and gRPC share their canonical codes.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_STORE_CONVERT_H_

@@ -1,0 +1,172 @@
+// Durable mode (--data-dir): an append-only, checksummed log of every
+// mutation of the store (registered models, committed samples, created and
+// released steps). A mutation is written to the log before it is
+// acknowledged; on startup the log is replayed through the same SampleStore
+// entry points, so the recovered state is the state that was acknowledged.
+//
+// File: DIR/rollpack.log = 8-byte header "RPLOG001", then records
+//   u32 payload_length | u32 crc32c(type, payload) | u8 type | payload
+// (little endian). A record that runs past the end of the file or whose
+// checksum fails and is the last record is a torn tail (a crash during the
+// write): it is dropped and the file truncated. A bad record followed by
+// further data is corruption: Open fails with DATA_LOSS naming the offset.
+//
+// Compaction rewrites the file from a snapshot of the live state (new file,
+// fsync, rename over the old one, fsync the directory), so released steps'
+// samples leave the disk.
+#ifndef ROLLPACK_SERVER_STORE_DURABLE_LOG_H_
+#define ROLLPACK_SERVER_STORE_DURABLE_LOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "scheduler/model_spec.h"
+#include "server/store/step.h"
+#include "server/store/stored_sample.h"
+
+namespace rollpack {
+
+// When an acknowledged mutation reaches stable storage. Every policy
+// survives a crash of the process (kill -9): write() has put the record in
+// the kernel's page cache before the acknowledgement. They differ on power
+// loss or a kernel crash:
+//  - kAlways: fdatasync before the acknowledgement (group commit: one fsync
+//    covers every record written meanwhile). Nothing acknowledged is lost.
+//  - kBatch: a background thread fdatasyncs every batch_interval; up to that
+//    long of acknowledged mutations can be lost.
+//  - kNever: the kernel writes back when it likes (about 30 s by default).
+enum class FsyncPolicy { kAlways, kBatch, kNever };
+
+absl::StatusOr<FsyncPolicy> ParseFsyncPolicy(absl::string_view name);
+const char* FsyncPolicyName(FsyncPolicy policy);
+
+struct DurableLogOptions {
+  std::string dir;
+  FsyncPolicy fsync = FsyncPolicy::kAlways;
+  absl::Duration batch_interval = absl::Milliseconds(50);
+  // Compact when the bytes of dead records (released steps and their
+  // samples) exceed both of these.
+  int64_t compact_min_dead_bytes = int64_t{64} << 20;
+  double compact_dead_fraction = 0.5;
+};
+
+enum class RecordType : uint8_t {
+  kRegisterModel = 1,  // v1::RegisterModelRequest
+  kPutSamples = 2,     // EncodeSamples(pool, samples)
+  kCreateStep = 3,     // v1::CreateStepRequest: resolved ids, normalised topology
+  kReleaseStep = 4,    // v1::ReleaseStepRequest
+};
+
+struct LogRecord {
+  RecordType type;
+  std::string payload;
+};
+
+struct RecoveryInfo {
+  int64_t records = 0;
+  int64_t bytes = 0;
+  // Bytes of a torn last record that were dropped (0 when the file was clean).
+  int64_t torn_tail_bytes = 0;
+};
+
+class SampleStore;
+
+class DurableLog {
+ public:
+  // Opens (creating the directory and file) and reads every valid record
+  // into `records`, dropping a torn tail. DATA_LOSS for corruption before
+  // the tail or a foreign file; INTERNAL for I/O errors.
+  static absl::StatusOr<std::unique_ptr<DurableLog>> Open(const DurableLogOptions& options,
+                                                          std::vector<LogRecord>* records,
+                                                          RecoveryInfo* info);
+  ~DurableLog();
+  DurableLog(const DurableLog&) = delete;
+  DurableLog& operator=(const DurableLog&) = delete;
+
+  // Writes one record (no fsync). Returns a ticket for Sync. On failure the
+  // file is cut back to where it was, so nothing of the record remains:
+  // RESOURCE_EXHAUSTED for a full disk or file size limit (ENOSPC, EDQUOT,
+  // EFBIG), UNAVAILABLE for other I/O errors or a failed log.
+  absl::StatusOr<int64_t> Append(RecordType type, absl::string_view payload);
+  // Returns once the record of `ticket` (and all before it) is as durable
+  // as the policy promises. After a failed fsync the log refuses every
+  // further write (UNAVAILABLE): what the kernel did with the dirty pages is
+  // unknown, so nothing more may be acknowledged.
+  absl::Status Sync(int64_t ticket);
+
+  // Marks `bytes` of earlier records dead (released).
+  void AddDeadBytes(int64_t bytes);
+  bool ShouldCompact() const;
+
+  // Replaces the log by the records `write` emits, atomically. Callers must
+  // keep other writers out (the store holds its lock).
+  class Rewriter {
+   public:
+    virtual ~Rewriter() = default;
+    virtual absl::Status Add(RecordType type, absl::string_view payload) = 0;
+  };
+  absl::Status Rewrite(const std::function<absl::Status(Rewriter*)>& write);
+
+  // The ticket of the last record written.
+  int64_t written() const;
+  int64_t file_bytes() const;
+  int64_t dead_bytes() const;
+  int64_t compactions() const;
+  const DurableLogOptions& options() const { return options_; }
+  std::string path() const;
+
+ private:
+  explicit DurableLog(DurableLogOptions options) : options_(std::move(options)) {}
+  void BatchSyncLoop();
+
+  const DurableLogOptions options_;
+  // Lock order: sync_mu_ before mu_.
+  absl::Mutex sync_mu_;
+  mutable absl::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t file_size_ ABSL_GUARDED_BY(mu_) = 0;
+  // Logical bytes: monotonic over rewrites, the unit of tickets.
+  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dead_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t compactions_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread batch_thread_;
+};
+
+// CRC-32C (Castagnoli), hardware accelerated where the CPU has SSE4.2.
+uint32_t Crc32c(absl::string_view data, uint32_t crc = 0);
+
+// Record payloads.
+std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples);
+std::string EncodeSamples(absl::string_view pool,
+                          absl::Span<const StoredSample* const> samples);
+absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
+                           std::vector<StoredSample>* samples);
+// Bytes one sample takes in a kPutSamples payload.
+int64_t EncodedSampleBytes(const StoredSample& sample);
+
+std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model);
+// Resolved sample ids in the step's order and its normalised topology.
+std::string EncodeCreateStep(const Step& step);
+std::string EncodeReleaseStep(const std::string& step_id);
+
+// Replays `records` into an empty store through its public API. DATA_LOSS
+// naming the record when a record does not decode or its mutation fails
+// (the log and the code disagree).
+absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_STORE_DURABLE_LOG_H_

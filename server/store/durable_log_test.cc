@@ -1,0 +1,361 @@
+// Durable mode at the store level: a store with a log, reopened, holds what
+// was acknowledged; torn tails are dropped, corruption is refused, a full
+// disk refuses the write and changes nothing, compaction keeps the state.
+#include "server/store/durable_log.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "testing/synthetic_rollouts.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/store/convert.h"
+#include "server/store/sample_store.h"
+#include "server/ingest/sample_validation.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::ModelSpec Model() {
+  v1::ModelSpec m;
+  m.set_name("qwen-like");
+  m.set_num_layers(4);
+  m.set_num_experts(64);
+  m.set_topk(4);
+  return m;
+}
+
+std::vector<StoredSample> Samples(int num, uint64_t seed, const std::string& prefix) {
+  SyntheticOptions options;
+  options.num_samples = num;
+  options.median_length = 200;
+  options.max_length = 1024;
+  options.seed = seed;
+  std::vector<StoredSample> out;
+  for (v1::Sample& s : MakeSyntheticRollouts(Model(), options)) {
+    s.set_sample_id(prefix + s.sample_id());
+    absl::StatusOr<StoredSample> stored = ValidateSample(s, FromProto(Model()));
+    EXPECT_TRUE(stored.ok()) << stored.status();
+    out.push_back(*std::move(stored));
+  }
+  return out;
+}
+
+Topology SmallTopology() {
+  Topology t;
+  t.dp = 2;
+  t.max_tokens_per_rank = 2048;
+  return t;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/rollpack_durable_XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A store over the log in `dir`, recovered from it.
+struct Durable {
+  std::unique_ptr<DurableLog> log;
+  std::unique_ptr<SampleStore> store;
+  RecoveryInfo info;
+};
+
+absl::StatusOr<Durable> OpenDurable(const std::string& dir, int64_t compact_min_dead_bytes = 1 << 30,
+                                    int64_t max_memory = int64_t{1} << 32) {
+  DurableLogOptions options;
+  options.dir = dir;
+  options.compact_min_dead_bytes = compact_min_dead_bytes;
+  std::vector<LogRecord> records;
+  Durable d;
+  absl::StatusOr<std::unique_ptr<DurableLog>> log = DurableLog::Open(options, &records, &d.info);
+  if (!log.ok()) return log.status();
+  d.store = std::make_unique<SampleStore>(max_memory);
+  if (absl::Status s = ReplayLog(records, d.store.get()); !s.ok()) return s;
+  d.log = *std::move(log);
+  d.store->AttachLog(d.log.get());
+  return d;
+}
+
+// Everything observable of a step that trainers depend on.
+std::string StepFingerprint(const Step& step) {
+  std::string out = step.step_id + "|" + step.pool + "|";
+  for (const auto& s : step.samples) out += s->sample_id + ",";
+  out += "|" + std::to_string(step.plan.microbatches.size());
+  for (const PlanMicrobatch& mb : step.plan.microbatches) {
+    for (const PlanGroup& g : mb.groups) {
+      out += "[" + std::to_string(g.first_rank) + ":" + std::to_string(g.cp_size);
+      for (int i : g.sequences) out += "," + std::to_string(i);
+      out += "]";
+    }
+  }
+  return out;
+}
+
+TEST(Crc32cTest, KnownAnswer) {
+  // RFC 3720 test vector: 32 bytes of zeros, and "123456789".
+  EXPECT_EQ(Crc32c(std::string(32, '\0')), 0x8A9136AAu);
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
+  // Incremental equals one-shot.
+  EXPECT_EQ(Crc32c("56789", Crc32c("1234")), 0xE3069283u);
+}
+
+TEST(DurableLogTest, ReopenedStoreHoldsWhatWasAcknowledged) {
+  TempDir dir;
+  std::vector<StoredSample> a = Samples(24, 1, "a-");
+  std::string fingerprint;
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(*d->store->RegisterModel("p", FromProto(Model())));
+    ASSERT_TRUE(d->store->Put("p", a).ok());
+    // An identical re-send is a duplicate and adds no record.
+    const int64_t before = d->log->file_bytes();
+    ASSERT_EQ(d->store->Put("p", {a[0]})->duplicates, 1);
+    EXPECT_EQ(d->log->file_bytes(), before);
+    std::vector<std::string> ids;
+    for (int i = 0; i < 8; ++i) ids.push_back(a[i].sample_id);
+    absl::StatusOr<std::shared_ptr<const Step>> s1 =
+        d->store->CreateStep("s1", "p", ids, 0, SmallTopology());
+    ASSERT_TRUE(s1.ok()) << s1.status();
+    absl::StatusOr<std::shared_ptr<const Step>> s2 =
+        d->store->CreateStep("s2", "p", {}, 8, SmallTopology());
+    ASSERT_TRUE(s2.ok()) << s2.status();
+    fingerprint = StepFingerprint(**s2);
+    ASSERT_TRUE(d->store->ReleaseStep("s1").ok());
+  }
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->info.torn_tail_bytes, 0);
+  EXPECT_EQ(d->info.records, 5);  // register, put, create, create, release
+  absl::StatusOr<PoolStats> pool = d->store->GetPool("p");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_samples, 16);
+  EXPECT_EQ(pool->num_free_samples, 8);
+  EXPECT_EQ(pool->num_live_steps, 1);
+  EXPECT_EQ(d->store->GetStep("s1").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::shared_ptr<const Step>> s2 = d->store->GetStep("s2");
+  ASSERT_TRUE(s2.ok());
+  EXPECT_EQ(StepFingerprint(**s2), fingerprint);
+  for (size_t i = 0; i < (*s2)->samples.size(); ++i) {
+    EXPECT_TRUE(*(*s2)->samples[i] == a[8 + i]) << "sample content differs after recovery";
+  }
+  // The free samples come back in arrival order: the next step takes a[16..24).
+  absl::StatusOr<std::shared_ptr<const Step>> s3 =
+      d->store->CreateStep("s3", "p", {}, 8, SmallTopology());
+  ASSERT_TRUE(s3.ok());
+  EXPECT_EQ((*s3)->samples.front()->sample_id, a[16].sample_id);
+}
+
+// Writes a log with `n` put records and returns the record boundaries.
+std::vector<int64_t> WriteRecords(const std::string& dir, int n) {
+  absl::StatusOr<Durable> d = OpenDurable(dir);
+  EXPECT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->store->RegisterModel("p", FromProto(Model())).ok());
+  std::vector<int64_t> ends = {d->log->file_bytes()};
+  for (int i = 0; i < n; ++i) {
+    EXPECT_TRUE(d->store->Put("p", Samples(2, 100 + i, "r" + std::to_string(i) + "-")).ok());
+    ends.push_back(d->log->file_bytes());
+  }
+  return ends;
+}
+
+TEST(DurableLogTest, TornTailIsDroppedAtEveryCutPoint) {
+  TempDir dir;
+  const std::vector<int64_t> ends = WriteRecords(dir.path(), 3);
+  const std::string path = dir.path() + "/rollpack.log";
+  std::string full;
+  {
+    std::ifstream in(path, std::ios::binary);
+    full.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_EQ(static_cast<int64_t>(full.size()), ends.back());
+  // Cut the last record at a spread of points, header included.
+  const int64_t start = ends[ends.size() - 2];
+  for (int64_t cut = start + 1; cut < ends.back(); cut += std::max<int64_t>(1, (ends.back() - start) / 37)) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(full.data(), cut);
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << "cut at " << cut << ": " << d.status();
+    EXPECT_EQ(d->info.torn_tail_bytes, cut - start);
+    EXPECT_EQ(d->store->GetPool("p")->num_samples, 4) << "cut at " << cut;
+    EXPECT_EQ(d->log->file_bytes(), start) << "the torn tail is cut off the file";
+  }
+  // A flipped byte in the last record: a torn write too.
+  std::string flipped = full;
+  flipped[flipped.size() - 3] ^= 0x40;
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(flipped.data(), flipped.size());
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->store->GetPool("p")->num_samples, 4);
+    // Writing goes on after the dropped tail, and is recovered.
+    ASSERT_TRUE(d->store->Put("p", Samples(1, 999, "after-")).ok());
+  }
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->info.torn_tail_bytes, 0);
+    EXPECT_EQ(d->store->GetPool("p")->num_samples, 5);
+  }
+}
+
+TEST(DurableLogTest, CorruptionBeforeTheTailIsRefused) {
+  TempDir dir;
+  const std::vector<int64_t> ends = WriteRecords(dir.path(), 3);
+  const std::string path = dir.path() + "/rollpack.log";
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekp(ends[1] + 20);  // inside the first put record
+  char c;
+  f.seekg(ends[1] + 20);
+  f.get(c);
+  f.seekp(ends[1] + 20);
+  f.put(static_cast<char>(c ^ 1));
+  f.close();
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(d.status().message(), HasSubstr("offset " + std::to_string(ends[1])));
+
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "not a log at all";
+  EXPECT_EQ(OpenDurable(dir.path()).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A full disk: RESOURCE_EXHAUSTED, nothing of the request stored, the store
+// keeps serving, and the log holds exactly what was acknowledged.
+void ExpectFullDiskRefusesCleanly(const std::string& dir) {
+  std::vector<std::string> acknowledged;
+  int refused = 0;
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(d->store->RegisterModel("p", FromProto(Model())).ok());
+    for (int i = 0; i < 400 && refused < 3; ++i) {
+      std::vector<StoredSample> batch = Samples(2, 500 + i, "f" + std::to_string(i) + "-");
+      const int64_t before = d->store->GetPool("p")->num_samples;
+      absl::StatusOr<PutResult> put = d->store->Put("p", batch);
+      if (put.ok()) {
+        for (const StoredSample& s : batch) acknowledged.push_back(s.sample_id);
+      } else {
+        EXPECT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+        EXPECT_THAT(put.status().message(), HasSubstr("disk full"));
+        EXPECT_EQ(d->store->GetPool("p")->num_samples, before) << "a refused put stores nothing";
+        ++refused;
+      }
+    }
+    ASSERT_GE(refused, 1) << "the disk never filled";
+    ASSERT_GE(acknowledged.size(), 2u);
+    // Still serving: a step over what is stored works (a full disk refuses
+    // its record, which is fine too; it must not crash or leak samples).
+    absl::StatusOr<std::shared_ptr<const Step>> step =
+        d->store->CreateStep("full", "p", {}, 2, SmallTopology());
+    if (!step.ok()) {
+      EXPECT_EQ(step.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_EQ(d->store->GetPool("p")->num_free_samples,
+                static_cast<int64_t>(acknowledged.size()));
+    }
+  }
+  absl::StatusOr<Durable> d = OpenDurable(dir);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->info.torn_tail_bytes, 0) << "failed writes are cut off, not left torn";
+  EXPECT_EQ(d->store->GetPool("p")->num_samples, static_cast<int64_t>(acknowledged.size()));
+  // Every acknowledged id is there (a step naming them all succeeds, unless
+  // the refused "full" step above was durable and holds two of them).
+  if (!d->store->GetStep("full").ok()) {
+    absl::StatusOr<std::shared_ptr<const Step>> all =
+        d->store->CreateStep("all", "p", acknowledged, 0, SmallTopology());
+    EXPECT_TRUE(all.ok()) << all.status();
+  }
+}
+
+TEST(DurableLogTest, FullTmpfsGivesResourceExhausted) {
+  TempDir dir;
+  const std::string mnt = dir.path() + "/small";
+  ASSERT_EQ(mkdir(mnt.c_str(), 0755), 0);
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (not root?); FileSizeLimit covers the same path";
+  }
+  ExpectFullDiskRefusesCleanly(mnt + "/data");
+  EXPECT_EQ(umount(mnt.c_str()), 0);
+}
+
+TEST(DurableLogTest, FileSizeLimitGivesResourceExhausted) {
+  // RLIMIT_FSIZE makes the kernel fail the write with EFBIG (SIGXFSZ
+  // ignored): a full disk without needing root.
+  TempDir dir;
+  struct rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 200 << 10;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  ExpectFullDiskRefusesCleanly(dir.path() + "/data");
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+}
+
+TEST(DurableLogTest, CompactionDropsReleasedStepsAndKeepsTheState) {
+  TempDir dir;
+  std::string fingerprint;
+  int64_t peak = 0;
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path(), /*compact_min_dead_bytes=*/64 << 10);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(d->store->RegisterModel("p", FromProto(Model())).ok());
+    for (int round = 0; round < 6; ++round) {
+      ASSERT_TRUE(d->store->Put("p", Samples(16, 40 + round, "c" + std::to_string(round) + "-")).ok());
+      peak = std::max(peak, d->log->file_bytes());
+      const std::string id = "step" + std::to_string(round);
+      ASSERT_TRUE(d->store->CreateStep(id, "p", {}, 12, SmallTopology()).ok());
+      if (round < 5) {
+        ASSERT_TRUE(d->store->ReleaseStep(id).ok());
+      }
+    }
+    EXPECT_GE(d->log->compactions(), 1);
+    fingerprint = StepFingerprint(**d->store->GetStep("step5"));
+    // The file holds the live records plus less dead data than the limits.
+    const int64_t total_written = d->log->written();
+    EXPECT_LT(d->log->file_bytes(), total_written - 64 * 1024)
+        << "compaction shrinks the file; peak " << peak;
+    EXPECT_LE(d->log->dead_bytes(), std::max<int64_t>(64 << 10, d->log->file_bytes() / 2));
+  }
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  // 96 put, 60 released; step5 holds 12 of the remaining 36.
+  EXPECT_EQ(d->store->GetPool("p")->num_samples, 36);
+  EXPECT_EQ(d->store->GetPool("p")->num_free_samples, 24);
+  for (int round = 0; round < 5; ++round) {
+    EXPECT_FALSE(d->store->GetStep("step" + std::to_string(round)).ok());
+  }
+  absl::StatusOr<std::shared_ptr<const Step>> step5 = d->store->GetStep("step5");
+  ASSERT_TRUE(step5.ok());
+  EXPECT_EQ(StepFingerprint(**step5), fingerprint);
+  // The free samples keep their arrival order across compaction: oldest first.
+  // Steps took the oldest 72 of the 96 in arrival order; c4-8.. is next.
+  Topology one = SmallTopology();
+  one.dp = 1;
+  absl::StatusOr<std::shared_ptr<const Step>> next = d->store->CreateStep("next", "p", {}, 1, one);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*next)->samples[0]->sample_id, "c4-rollout-8");
+}
+
+}  // namespace
+}  // namespace rollpack

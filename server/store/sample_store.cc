@@ -1,0 +1,494 @@
+#include "server/store/sample_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "scheduler/pipeline_layers.h"
+#include "scheduler/plan.h"
+#include "server/store/durable_log.h"
+#include "server/store/ndarray.h"
+
+namespace rollpack {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& trailing) {
+  return absl::StrCat("[n", trailing.empty() ? "" : ", ", absl::StrJoin(trailing, ", "), "]");
+}
+
+// The longest sequence that fits on a CP group of size c under the budget.
+int64_t LongestFitting(const Topology& topology, int c) {
+  const int64_t a = SequenceAlignment(topology, c);
+  return topology.max_tokens_per_rank * c / a * a;
+}
+
+}  // namespace
+
+SampleStore::SampleStore(int64_t max_memory_bytes) : max_memory_bytes_(max_memory_bytes) {}
+
+std::vector<std::string> SampleStore::PoolNames() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::string> names;
+  names.reserve(pools_.size());
+  for (const auto& [name, pool] : pools_) names.push_back(name);
+  return names;
+}
+
+void SampleStore::set_max_pool_bytes(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  max_pool_bytes_ = bytes > 0 ? bytes : 0;
+}
+
+int64_t SampleStore::max_pool_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return max_pool_bytes_;
+}
+
+absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
+                                                const ModelSpec& model) {
+  if (pool_name.empty()) return absl::InvalidArgumentError("pool name is empty");
+  if (absl::Status s = ValidateModelSpec(model); !s.ok()) return s;
+  int64_t ticket = 0;
+  bool inserted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto emplaced = pools_.try_emplace(pool_name);
+    auto it = emplaced.first;
+    inserted = emplaced.second;
+    if (!inserted && it->second.model != model) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pool \"", pool_name, "\" already holds model \"", it->second.model.name,
+          "\" with another spec; a pool holds one model"));
+    }
+    if (inserted) it->second.model = model;
+    if (log_ == nullptr) return inserted;
+    if (inserted) {
+      absl::StatusOr<int64_t> written =
+          log_->Append(RecordType::kRegisterModel, EncodeRegisterModel(pool_name, model));
+      if (!written.ok()) {
+        pools_.erase(it);
+        return written.status();
+      }
+      ticket = *written;
+    } else {
+      // An identical re-register is acknowledged once the first is durable.
+      ticket = log_->written();
+    }
+  }
+  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  return inserted;
+}
+
+absl::StatusOr<ModelSpec> SampleStore::GetModel(const std::string& pool) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = pools_.find(pool);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool, "\" has no registered model"));
+  }
+  return it->second.model;
+}
+
+absl::Status SampleStore::CheckSchema(
+    const Pool& pool, const StoredSample& sample,
+    const std::map<std::string, FieldSchema>* batch_schema) const {
+  const std::map<std::string, FieldSchema>& schema =
+      pool.schema_fixed ? pool.schema : *batch_schema;
+  const std::string who = absl::StrCat("sample \"", sample.sample_id, "\": ");
+  for (const auto& [name, field] : sample.token_fields) {
+    auto it = schema.find(name);
+    if (it == schema.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, "token_fields[\"", name, "\"] is not among the pool's fields {",
+          absl::StrJoin(schema, ", ", [](std::string* out, const auto& kv) { out->append(kv.first); }),
+          "} (fixed by its first sample)"));
+    }
+    if (it->second.dtype != field.dtype || it->second.trailing_shape != field.trailing_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, "token_fields[\"", name, "\"] is ", DTypeName(field.dtype), " ",
+          ShapeString(field.trailing_shape), ", the pool's is ", DTypeName(it->second.dtype), " ",
+          ShapeString(it->second.trailing_shape)));
+    }
+  }
+  if (sample.token_fields.size() != schema.size()) {
+    for (const auto& [name, unused] : schema) {
+      if (!sample.token_fields.count(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, "token_fields[\"", name, "\"] is missing (every sample of the pool carries it)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PutResult> SampleStore::Put(const std::string& pool_name,
+                                           std::vector<StoredSample> samples) {
+  if (log_ == nullptr) {
+    int64_t unused = 0;
+    return PutLocked(pool_name, std::move(samples), std::string(), &unused);
+  }
+  // Encode outside the lock: the common batch is all new samples.
+  std::string encoded =
+      samples.empty() ? std::string() : EncodeSamples(pool_name, absl::MakeConstSpan(samples));
+  int64_t ticket = 0;
+  absl::StatusOr<PutResult> result =
+      PutLocked(pool_name, std::move(samples), std::move(encoded), &ticket);
+  if (!result.ok()) return result;
+  // Acknowledged only once durable (and a duplicate only once its first copy is).
+  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  return result;
+}
+
+absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
+                                                 std::vector<StoredSample> samples,
+                                                 std::string encoded, int64_t* ticket) {
+  absl::MutexLock lock(&mu_);
+  auto pool_it = pools_.find(pool_name);
+  if (pool_it == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+  }
+  Pool& pool = pool_it->second;
+
+  // The first sample of an empty pool fixes the fields for the batch too.
+  std::map<std::string, FieldSchema> batch_schema;
+  if (!pool.schema_fixed && !samples.empty()) {
+    for (const auto& [name, field] : samples.front().token_fields) {
+      batch_schema[name] = FieldSchema{field.dtype, field.trailing_shape};
+    }
+  }
+
+  PutResult result;
+  std::vector<bool> is_new(samples.size(), false);
+  absl::flat_hash_map<std::string, size_t> batch_index;
+  int64_t new_bytes = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const StoredSample& sample = samples[i];
+    if (absl::Status s = CheckSchema(pool, sample, &batch_schema); !s.ok()) return s;
+    auto stored = pool.samples.find(sample.sample_id);
+    if (stored != pool.samples.end()) {
+      if (!(*stored->second == sample)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "sample \"", sample.sample_id, "\" already exists in pool \"", pool_name,
+            "\" with different content"));
+      }
+      ++result.duplicates;
+      continue;
+    }
+    auto [it, inserted] = batch_index.try_emplace(sample.sample_id, i);
+    if (!inserted) {
+      if (!(samples[it->second] == sample)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sample \"", sample.sample_id, "\" appears twice in one request with different content"));
+      }
+      ++result.duplicates;
+      continue;
+    }
+    is_new[i] = true;
+    new_bytes += sample.MemoryBytes();
+  }
+  if (stored_bytes_ + new_bytes > max_memory_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "memory limit: storing ", new_bytes, " more bytes would exceed --max-memory ",
+        max_memory_bytes_, " (", stored_bytes_,
+        " held); retry after the trainer releases a step"));
+  }
+  if (max_pool_bytes_ > 0 && pool.stored_bytes + new_bytes > max_pool_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool memory limit: storing ", new_bytes, " more bytes in pool \"", pool_name,
+        "\" would exceed --max-pool-memory ", max_pool_bytes_, " (", pool.stored_bytes,
+        " held by the pool); retry after the trainer releases a step"));
+  }
+  if (log_ != nullptr) {
+    // Written under the lock so the log's order is the store's order.
+    const bool all_new = std::find(is_new.begin(), is_new.end(), false) == is_new.end();
+    if (!all_new) {
+      std::vector<const StoredSample*> fresh;
+      for (size_t i = 0; i < samples.size(); ++i) {
+        if (is_new[i]) fresh.push_back(&samples[i]);
+      }
+      encoded = fresh.empty() ? std::string()
+                              : EncodeSamples(pool_name, absl::MakeConstSpan(fresh));
+    }
+    if (encoded.empty()) {
+      *ticket = log_->written();
+    } else {
+      absl::StatusOr<int64_t> written = log_->Append(RecordType::kPutSamples, encoded);
+      if (!written.ok()) return written.status();
+      *ticket = *written;
+    }
+  }
+
+  if (!pool.schema_fixed && !samples.empty()) {
+    pool.schema = std::move(batch_schema);
+    pool.schema_fixed = true;
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (!is_new[i]) continue;
+    const uint64_t arrival = next_arrival_++;
+    const int64_t bytes = samples[i].MemoryBytes();
+    std::string id = samples[i].sample_id;
+    pool.free_by_arrival.emplace(arrival, id);
+    pool.arrival_of.emplace(id, arrival);
+    pool.samples.emplace(std::move(id), std::make_shared<const StoredSample>(std::move(samples[i])));
+    pool.stored_bytes += bytes;
+    stored_bytes_ += bytes;
+    result.stored_bytes += bytes;
+  }
+  result.accepted = static_cast<int64_t>(samples.size());
+  return result;
+}
+
+absl::StatusOr<PoolStats> SampleStore::GetPool(const std::string& pool_name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = pools_.find(pool_name);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+  }
+  const Pool& pool = it->second;
+  PoolStats stats;
+  stats.pool = pool_name;
+  stats.model = pool.model;
+  stats.num_samples = static_cast<int64_t>(pool.samples.size());
+  stats.num_free_samples = static_cast<int64_t>(pool.free_by_arrival.size());
+  stats.num_live_steps = pool.live_steps;
+  stats.stored_bytes = pool.stored_bytes;
+  stats.token_fields = pool.schema;
+  return stats;
+}
+
+StoreStats SampleStore::Stats() const {
+  absl::ReaderMutexLock lock(&mu_);
+  StoreStats stats;
+  stats.stored_bytes = stored_bytes_;
+  stats.max_memory_bytes = max_memory_bytes_;
+  for (const auto& [name, pool] : pools_) stats.num_samples += pool.samples.size();
+  stats.num_live_steps = static_cast<int64_t>(steps_.size());
+  return stats;
+}
+
+absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
+    const std::string& step_id, const std::string& pool_name,
+    absl::Span<const std::string> sample_ids, int num_samples, const Topology& topology) {
+  if (step_id.empty()) return absl::InvalidArgumentError("step_id is empty");
+  if (sample_ids.empty() && num_samples <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step \"", step_id, "\": give sample_ids or num_samples > 0 (num_samples is ",
+        num_samples, ")"));
+  }
+  if (absl::Status s = ValidateTopologySizes(topology); !s.ok()) return s;
+
+  // Reserve the samples under the lock, plan without it.
+  ModelSpec model;
+  std::vector<std::shared_ptr<const StoredSample>> samples;
+  std::vector<std::pair<uint64_t, std::string>> reserved;
+  {
+    absl::MutexLock lock(&mu_);
+    if (steps_.contains(step_id) || pending_steps_.contains(step_id)) {
+      return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
+    }
+    auto pool_it = pools_.find(pool_name);
+    if (pool_it == pools_.end()) {
+      return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+    }
+    Pool& pool = pool_it->second;
+    model = pool.model;
+    if (!sample_ids.empty()) {
+      absl::flat_hash_set<std::string> seen;
+      for (const std::string& id : sample_ids) {
+        if (!seen.insert(id).second) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("step \"", step_id, "\": sample \"", id, "\" is listed twice"));
+        }
+        auto it = pool.samples.find(id);
+        if (it == pool.samples.end()) {
+          return absl::NotFoundError(
+              absl::StrCat("sample \"", id, "\" is not in pool \"", pool_name, "\""));
+        }
+        if (pool.free_by_arrival.count(pool.arrival_of.at(id)) == 0) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("sample \"", id, "\" is already in a live step"));
+        }
+        samples.push_back(it->second);
+      }
+    } else {
+      if (static_cast<int64_t>(pool.free_by_arrival.size()) < num_samples) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step \"", step_id, "\": pool \"", pool_name, "\" has ", pool.free_by_arrival.size(),
+            " free samples, ", num_samples, " requested"));
+      }
+      for (auto it = pool.free_by_arrival.begin();
+           static_cast<int>(samples.size()) < num_samples; ++it) {
+        samples.push_back(pool.samples.at(it->second));
+      }
+    }
+    for (const auto& sample : samples) {
+      const uint64_t arrival = pool.arrival_of.at(sample->sample_id);
+      pool.free_by_arrival.erase(arrival);
+      reserved.emplace_back(arrival, sample->sample_id);
+    }
+    pending_steps_[step_id] = true;
+  }
+
+  auto build = [&]() -> absl::StatusOr<std::shared_ptr<const Step>> {
+    if (absl::StatusOr<PipelineLayers> layers = PipelineLayers::Create(model, topology);
+        !layers.ok()) {
+      return layers.status();
+    }
+    std::vector<int64_t> lengths;
+    lengths.reserve(samples.size());
+    const int largest = MaxCpGroupSize(topology);
+    for (const auto& sample : samples) {
+      const int64_t n = sample->num_tokens();
+      if (MinCpGroupSizeFor(topology, n) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sample \"", sample->sample_id, "\" has ", n,
+            " tokens; the longest that fits on the largest CP group (", largest, " ranks x ",
+            topology.max_tokens_per_rank, " max_tokens_per_rank) is ",
+            LongestFitting(topology, largest)));
+      }
+      lengths.push_back(n);
+    }
+    absl::StatusOr<Plan> plan = ComputePlan(lengths, topology);
+    if (!plan.ok()) return plan.status();
+    absl::StatusOr<StepLayout> layout = StepLayout::Create(*plan, lengths, topology, model);
+    if (!layout.ok()) return layout.status();
+    return std::make_shared<const Step>(step_id, pool_name, model, topology, samples,
+                                        *std::move(plan), *std::move(layout));
+  };
+  absl::StatusOr<std::shared_ptr<const Step>> step = build();
+
+  int64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    pending_steps_.erase(step_id);
+    auto pool_it = pools_.find(pool_name);
+    if (step.ok() && log_ != nullptr) {
+      absl::StatusOr<int64_t> written =
+          log_->Append(RecordType::kCreateStep, EncodeCreateStep(**step));
+      if (written.ok()) {
+        ticket = *written;
+      } else {
+        step = written.status();
+      }
+    }
+    if (!step.ok()) {
+      for (auto& [arrival, id] : reserved) pool_it->second.free_by_arrival.emplace(arrival, id);
+      return absl::Status(step.status().code(),
+                          absl::StrCat("step \"", step_id, "\": ", step.status().message()));
+    }
+    pool_it->second.live_steps++;
+    steps_[step_id] = *step;
+  }
+  if (log_ != nullptr) {
+    if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  }
+  return step;
+}
+
+absl::StatusOr<std::shared_ptr<const Step>> SampleStore::GetStep(
+    const std::string& step_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = steps_.find(step_id);
+  if (it == steps_.end()) {
+    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_id) {
+  int64_t ticket = 0;
+  absl::StatusOr<ReleaseResult> released = ReleaseStepLocked(step_id, &ticket);
+  if (!released.ok() || log_ == nullptr) return released;
+  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  if (log_->ShouldCompact()) {
+    // The release is durable whatever compaction does; a failed compaction
+    // leaves the old log in place and is retried at the next release.
+    CompactLog().IgnoreError();
+  }
+  return released;
+}
+
+absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& step_id,
+                                                             int64_t* ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = steps_.find(step_id);
+  if (it == steps_.end()) {
+    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));
+  }
+  if (log_ != nullptr) {
+    const std::string record = EncodeReleaseStep(step_id);
+    absl::StatusOr<int64_t> written = log_->Append(RecordType::kReleaseStep, record);
+    if (!written.ok()) return written.status();
+    *ticket = *written;
+    int64_t dead = 2 * 9 + static_cast<int64_t>(record.size() + EncodeCreateStep(*it->second).size());
+    for (const auto& sample : it->second->samples) dead += EncodedSampleBytes(*sample);
+    log_->AddDeadBytes(dead);
+  }
+  std::shared_ptr<const Step> step = std::move(it->second);
+  steps_.erase(it);
+  Pool& pool = pools_.at(step->pool);
+  pool.live_steps--;
+  ReleaseResult result;
+  for (const auto& sample : step->samples) {
+    const int64_t bytes = sample->MemoryBytes();
+    pool.arrival_of.erase(sample->sample_id);
+    pool.samples.erase(sample->sample_id);
+    pool.stored_bytes -= bytes;
+    stored_bytes_ -= bytes;
+    result.freed_bytes += bytes;
+    result.released_samples++;
+  }
+  return result;
+}
+
+absl::Status SampleStore::CompactLog() {
+  if (log_ == nullptr) return absl::FailedPreconditionError("no durable log");
+  // Readers (fetches, GetPool) go on; writers wait until the new log is in
+  // place, so no record can fall between the snapshot and the swap.
+  absl::ReaderMutexLock lock(&mu_);
+  return log_->Rewrite([&](DurableLog::Rewriter* out) -> absl::Status {
+    struct Item {
+      uint64_t arrival;
+      const std::string* pool;
+      const StoredSample* sample;
+    };
+    std::vector<Item> items;
+    for (const auto& [name, pool] : pools_) {
+      if (absl::Status s = out->Add(RecordType::kRegisterModel, EncodeRegisterModel(name, pool.model));
+          !s.ok()) {
+        return s;
+      }
+      for (const auto& [id, sample] : pool.samples) {
+        items.push_back({pool.arrival_of.at(id), &name, sample.get()});
+      }
+    }
+    // Samples in arrival order, so the recovered free list is in the same order.
+    std::sort(items.begin(), items.end(),
+              [](const Item& a, const Item& b) { return a.arrival < b.arrival; });
+    constexpr int64_t kChunkBytes = 8 << 20;
+    for (size_t i = 0; i < items.size();) {
+      std::vector<const StoredSample*> chunk;
+      int64_t bytes = 0;
+      size_t j = i;
+      for (; j < items.size() && *items[j].pool == *items[i].pool && (chunk.empty() || bytes < kChunkBytes); ++j) {
+        chunk.push_back(items[j].sample);
+        bytes += EncodedSampleBytes(*items[j].sample);
+      }
+      if (absl::Status s = out->Add(RecordType::kPutSamples,
+                                    EncodeSamples(*items[i].pool, absl::MakeConstSpan(chunk)));
+          !s.ok()) {
+        return s;
+      }
+      i = j;
+    }
+    for (const auto& [id, step] : steps_) {
+      if (absl::Status s = out->Add(RecordType::kCreateStep, EncodeCreateStep(*step)); !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace rollpack

@@ -1,0 +1,150 @@
+// The in-memory store: pools of validated samples under one memory limit,
+// and the steps created from them. Thread-safe.
+#ifndef ROLLPACK_SERVER_STORE_SAMPLE_STORE_H_
+#define ROLLPACK_SERVER_STORE_SAMPLE_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "scheduler/model_spec.h"
+#include "scheduler/topology.h"
+#include "server/store/step.h"
+#include "server/store/stored_sample.h"
+
+namespace rollpack {
+
+struct PutResult {
+  int64_t accepted = 0;
+  int64_t duplicates = 0;
+  int64_t stored_bytes = 0;
+};
+
+struct FieldSchema {
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> trailing_shape;
+};
+
+struct PoolStats {
+  std::string pool;
+  ModelSpec model;
+  int64_t num_samples = 0;
+  int64_t num_free_samples = 0;
+  int64_t num_live_steps = 0;
+  int64_t stored_bytes = 0;
+  std::map<std::string, FieldSchema> token_fields;
+};
+
+struct StoreStats {
+  int64_t stored_bytes = 0;
+  int64_t max_memory_bytes = 0;
+  int64_t num_samples = 0;
+  int64_t num_live_steps = 0;
+};
+
+struct ReleaseResult {
+  int released_samples = 0;
+  int64_t freed_bytes = 0;
+};
+
+class DurableLog;
+
+class SampleStore {
+ public:
+  explicit SampleStore(int64_t max_memory_bytes);
+
+  // OK(true) when the pool was created, OK(false) when it already holds the
+  // same model; FAILED_PRECONDITION when it holds a different one.
+  absl::StatusOr<bool> RegisterModel(const std::string& pool, const ModelSpec& model);
+
+  // NOT_FOUND when the pool has no registered model.
+  absl::StatusOr<ModelSpec> GetModel(const std::string& pool) const;
+
+  // Commits already-validated samples all or nothing: INVALID_ARGUMENT when
+  // a sample's token fields differ from the pool's (fixed by the first
+  // accepted sample) or the batch repeats an id with other content;
+  // ALREADY_EXISTS when an id is stored with other content;
+  // RESOURCE_EXHAUSTED when the batch does not fit under the memory limit.
+  // Identical re-sends are counted as duplicates and stored once.
+  absl::StatusOr<PutResult> Put(const std::string& pool,
+                                std::vector<StoredSample> samples);
+
+  absl::StatusOr<PoolStats> GetPool(const std::string& pool) const;
+  // Names of the pools with a registered model, sorted.
+  std::vector<std::string> PoolNames() const;
+
+  // Bytes one pool may hold (--max-pool-memory); 0 = only the server-wide
+  // limit. Past it Put returns RESOURCE_EXHAUSTED naming the pool.
+  void set_max_pool_bytes(int64_t bytes);
+  int64_t max_pool_bytes() const;
+  StoreStats Stats() const;
+
+  // Takes samples out of the pool's free samples (the given ids, or the
+  // oldest `num_samples` free ones), plans them and builds the layout.
+  // ALREADY_EXISTS for a live step id; NOT_FOUND for an unknown pool or
+  // sample; FAILED_PRECONDITION for a sample already in a live step or too
+  // few free samples; INVALID_ARGUMENT for topologies the model or plan
+  // refuses. Nothing changes on error.
+  absl::StatusOr<std::shared_ptr<const Step>> CreateStep(
+      const std::string& step_id, const std::string& pool,
+      absl::Span<const std::string> sample_ids, int num_samples,
+      const Topology& topology);
+
+  // NOT_FOUND naming the step when it is not live.
+  absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) const;
+
+  // Deletes the step and its samples, freeing their memory.
+  absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id);
+
+  // Durable mode: from now on every mutation is written to `log` before it
+  // is acknowledged (see server/store/durable_log.h); a mutation the log refuses
+  // fails with the log's status and changes nothing. Call before serving,
+  // after replaying the log into this store. `log` must outlive the store.
+  void AttachLog(DurableLog* log) { log_ = log; }
+  // Rewrites the log from the live state (released steps' samples drop
+  // out). ReleaseStep calls it when the log's dead bytes pass its limits.
+  absl::Status CompactLog();
+
+ private:
+  struct Pool {
+    ModelSpec model;
+    bool schema_fixed = false;
+    std::map<std::string, FieldSchema> schema;
+    absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
+    // Free samples by arrival sequence number: the oldest first.
+    std::map<uint64_t, std::string> free_by_arrival;
+    absl::flat_hash_map<std::string, uint64_t> arrival_of;
+    int64_t stored_bytes = 0;
+    int64_t live_steps = 0;
+  };
+
+  absl::Status CheckSchema(const Pool& pool, const StoredSample& sample,
+                           const std::map<std::string, FieldSchema>* batch_schema) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  absl::StatusOr<PutResult> PutLocked(const std::string& pool,
+                                      std::vector<StoredSample> samples,
+                                      std::string encoded, int64_t* ticket);
+  absl::StatusOr<ReleaseResult> ReleaseStepLocked(const std::string& step_id, int64_t* ticket);
+
+  const int64_t max_memory_bytes_;
+  DurableLog* log_ = nullptr;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const Step>> steps_ ABSL_GUARDED_BY(mu_);
+  // Step ids being planned, reserved so two creates cannot race.
+  absl::flat_hash_map<std::string, bool> pending_steps_ ABSL_GUARDED_BY(mu_);
+  int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_STORE_SAMPLE_STORE_H_

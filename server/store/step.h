@@ -1,0 +1,44 @@
+// A step: samples taken out of a pool's free samples, with the plan that
+// packs them and the layout every trainer rank is served from. Immutable once
+// created, so any number of trainer streams read it without locks.
+#ifndef ROLLPACK_SERVER_STORE_STEP_H_
+#define ROLLPACK_SERVER_STORE_STEP_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "scheduler/layout.h"
+#include "scheduler/model_spec.h"
+#include "scheduler/plan.h"
+#include "scheduler/topology.h"
+#include "server/store/stored_sample.h"
+
+namespace rollpack {
+
+struct Step {
+  Step(std::string step_id, std::string pool, ModelSpec model, Topology topology,
+       std::vector<std::shared_ptr<const StoredSample>> samples, Plan plan,
+       StepLayout layout)
+      : step_id(std::move(step_id)),
+        pool(std::move(pool)),
+        model(std::move(model)),
+        topology(topology),
+        samples(std::move(samples)),
+        plan(std::move(plan)),
+        layout(std::move(layout)) {}
+
+  const std::string step_id;
+  const std::string pool;
+  const ModelSpec model;
+  const Topology topology;
+  // The plan's sequence i is samples[i]; shared so a stream in flight keeps
+  // its data alive after the step is released.
+  const std::vector<std::shared_ptr<const StoredSample>> samples;
+  const Plan plan;
+  const StepLayout layout;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_STORE_STEP_H_
