@@ -1,6 +1,7 @@
 // Thin adapter from the kernels' absl-free KernelStatus to absl::Status, for
 // the service code (the kernel libraries themselves do not depend on absl).
-#pragma once
+#ifndef ROLLPACK_KERNELS_REPLAY_KERNELS_ABSL_H_
+#define ROLLPACK_KERNELS_REPLAY_KERNELS_ABSL_H_
 
 #include "absl/status/status.h"
 #include "kernels/replay_kernels.h"
@@ -20,3 +21,5 @@ inline absl::Status ToAbslStatus(const KernelStatus& s) {
 }
 
 }  // namespace rollpack::kernels
+
+#endif  // ROLLPACK_KERNELS_REPLAY_KERNELS_ABSL_H_

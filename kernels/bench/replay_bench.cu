@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bench/unpack_variants.h"
 #include "kernels/replay_kernels_cuda.h"
 
 using namespace rollpack::kernels;

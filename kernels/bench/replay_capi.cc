@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/bench/unpack_variants.h"
 #include "kernels/replay_kernels_cuda.h"
 
 using namespace rollpack::kernels;
