@@ -7,9 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "testing/synthetic_rollouts.h"
 #include "client/cpp/trainer_stream.h"
@@ -138,15 +137,12 @@ int RunCase(RollpackClient& client, const Case& c, const v1::ModelSpec& model,
 
 int RunBenchLayoutCommand(int argc, char** argv) {
   int num_samples = 512;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--samples" && i + 1 < argc && absl::SimpleAtoi(argv[i + 1], &num_samples)) {
-      ++i;
-    } else {
-      std::fprintf(stderr, "usage: rollpack bench layout [--samples N]\n");
-      return 2;
-    }
-  }
+  FlagSet flags("rollpack bench layout",
+                "Bytes each trainer rank receives from an embedded rollpackd, for three "
+                "topologies, versus the minimal bytes it needs (its own rows and layers) and "
+                "versus fetching its whole DP partition and slicing locally.");
+  flags.Int("samples", &num_samples, "Synthetic rollouts per topology.").Min(1);
+  if (ParseResult r = flags.Parse(argc, argv); r.should_exit()) return r.exit_code();
   absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start({});
   if (!server.ok()) return 1;
   RollpackClient client(MakeChannel((*server)->address()));

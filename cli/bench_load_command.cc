@@ -18,14 +18,15 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "testing/synthetic_rollouts.h"
 #include "client/cpp/trainer_stream.h"
 #include "server/store/durable_log.h"
+#include "server/store/crc32c.h"
 
 namespace rollpack {
 namespace {
@@ -46,42 +47,6 @@ struct LoadConfig {
   std::string data_dir;
   std::string fsync = "always";
 };
-
-bool ParseFlags(int argc, char** argv, LoadConfig* c) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (arg == name && i + 1 < argc) return argv[++i];
-      return nullptr;
-    };
-    const char* v = nullptr;
-    bool ok = true;
-    if ((v = value("--server"))) c->server = v;
-    else if ((v = value("--rollpackd"))) c->rollpackd = v;
-    else if ((v = value("--producers"))) ok = absl::SimpleAtoi(v, &c->producers);
-    else if ((v = value("--trainers"))) ok = absl::SimpleAtoi(v, &c->trainers);
-    else if ((v = value("--tp"))) ok = absl::SimpleAtoi(v, &c->tp);
-    else if ((v = value("--seconds"))) ok = absl::SimpleAtod(v, &c->seconds);
-    else if ((v = value("--max-memory"))) ok = absl::SimpleAtoi(v, &c->max_memory);
-    else if ((v = value("--rss-overhead"))) ok = absl::SimpleAtoi(v, &c->rss_overhead);
-    else if ((v = value("--batch"))) ok = absl::SimpleAtoi(v, &c->batch);
-    else if ((v = value("--step-samples"))) ok = absl::SimpleAtoi(v, &c->step_samples);
-    else if ((v = value("--median-length"))) ok = absl::SimpleAtod(v, &c->median_length);
-    else if ((v = value("--max-length"))) ok = absl::SimpleAtoi(v, &c->max_length);
-    else if ((v = value("--data-dir"))) c->data_dir = v;
-    else if ((v = value("--fsync"))) c->fsync = v;
-    else ok = false;
-    if (!ok) {
-      std::fprintf(stderr,
-                   "usage: rollpack bench load [--seconds D] [--producers P] [--trainers R(dp)] "
-                   "[--tp T] [--max-memory BYTES] [--rss-overhead BYTES] [--batch N] "
-                   "[--step-samples S] [--median-length L] [--max-length L] [--data-dir DIR] "
-                   "[--fsync always|batch|never] [--server HOST:PORT | --rollpackd PATH]\n");
-      return false;
-    }
-  }
-  return c->producers >= 1 && c->trainers >= 1 && c->tp >= 1 && c->step_samples >= c->trainers;
-}
 
 // Latency samples in milliseconds.
 class Latencies {
@@ -140,7 +105,43 @@ uint32_t TokenChecksum(const char* data, size_t bytes) {
 
 int RunBenchLoadCommand(int argc, char** argv) {
   LoadConfig config;
-  if (!ParseFlags(argc, argv, &config)) return 2;
+  FlagSet flags("rollpack bench load",
+                "P producers and a controller with R x T trainer streams drive a rollpackd child "
+                "process (or --server) for D seconds. Prints throughput, p50/p99 latencies, the "
+                "server's peak RSS against --max-memory, and a count check: every acknowledged "
+                "sample fetched exactly once per replica (tp rank) with equal token checksums. "
+                "Exits 0 only when the counts, checksums and the memory bound hold.");
+  flags.Double("seconds", &config.seconds, "How long the producers run (D).").Min(0);
+  flags.Int("producers", &config.producers, "Producer threads (P).").Min(1);
+  flags.Int("trainers", &config.trainers, "Trainer streams per replica, the step's dp (R).")
+      .Min(1);
+  flags.Int("tp", &config.tp,
+            "Replicas (T): every tp rank receives every token of its dp rank.")
+      .Min(1);
+  flags.Int64("max-memory", &config.max_memory, "The rollpackd child's --max-memory, bytes.")
+      .Min(0);
+  flags.Int64("rss-overhead", &config.rss_overhead,
+              "Peak RSS allowed above --max-memory before the run fails, bytes.")
+      .Min(0);
+  flags.Int("batch", &config.batch, "Samples per PutSamples call.").Min(1);
+  flags.Int("step-samples", &config.step_samples,
+            "Samples per step; at least --trainers.")
+      .Min(1);
+  flags.Double("median-length", &config.median_length, "Median rollout length, tokens.");
+  flags.Int64("max-length", &config.max_length, "Longest rollout, tokens.").Min(1);
+  flags.String("data-dir", &config.data_dir,
+               "Durable store directory for the rollpackd child; empty: memory only.");
+  flags.String("fsync", &config.fsync,
+               "The child's --fsync (always, batch or never), with --data-dir.");
+  flags.String("server", &config.server,
+               "HOST:PORT of a running rollpackd instead of a child process.");
+  flags.String("rollpackd", &config.rollpackd,
+               "rollpackd binary to start; empty: the one next to this program.");
+  if (ParseResult r = flags.Parse(argc, argv); r.should_exit()) return r.exit_code();
+  if (config.step_samples < config.trainers) {
+    return flags.UsageError(absl::StrCat("--step-samples ", config.step_samples,
+                                         " must be at least --trainers ", config.trainers));
+  }
 
   // ---- The server: a rollpackd child unless --server.
   pid_t child = -1;

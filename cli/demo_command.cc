@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "testing/reference_layout.h"
 #include "testing/synthetic_rollouts.h"
@@ -49,37 +49,21 @@ v1::ModelSpec Qwen3MoeLikeModel() {
   return model;
 }
 
-bool ParseFlags(int argc, char** argv, DemoConfig* config) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (arg == name && i + 1 < argc) return argv[++i];
-      return nullptr;
-    };
-    const char* v = nullptr;
-    if ((v = value("--server"))) {
-      config->server = v;
-    } else if ((v = value("--samples"))) {
-      if (!absl::SimpleAtoi(v, &config->num_samples)) return false;
-    } else if ((v = value("--seed"))) {
-      if (!absl::SimpleAtoi(v, &config->seed)) return false;
-    } else if (arg == "--dynamic-cp") {
-      config->dynamic_cp = true;
-    } else {
-      std::fprintf(stderr,
-                   "usage: rollpack demo [--server HOST:PORT] [--samples N] [--seed S] "
-                   "[--dynamic-cp]\n");
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 int RunDemoCommand(int argc, char** argv) {
   DemoConfig config;
-  if (!ParseFlags(argc, argv, &config)) return 2;
+  FlagSet flags("rollpack demo",
+                "End-to-end run of a training step on an embedded rollpackd (or --server): "
+                "ingests synthetic Qwen3-30B-A3B-like rollouts, plans a dp4 cp2 tp2 pp2 step, "
+                "fetches every rank's micro-batches concurrently and checks each against an "
+                "independent reference. Exits 0 only if every rank's bytes match.");
+  flags.String("server", &config.server,
+               "HOST:PORT of a running rollpackd; empty: an embedded server on 127.0.0.1.");
+  flags.Int("samples", &config.num_samples, "Synthetic rollouts to ingest.").Min(1);
+  flags.Uint64("seed", &config.seed, "Seed of the synthetic rollouts; also names the pool.");
+  flags.Bool("dynamic-cp", &config.dynamic_cp, "Plan with the dynamic CP scheduler.");
+  if (ParseResult r = flags.Parse(argc, argv); r.should_exit()) return r.exit_code();
 
   std::unique_ptr<RollpackServer> embedded;
   std::string address = config.server;

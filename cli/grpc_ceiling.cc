@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cli/flags.h"
 #include "grpc/grpc.h"
 #include "grpc/slice.h"
 #include "grpcpp/create_channel.h"
@@ -144,26 +145,25 @@ absl::StatusOr<double> MeasureGrpcCeilingGBps(const std::string& address,
 }
 
 int RunGrpcSinkCommand(int argc, char** argv) {
-  KeepFreedMemory();  // as rollpackd: the same cost of memory on both
   std::string port_file;
+  std::vector<std::string> grpc_args;
+  FlagSet flags("rollpack bench grpc-sink",
+                "The server half of bench transport's gRPC-alone rows: serves a sink that "
+                "drops every message on 127.0.0.1, an ephemeral port, until SIGTERM or SIGINT.");
+  flags.String("port-file", &port_file, "Write the port to this file once serving.");
+  flags.Repeated("grpc-arg", &grpc_args,
+                 "NAME=INTEGER[,NAME=INTEGER...]: server channel arguments, as rollpackd's "
+                 "--grpc-arg.");
+  if (ParseResult r = flags.Parse(argc, argv); r.should_exit()) return r.exit_code();
+  KeepFreedMemory();  // as rollpackd: the same cost of memory on both
   std::vector<std::pair<std::string, int>> int_args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--port-file" && i + 1 < argc) {
-      port_file = argv[++i];
-    } else if (arg.rfind("--grpc-arg=", 0) == 0) {
-      for (absl::string_view item : absl::StrSplit(arg.substr(11), ',')) {
-        absl::StatusOr<std::pair<std::string, int>> parsed = ParseGrpcIntArg(item);
-        if (!parsed.ok()) {
-          std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
-          return 2;
-        }
-        int_args.push_back(*parsed);
+  for (const std::string& arg : grpc_args) {
+    for (absl::string_view item : absl::StrSplit(arg, ',')) {
+      absl::StatusOr<std::pair<std::string, int>> parsed = ParseGrpcIntArg(item);
+      if (!parsed.ok()) {
+        return flags.UsageError(parsed.status().message());  // names the flag and item
       }
-    } else {
-      std::fprintf(stderr, "usage: rollpack bench grpc-sink --port-file PATH "
-                           "[--grpc-arg=NAME=INTEGER,...]\n");
-      return 2;
+      int_args.push_back(*parsed);
     }
   }
   // Blocked before any thread starts, so every thread inherits the mask.

@@ -1,6 +1,7 @@
-// rollpack: the command-line tool (demo, offline planning, ingest).
+// rollpack: the command-line tool (demo, offline planning, ingest, benchmarks).
+// Only dispatch happens here; each command parses its own flags (cli/flags.h)
+// and answers its own --help.
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,30 +15,15 @@
 #include "cli/grpc_ceiling.h"
 #include "cli/plan_command.h"
 
-namespace {
-
-void Usage() {
-  std::fprintf(stderr,
-               "usage: rollpack <command> [flags]\n"
-               "  demo   end-to-end run on an embedded server; exits 0 only if every rank's\n"
-               "         bytes match the independent reference\n"
-               "  plan   offline packing plan and statistics for a file of lengths\n"
-               "  put    ingest captured engine responses: put --from-jsonl FILE --server ADDR\n"
-               "         --pool P (runs the Python producer, see docs/producer.md)\n"
-               "  bench layout   bytes per rank vs the minimum and vs DP-partition fetching\n"
-               "  bench transport   loopback limits vs rollpackd ingest and fetch throughput\n"
-               "  bench load   producers + trainer streams for D seconds: throughput, latencies,\n"
-               "               peak RSS, every acknowledged sample fetched once per replica\n");
-}
-
-}  // namespace
-
 #ifndef ROLLPACK_PYTHON_DIR
 #define ROLLPACK_PYTHON_DIR "client/python"  // relative to the repository root
 #endif
 
+namespace {
+
 // `rollpack put` is the Python producer's JSONL ingester (client/python/
-// rollpack/__main__.py): the engine adapters live there, once.
+// rollpack/__main__.py): the engine adapters live there, once. Its flags are
+// Python's to parse, so argv ("put" and everything after it) goes on as is.
 int ForwardToPythonPut(int argc, char** argv) {
   const char* existing = getenv("PYTHONPATH");
   std::string path = ROLLPACK_PYTHON_DIR;
@@ -45,37 +31,94 @@ int ForwardToPythonPut(int argc, char** argv) {
   setenv("PYTHONPATH", path.c_str(), 1);
   std::vector<char*> args = {const_cast<char*>("/usr/bin/python3"), const_cast<char*>("-m"),
                              const_cast<char*>("rollpack")};
-  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  for (int i = 0; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   execv(args[0], args.data());
   std::perror("rollpack put: cannot run /usr/bin/python3");
   return 127;
 }
 
+// Each command gets argv from its own name on (argv[0] == name).
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);
+};
+
+const Command kCommands[] = {
+    {"demo", "end-to-end run on an embedded server; exits 0 only if every rank's bytes match",
+     rollpack::RunDemoCommand},
+    {"plan", "offline packing plan and statistics for a file of lengths",
+     rollpack::RunPlanCommand},
+    {"put", "ingest captured engine responses via the Python producer (docs/producer.md)",
+     ForwardToPythonPut},
+};
+
+const Command kBenchmarks[] = {
+    {"layout", "bytes per rank vs the minimum and vs DP-partition fetching",
+     rollpack::RunBenchLayoutCommand},
+    {"transport", "loopback limits vs rollpackd ingest and fetch throughput",
+     rollpack::RunBenchTransportCommand},
+    {"load", "producers + trainer streams for D seconds: throughput, latencies, peak RSS",
+     rollpack::RunBenchLoadCommand},
+    // Started by bench transport; listed so that its --help can be found.
+    {"grpc-sink", "the server half of bench transport's gRPC-alone rows (internal)",
+     rollpack::RunGrpcSinkCommand},
+};
+
+bool IsHelp(const std::string& arg) { return arg == "-h" || arg == "--help" || arg == "help"; }
+
+void PrintBenchmarks(FILE* out) {
+  for (const Command& b : kBenchmarks) {
+    std::fprintf(out, "  bench %-12s %s\n", b.name, b.summary);
+  }
+}
+
+void Usage(FILE* out) {
+  std::fprintf(out, "usage: rollpack <command> [flags]   (rollpack <command> --help: its flags)\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-18s %s\n", c.name, c.summary);
+  PrintBenchmarks(out);
+}
+
+void BenchUsage(FILE* out) {
+  std::fprintf(out, "usage: rollpack bench <benchmark> [flags]   "
+                    "(rollpack bench <benchmark> --help: its flags)\n");
+  PrintBenchmarks(out);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc < 2) {
-    Usage();
+    Usage(stderr);
     return 2;
   }
   const std::string command = argv[1];
-  if (command == "demo") return rollpack::RunDemoCommand(argc - 1, argv + 1);
-  if (command == "plan") return rollpack::RunPlanCommand(argc - 1, argv + 1);
-  if (command == "put") return ForwardToPythonPut(argc, argv);
-  if (command == "bench" && argc >= 3) {
-    const std::string bench = argv[2];
-    if (bench == "layout") return rollpack::RunBenchLayoutCommand(argc - 2, argv + 2);
-    if (bench == "transport") return rollpack::RunBenchTransportCommand(argc - 2, argv + 2);
-    if (bench == "load") return rollpack::RunBenchLoadCommand(argc - 2, argv + 2);
-    // The server half of bench transport's gRPC-alone rows.
-    if (bench == "grpc-sink") return rollpack::RunGrpcSinkCommand(argc - 2, argv + 2);
-    std::fprintf(stderr, "rollpack bench: unknown benchmark \"%s\"\n", bench.c_str());
-    return 2;
-  }
-  if (command == "-h" || command == "--help" || command == "help") {
-    Usage();
+  if (IsHelp(command)) {
+    Usage(stdout);
     return 0;
   }
+  for (const Command& c : kCommands) {
+    if (command == c.name) return c.run(argc - 1, argv + 1);
+  }
+  if (command == "bench") {
+    if (argc < 3) {
+      BenchUsage(stderr);
+      return 2;
+    }
+    const std::string bench = argv[2];
+    if (IsHelp(bench)) {
+      BenchUsage(stdout);
+      return 0;
+    }
+    for (const Command& b : kBenchmarks) {
+      if (bench == b.name) return b.run(argc - 2, argv + 2);
+    }
+    std::fprintf(stderr, "rollpack bench: unknown benchmark \"%s\"\n", bench.c_str());
+    BenchUsage(stderr);
+    return 2;
+  }
   std::fprintf(stderr, "rollpack: unknown command \"%s\"\n", command.c_str());
-  Usage();
+  Usage(stderr);
   return 2;
 }

@@ -8,6 +8,7 @@
 #include "fuzz/fuzz_common.h"
 #include "scheduler/layout.h"
 #include "scheduler/plan.h"
+#include "scheduler/planner.h"
 
 using namespace rollpack;
 

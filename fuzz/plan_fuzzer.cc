@@ -3,6 +3,8 @@
 // group tiling, padded lengths) and is deterministic.
 #include "fuzz/fuzz_common.h"
 #include "scheduler/plan.h"
+#include "scheduler/plan_validation.h"
+#include "scheduler/planner.h"
 
 using namespace rollpack;
 

@@ -10,6 +10,7 @@
 #include "fuzz/fuzz_common.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/store/durable_log.h"
+#include "server/store/log_records.h"
 #include "server/store/sample_store.h"
 #include "server/ingest/sample_validation.h"
 

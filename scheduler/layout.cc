@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace rollpack {
 namespace {
@@ -87,7 +88,7 @@ absl::StatusOr<StepLayout> StepLayout::Create(const Plan& plan,
                                               absl::Span<const int64_t> lengths,
                                               const Topology& t,
                                               const ModelSpec& model) {
-  if (absl::Status s = ValidateTopologySizes(t); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateTopologySizes(t));
   auto pipeline = PipelineLayers::Create(model, t);
   if (!pipeline.ok()) return pipeline.status();
 
@@ -271,7 +272,7 @@ absl::StatusOr<const GroupLayout*> StepLayout::GroupOf(int microbatch,
 
 absl::Status StepLayout::Describe(const RankCoords& coords, int microbatch,
                                   RankMicrobatchLayout* out) const {
-  if (absl::Status s = ValidateCoords(coords); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateCoords(coords));
   const int rank = coords.dp * topology_.cp + coords.cp;
   auto group = GroupOf(microbatch, rank);
   if (!group.ok()) return group.status();
@@ -306,7 +307,7 @@ absl::Status StepLayout::Describe(const RankCoords& coords, int microbatch,
 absl::StatusOr<RankMicrobatchLayout> StepLayout::Describe(
     const RankCoords& coords, int microbatch) const {
   RankMicrobatchLayout out;
-  if (absl::Status s = Describe(coords, microbatch, &out); !s.ok()) return s;
+  RETURN_IF_ERROR(Describe(coords, microbatch, &out));
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace rollpack {
 namespace {
@@ -71,7 +72,7 @@ int64_t TotalRows(absl::Span<const RowRun> runs) {
 
 absl::Status GatherRows(absl::Span<const RowRun> runs, size_t row_bytes,
                         RowSourceFn source, absl::Span<uint8_t> out) {
-  if (absl::Status s = CheckRuns(runs); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckRuns(runs));
   const int64_t rows = TotalRows(runs);
   if (out.size() != static_cast<size_t>(rows) * row_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -145,7 +146,7 @@ absl::Status GatherReplay(absl::Span<const RowRun> runs, const ReplaySpec& spec,
           ", outside [0, payload_layers = ", spec.payload_layers, ")"));
     }
   }
-  if (absl::Status s = CheckRuns(runs); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckRuns(runs));
   const int64_t rows = TotalRows(runs);
   const size_t id_row = static_cast<size_t>(k) * ib;       // one (row, layer)
   const size_t out_row = id_row * num_layers;              // one output row

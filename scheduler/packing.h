@@ -15,22 +15,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "scheduler/pack_options.h"
 #include "scheduler/plan.h"
 #include "scheduler/topology.h"
 
 namespace rollpack {
 namespace internal {
-
-struct PackOptions {
-  // Every bin's width is a power of two in [unit_width, max_width].
-  int unit_width = 1;
-  int max_width = 1;
-  // Smallest width each sequence fits on (>= unit_width, <= max_width).
-  std::vector<int> min_width;
-  // Dynamic CP: a sequence whose work alone exceeds a rank slot's average
-  // may run on a larger group than it needs.
-  bool allow_widening = false;
-};
 
 // Packs `lengths` into exactly `num_microbatches` steps. Returns
 // RESOURCE_EXHAUSTED when the sequences do not fit in that many steps (the
@@ -46,10 +36,6 @@ absl::StatusOr<Plan> PackIntoMicrobatches(absl::Span<const int64_t> lengths,
 absl::StatusOr<Plan> PackWithFewestMicrobatches(
     absl::Span<const int64_t> lengths, const Topology& topology,
     const PackOptions& options);
-
-// Largest sequence length that fits on a CP group of `cp_size` ranks under
-// the token budget.
-int64_t LargestLengthThatFits(const Topology& topology, int cp_size);
 
 // INVALID_ARGUMENT naming the first sequence that fits on no group of at
 // most max_width ranks; min_width[i] is filled in on success.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace rollpack {
 namespace {
@@ -161,7 +162,7 @@ absl::StatusOr<int> PayloadLayerIndex(PayloadLayout layout, int num_layers,
 
 absl::StatusOr<PipelineLayers> PipelineLayers::Create(const ModelSpec& model,
                                                       const Topology& topology) {
-  if (absl::Status s = ValidateModelSpec(model); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateModelSpec(model));
   auto assigned = AssignPipelineLayers(model.num_layers, topology);
   if (!assigned.ok()) return assigned.status();
   PipelineLayers out;

@@ -1,4 +1,4 @@
-// A packing plan: which sequences every DPxCP rank processes in every
+// A packing plan (the data only): which sequences every DPxCP rank processes in every
 // micro-batch step, on which CP group (layout.md sections 3, 7 and 8).
 #ifndef ROLLPACK_SCHEDULER_PLAN_H_
 #define ROLLPACK_SCHEDULER_PLAN_H_
@@ -6,10 +6,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "absl/functional/function_ref.h"
-#include "absl/types/span.h"
 #include "scheduler/topology.h"
 
 namespace rollpack {
@@ -53,29 +49,6 @@ struct Plan {
   std::vector<PlanMicrobatch> microbatches;
   PlanStats stats;
 };
-
-// Computes the plan for sequences of the given lengths (in arrival order:
-// ties are broken by it, so equal inputs give equal plans).
-// INVALID_ARGUMENT when a sequence fits on no allowed CP group (naming its
-// index, its length and the largest length that fits); FAILED_PRECONDITION
-// when there are too few sequences to give every rank a non-empty
-// micro-batch in every step (naming the minimum).
-absl::StatusOr<Plan> ComputePlan(absl::Span<const int64_t> lengths,
-                                 const Topology& topology);
-
-// Checks every invariant the layout relies on: groups tile the ranks with
-// allowed aligned power-of-two sizes (static: exactly cp), every sequence
-// appears in exactly one group of one micro-batch, the token budget holds, no
-// group is empty, the micro-batch count is a multiple of
-// microbatch_group_size, padded lengths match section 2.
-absl::Status ValidatePlan(const Plan& plan, absl::Span<const int64_t> lengths,
-                          const Topology& topology);
-
-// Statistics of `plan` for an arbitrary per-sequence work function of the
-// padded length (tok, attn, flops in `rollpack plan`).
-PlanStats ComputePlanStats(const Plan& plan, absl::Span<const int64_t> lengths,
-                           const Topology& topology,
-                           absl::FunctionRef<double(int64_t)> work);
 
 }  // namespace rollpack
 

@@ -20,8 +20,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cli/plan_command.h"
+#include "scheduler/lengths_file.h"
+#include "scheduler/plan_report.h"
 #include "scheduler/plan.h"
+#include "scheduler/plan_validation.h"
+#include "scheduler/planner.h"
 #include "scheduler/topology.h"
 
 namespace rollpack {
@@ -62,7 +65,7 @@ std::vector<int64_t> Synthetic(int n, uint64_t seed) {
 Row Measure(const std::string& case_name, const std::string& method,
             const Plan& plan, absl::Span<const int64_t> lengths,
             const Topology& t, double ms, bool valid) {
-  const plan_cli::PlanReport r = plan_cli::ReportPlan(plan, lengths, t);
+  const PlanReport r = ReportPlan(plan, lengths, t);
   Row row;
   row.case_name = case_name;
   row.method = method;
@@ -214,7 +217,7 @@ int main(int argc, char** argv) {
       lengths = Synthetic(c.synthetic_n, 20261121);
     } else {
       absl::StatusOr<std::vector<int64_t>> l =
-          plan_cli::ReadLengthsFile(dir + "/" + c.file);
+          ReadLengthsFile(dir + "/" + c.file);
       if (!l.ok()) {
         std::cerr << l.status() << "\n";
         return 1;

@@ -7,6 +7,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/dynamic_cp_scheduler.h"
+#include "scheduler/plan_stats.h"
+#include "scheduler/plan_validation.h"
+#include "scheduler/planner.h"
 #include "scheduler/static_cp_scheduler.h"
 
 namespace rollpack {

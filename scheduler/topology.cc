@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace rollpack {
 namespace {
@@ -28,7 +29,7 @@ absl::Status ValidateTopologySizes(const Topology& t) {
                               {"pad_multiple", t.pad_multiple},
                               {"microbatch_group_size", t.microbatch_group_size},
                               {"min_cp", t.min_cp}}) {
-    if (absl::Status s = RequirePositive(field, value); !s.ok()) return s;
+    RETURN_IF_ERROR(RequirePositive(field, value));
   }
   // The world size must fit the int arithmetic downstream (dp * cp is an
   // int): refuse absurd sizes instead of overflowing (found by
@@ -111,6 +112,11 @@ int MinCpGroupSizeFor(const Topology& t, int64_t n) {
     if (PaddedLength(t, n, c) / c <= t.max_tokens_per_rank) return c;
   }
   return 0;
+}
+
+int64_t LargestLengthThatFits(const Topology& topology, int cp_size) {
+  const int64_t a = SequenceAlignment(topology, cp_size);
+  return (int64_t{cp_size} * topology.max_tokens_per_rank) / a * a;
 }
 
 }  // namespace rollpack

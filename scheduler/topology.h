@@ -77,6 +77,10 @@ inline int64_t PaddedLength(const Topology& topology, int64_t n, int cp_size) {
 // For static CP this is cp.
 int MaxCpGroupSize(const Topology& topology);
 
+// Longest sequence that fits on a CP group of `cp_size` ranks under the
+// token budget: what a refusal of a too-long sequence names.
+int64_t LargestLengthThatFits(const Topology& topology, int cp_size);
+
 // Smallest CP group an n-token sequence fits on under the token budget, or 0
 // when it fits on none (layout.md sections 8 and 9).
 int MinCpGroupSizeFor(const Topology& topology, int64_t n);

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "server/ops/keep_freed_memory.h"
 #include "server/server.h"
+#include "server/store/sample_store.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",

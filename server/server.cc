@@ -7,13 +7,26 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "grpc/grpc.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "grpc/grpc.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/control/rendezvous_service.h"
+#include "server/control/routing_agreement.h"
+#include "server/control/scheduler_service.h"
+#include "server/control/telemetry_service.h"
+#include "server/delivery/trainer_service.h"
+#include "server/ingest/rollouts_service.h"
+#include "server/ops/auth.h"
+#include "server/ops/metrics/http_exporter.h"
+#include "server/ops/metrics/registry.h"
+#include "server/ops/server_metrics.h"
+#include "server/store/log_replay.h"
+#include "server/store/sample_store.h"
 
 namespace rollpack {
 
@@ -47,16 +60,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (options.tls_cert.empty() || options.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
-  absl::StatusOr<std::string> cert = ReadPem(options.tls_cert, "--tls-cert");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem(options.tls_key, "--tls-key");
-  if (!key.ok()) return key.status();
+  ASSIGN_OR_RETURN(std::string cert, ReadPem(options.tls_cert, "--tls-cert"));
+  ASSIGN_OR_RETURN(std::string key, ReadPem(options.tls_key, "--tls-key"));
   grpc::SslServerCredentialsOptions ssl;
-  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  ssl.pem_key_cert_pairs.push_back({key, cert});
   if (!options.tls_client_ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadPem(options.tls_client_ca, "--tls-client-ca");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
+    ASSIGN_OR_RETURN(std::string ca, ReadPem(options.tls_client_ca, "--tls-client-ca"));
+    ssl.pem_root_certs = ca;
     ssl.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   } else {
@@ -82,23 +92,18 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     log_options.batch_interval = options.fsync_batch_interval;
     log_options.compact_min_dead_bytes = options.compact_min_dead_bytes;
     std::vector<LogRecord> records;
-    absl::StatusOr<std::unique_ptr<DurableLog>> log =
-        DurableLog::Open(log_options, &records, &server->recovery_);
-    if (!log.ok()) return log.status();
-    if (absl::Status s = ReplayLog(records, server->store_.get()); !s.ok()) return s;
-    server->log_ = *std::move(log);
+    ASSIGN_OR_RETURN(std::unique_ptr<DurableLog> log, DurableLog::Open(log_options, &records, &server->recovery_));
+    RETURN_IF_ERROR(ReplayLog(records, server->store_.get()));
+    server->log_ = std::move(log);
     server->store_->AttachLog(server->log_.get());
   }
   server->registry_ = std::make_unique<metrics::Registry>();
   server->metrics_ = std::make_unique<ServerMetrics>(server->registry_.get(), server->store_.get());
   if (!options.auth_tokens_file.empty()) {
-    absl::StatusOr<Authorizer> auth = Authorizer::FromFile(options.auth_tokens_file);
-    if (!auth.ok()) return auth.status();
-    server->auth_ = std::make_unique<Authorizer>(*std::move(auth));
+    ASSIGN_OR_RETURN(Authorizer auth, Authorizer::FromFile(options.auth_tokens_file));
+    server->auth_ = std::make_unique<Authorizer>(std::move(auth));
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      MakeServerCredentials(options);
-  if (!credentials.ok()) return credentials.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeServerCredentials(options));
   server->rollouts_ = std::make_unique<RolloutsService>(
       server->store_.get(), server->metrics_.get(), server->auth_.get(), options.ingest);
   server->scheduler_ = std::make_unique<SchedulerService>(
@@ -113,7 +118,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, *credentials, &port);
+  builder.AddListeningPort(options.listen, credentials, &port);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(server->metrics_->InterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));

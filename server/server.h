@@ -15,20 +15,27 @@
 #include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
-#include "server/ops/auth.h"
-#include "server/ops/metrics/http_exporter.h"
-#include "server/ops/metrics/registry.h"
-#include "server/ingest/rollouts_service.h"
+#include "server/delivery/fetch_options.h"
+#include "server/ingest/ingest_options.h"
 #include "server/store/durable_log.h"
-#include "server/control/rendezvous_service.h"
-#include "server/control/routing_agreement.h"
-#include "server/store/sample_store.h"
-#include "server/control/scheduler_service.h"
-#include "server/ops/server_metrics.h"
-#include "server/control/telemetry_service.h"
-#include "server/delivery/trainer_service.h"
 
 namespace rollpack {
+
+// The services and parts the server owns; their headers stay out of every
+// tool that only starts a server.
+class Authorizer;
+class RendezvousService;
+class RolloutsService;
+class RoutingAgreementBook;
+class SampleStore;
+class SchedulerService;
+class ServerMetrics;
+class TelemetryService;
+class TrainerService;
+namespace metrics {
+class HttpExporter;
+class Registry;
+}  // namespace metrics
 
 struct ServerOptions {
   // host:port; port 0 picks a free one (see RollpackServer::port()).

@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "client/cpp/client.h"
-#include "testing/synthetic_rollouts.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "server/store/sample_store.h"
+#include "testing/synthetic_rollouts.h"
 
 namespace rollpack {
 namespace {

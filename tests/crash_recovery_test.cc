@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "testing/deterministic_bytes.h"
 #include "server/store/durable_log.h"
+#include "server/store/crc32c.h"
 #include "testing/daemon_process.h"
 
 #ifndef ROLLPACKD_PATH

@@ -2,7 +2,7 @@
 // TrainerStream messages of every rank, and the Rendezvous service. The
 // CUDA path and TP-leader mode are tested on the GPU machine
 // (client/python/tests/gpu_trainer.py, docs/trainer.md).
-#include "client/cpp/device_stream.h"
+#include "client/trainer/device_stream.h"
 
 #include <cstdio>
 #include <cstring>

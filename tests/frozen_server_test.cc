@@ -1,5 +1,5 @@
 // PutSamples lends the samples' bytes to gRPC and returns only once gRPC has
-// let go of them (client/cpp/slice_gather_stream.h). A server that stops
+// let go of them (proto/wire/slice_gather_stream.h). A server that stops
 // reading mid-call (its process frozen, its kernel still holding the
 // connection) must not hold the producer forever: the client's keepalive
 // closes the connection in bounded time and the call fails.

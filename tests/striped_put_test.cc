@@ -20,6 +20,7 @@
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "gtest/gtest.h"
 #include "rollpack/v1/rollouts.pb.h"
+#include "proto/wire/byte_buffer.h"
 
 namespace rollpack {
 namespace {
@@ -81,8 +82,7 @@ class StandInRollouts final : public grpc::CallbackGenericService {
       if (answer_ == Answer::kWaitForCancel) return;  // OnCancel finishes
       v1::PutSamplesResponse response;
       response.set_accepted(messages_);
-      grpc::ProtoBufferWriter writer(&outgoing_, 1 << 16, response.ByteSizeLong());
-      response.SerializeToZeroCopyStream(&writer);
+      outgoing_ = wire::SerializeToByteBuffer(response);
       StartWriteAndFinish(&outgoing_, grpc::WriteOptions(), grpc::Status::OK);
     }
     void OnCancel() override {

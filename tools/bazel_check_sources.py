@@ -4,7 +4,7 @@ names (docs/bazel.md: the Bazel build mirrors the CMake one). Exit 1 if any.
 
 A source counts as named when its path relative to the repository root, or
 to the BUILD.bazel's package, appears as a string in that BUILD.bazel.
-Generated files, client/python (a Python extension module) and fuzz/ (clang
+Generated files, client/python (the Python package's build steps) and fuzz/ (clang
 and -DROLLPACK_FUZZ=ON only) are ignored.
 """
 import os

@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3-dev python3-grpcio python3-protobuf python3-numpy pybind11-dev
+  python3-dev python3-grpcio python3-protobuf python3-numpy
 )
 if [[ "${ROLLPACK_WITH_TORCH:-1}" == 1 ]]; then
   packages+=(python3-torch)

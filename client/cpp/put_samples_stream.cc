@@ -7,13 +7,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpc/slice.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/client_callback.h"
 #include "grpcpp/support/slice.h"
-#include "proto/wire_format.h"
+#include "proto/wire/wire_format.h"
+// The generated stubs bring gRPC's protobuf serialization for the response.
+#include "rollpack/v1/rollouts.grpc.pb.h"
 
 namespace rollpack {
 namespace {
@@ -126,34 +128,28 @@ absl::Status WriteRequest(absl::string_view pool, absl::Span<const v1::Sample> s
 absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequest(absl::string_view pool,
                                                          absl::Span<const v1::Sample> samples,
                                                          EncodeBufferPool* buffers) {
-  absl::StatusOr<size_t> total = RequestBytes(pool, samples);
-  if (!total.ok()) return total.status();
-  grpc_slice raw = buffers != nullptr ? buffers->Allocate(*total) : grpc_slice_malloc(*total);
+  ASSIGN_OR_RETURN(size_t total, RequestBytes(pool, samples));
+  grpc_slice raw = buffers != nullptr ? buffers->Allocate(total) : grpc_slice_malloc(total);
   grpc::Slice slice(raw, grpc::Slice::STEAL_REF);  // released on every return
   {
     // Through `slice`: a message of a few bytes is held inside the slice
     // struct itself, and `raw` is only a copy of that struct.
     google::protobuf::io::ArrayOutputStream array(const_cast<uint8_t*>(slice.begin()),
-                                                  static_cast<int>(*total));
+                                                  static_cast<int>(total));
     google::protobuf::io::CodedOutputStream coded(&array);
-    if (absl::Status written = WriteRequest(pool, samples, *total, &coded); !written.ok()) {
-      return written;
-    }
+    RETURN_IF_ERROR(WriteRequest(pool, samples, total, &coded));
   }
   return grpc::ByteBuffer(&slice, 1);
 }
 
 absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequestBorrowing(
     absl::string_view pool, absl::Span<const v1::Sample> samples, BorrowedSlices* borrowed) {
-  absl::StatusOr<size_t> total = RequestBytes(pool, samples);
-  if (!total.ok()) return total.status();
+  ASSIGN_OR_RETURN(size_t total, RequestBytes(pool, samples));
   SliceGatherStream gather(borrowed);
   {
     google::protobuf::io::CodedOutputStream coded(&gather);
     coded.EnableAliasing(true);
-    if (absl::Status written = WriteRequest(pool, samples, *total, &coded); !written.ok()) {
-      return written;
-    }
+    RETURN_IF_ERROR(WriteRequest(pool, samples, total, &coded));
   }
   const std::vector<grpc::Slice> slices = gather.TakeSlices();
   return grpc::ByteBuffer(slices.data(), slices.size());

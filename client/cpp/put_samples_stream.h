@@ -20,7 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "client/cpp/slice_gather_stream.h"
+#include "proto/wire/slice_gather_stream.h"
 #include "grpc/slice.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -75,7 +75,7 @@ absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequest(absl::string_view pool,
 
 // The same bytes without copying the samples' payload: the message's slices
 // point into `samples` for every bytes field that does not fit the 64 KiB
-// block being written (client/cpp/slice_gather_stream.h), lent through
+// block being written (proto/wire/slice_gather_stream.h), lent through
 // `borrowed`; the samples must not change or go away until `borrowed` has
 // them all back (BorrowedSlices::AwaitReturned, or its destructor).
 absl::StatusOr<grpc::ByteBuffer> EncodePutSamplesRequestBorrowing(

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -265,7 +266,7 @@ absl::StatusOr<ReceivedMicrobatch> ReceivedMicrobatch::Parse(const grpc::ByteBuf
         absl::StrCat("received micro-batch of ", m.wire_bytes_, " bytes: over 2 GiB"));
   }
   MicrobatchWireParser parser(&m);
-  if (absl::Status s = parser.Run(); !s.ok()) return s;
+  RETURN_IF_ERROR(parser.Run());
   return m;
 }
 

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "base/status_macros.h"
 #include "client/cpp/client.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -44,10 +45,9 @@ int TrainerStream::resumes() const {
 }
 
 absl::StatusOr<std::optional<v1::Microbatch>> TrainerStream::Next() {
-  absl::StatusOr<std::optional<ReceivedMicrobatch>> next = NextReceived();
-  if (!next.ok()) return next.status();
-  if (!next->has_value()) return std::optional<v1::Microbatch>();
-  return std::optional<v1::Microbatch>((*next)->ToMessage());
+  ASSIGN_OR_RETURN(std::optional<ReceivedMicrobatch> next, NextReceived());
+  if (!next.has_value()) return std::optional<v1::Microbatch>();
+  return std::optional<v1::Microbatch>(next->ToMessage());
 }
 
 absl::StatusOr<std::optional<ReceivedMicrobatch>> TrainerStream::NextReceived() {

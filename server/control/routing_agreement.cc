@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace rollpack {
 namespace {
@@ -32,7 +33,7 @@ absl::Status ValidateRoutingAgreementReport(const Step& step,
                                             const v1::RoutingAgreementReport& report) {
   const RankCoords coords{report.rank().dp(), report.rank().cp(), report.rank().tp(),
                           report.rank().pp()};
-  if (absl::Status s = step.layout.ValidateCoords(coords); !s.ok()) return s;
+  RETURN_IF_ERROR(step.layout.ValidateCoords(coords));
   if (report.topk() != step.model.topk) {
     return absl::InvalidArgumentError(absl::StrCat("topk is ", report.topk(), ", but step \"",
                                                    step.step_id, "\"'s model has topk ",
@@ -124,7 +125,7 @@ void RoutingAgreementBook::SetLastStepGauges(const Totals& t) {
 
 absl::StatusOr<v1::RoutingAgreementAck> RoutingAgreementBook::Record(
     const std::shared_ptr<const Step>& step, const v1::RoutingAgreementReport& report) {
-  if (absl::Status s = ValidateRoutingAgreementReport(*step, report); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateRoutingAgreementReport(*step, report));
   absl::MutexLock lock(&mu_);
   auto it = std::find_if(steps_.begin(), steps_.end(),
                          [&](const Totals& t) { return t.step.lock() == step; });

@@ -9,8 +9,9 @@
 #include "grpcpp/support/slice.h"
 
 #include "absl/strings/str_cat.h"
+#include "proto/wire/byte_buffer.h"
+#include "server/delivery/microbatch_encoder.h"
 #include "server/store/convert.h"
-#include "server/delivery/microbatch_builder.h"
 
 namespace rollpack {
 namespace {
@@ -180,12 +181,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
     }
   }
   v1::FetchRequest parsed;
-  grpc::ByteBuffer request_bytes(*raw_request);  // Deserialize consumes its input
-  if (grpc::Status s =
-          grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&request_bytes, &parsed);
+  if (absl::Status s = wire::ParseFromByteBuffer(*raw_request, "FetchRequest", &parsed);
       !s.ok()) {
-    return new FailedFetch(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                        "FetchRequest does not parse: " + s.error_message()));
+    return new FailedFetch(ToGrpcStatus(s));
   }
   const v1::FetchRequest* request = &parsed;
   absl::StatusOr<std::shared_ptr<const Step>> step = store_->GetStep(request->step_id());

@@ -6,24 +6,16 @@
 
 #include "grpcpp/support/byte_buffer.h"
 #include "rollpack/v1/trainer.grpc.pb.h"
-#include "server/ops/auth.h"
-#include "server/store/sample_store.h"
+#include "server/delivery/fetch_options.h"
 #include "server/delivery/first_delivery_gate.h"
+#include "server/ops/auth.h"
 #include "server/ops/server_metrics.h"
+#include "server/store/sample_store.h"
 
 namespace rollpack {
 
-struct FetchOptions {
-  // FetchMicrobatches streams in flight at once (0 = no limit); past it a
-  // new one gets RESOURCE_EXHAUSTED.
-  int max_concurrent_streams = 0;
-  // Hold prefetch writes while other streams' first micro-batches are in
-  // flight (server/delivery/first_delivery_gate.h).
-  bool first_microbatch_priority = true;
-};
-
 // FetchMicrobatches is served raw: each micro-batch is encoded straight into
-// the grpc::ByteBuffer that goes on the wire (server/delivery/microbatch_builder.h)
+// the grpc::ByteBuffer that goes on the wire (server/delivery/microbatch_encoder.h)
 // instead of being built as a message and serialized again.
 class TrainerService final
     : public v1::Trainer::WithRawCallbackMethod_FetchMicrobatches<v1::Trainer::CallbackService> {

@@ -11,12 +11,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
+#include "base/status_macros.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "proto/wire/byte_buffer.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "server/ingest/commit_sequencer.h"
-#include "server/store/convert.h"
 #include "server/ingest/sample_validation.h"
+#include "server/store/convert.h"
 
 namespace rollpack {
 namespace {
@@ -34,9 +35,8 @@ absl::Status ValidateAll(v1::PutSamplesRequest* request, const ModelSpec& model,
                          std::vector<StoredSample>* out) {
   out->reserve(request->samples_size());
   for (v1::Sample& sample : *request->mutable_samples()) {
-    absl::StatusOr<StoredSample> stored = ValidateAndTakeSample(&sample, model);
-    if (!stored.ok()) return stored.status();
-    out->push_back(*std::move(stored));
+    ASSIGN_OR_RETURN(StoredSample stored, ValidateAndTakeSample(&sample, model));
+    out->push_back(std::move(stored));
   }
   return absl::OkStatus();
 }
@@ -108,12 +108,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   PreparedMessage Prepare(grpc::ByteBuffer* bytes) const {
     PreparedMessage message;
     v1::PutSamplesRequest request;
-    {
-      grpc::ProtoBufferReader reader(bytes);
-      if (!request.ParseFromZeroCopyStream(&reader)) {
-        message.status = absl::InvalidArgumentError("PutSamplesRequest message does not parse");
-      }
-    }
+    message.status = wire::ParseFromByteBuffer(*bytes, "PutSamplesRequest message", &request);
     bytes->Clear();  // gRPC's received slices go back before validation
     if (!message.status.ok()) return message;
     if (request.pool().empty()) {
@@ -197,21 +192,17 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     if (!message.status.ok()) return message.status;
     if (message.unvalidated.has_value()) {
       if (pool.empty()) return absl::InvalidArgumentError("PutSamplesRequest.pool is empty");
-      absl::StatusOr<ModelSpec> model = store_->GetModel(pool);
-      if (!model.ok()) return model.status();
-      if (absl::Status s = ValidateAll(&*message.unvalidated, *model, &message.samples); !s.ok()) {
-        return s;
-      }
+      ASSIGN_OR_RETURN(ModelSpec model, store_->GetModel(pool));
+      RETURN_IF_ERROR(ValidateAll(&*message.unvalidated, model, &message.samples));
     }
-    absl::StatusOr<PutResult> result = store_->Put(pool, std::move(message.samples));
-    if (!result.ok()) return result.status();
+    ASSIGN_OR_RETURN(PutResult result, store_->Put(pool, std::move(message.samples)));
     if (metrics_ != nullptr) {
-      metrics_->OnPut(pool, result->accepted, result->duplicates, result->stored_bytes);
+      metrics_->OnPut(pool, result.accepted, result.duplicates, result.stored_bytes);
     }
-    accepted_ += result->accepted;
-    duplicates_ += result->duplicates;
-    stored_bytes_ += result->stored_bytes;
-    return result->accepted;
+    accepted_ += result.accepted;
+    duplicates_ += result.duplicates;
+    stored_bytes_ += result.stored_bytes;
+    return result.accepted;
   }
 
   // When finishing: no commit of this stream runs, and mu_ ordered the last
@@ -221,9 +212,8 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     response.set_accepted(accepted_);
     response.set_duplicates(duplicates_);
     response.set_stored_bytes(stored_bytes_);
-    bool own_buffer = false;
-    return grpc::SerializationTraits<v1::PutSamplesResponse>::Serialize(response, response_,
-                                                                        &own_buffer);
+    *response_ = wire::SerializeToByteBuffer(response);
+    return grpc::Status::OK;
   }
 
   SampleStore* const store_;

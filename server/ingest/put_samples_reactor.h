@@ -16,20 +16,12 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/ingest/commit_sequencer.h"
-#include "server/store/sample_store.h"
-#include "server/ops/server_metrics.h"
+#include "server/ingest/ingest_options.h"
 #include "server/ingest/worker_pool.h"
+#include "server/ops/server_metrics.h"
+#include "server/store/sample_store.h"
 
 namespace rollpack {
-
-struct IngestOptions {
-  // Messages of one PutSamples stream being parsed, validated or waiting to
-  // commit at once; each holds up to a message's bytes. 1 = one at a time on
-  // gRPC's thread, no worker pool.
-  int messages_in_flight = 4;
-  // Threads of the worker pool (0 = one per core, at most 8).
-  int threads = 0;
-};
 
 // The reactor of one PutSamples stream; it deletes itself when the stream is
 // done. Its messages are committed through `sequencer`, as stream `stripe`

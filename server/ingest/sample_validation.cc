@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "server/ingest/expert_id_check.h"
 #include "server/store/ndarray.h"
 
@@ -53,9 +54,9 @@ class SampleValidator {
     out.policy_version = sample_.policy_version();
     out.scalars.insert(sample_.scalars().begin(), sample_.scalars().end());
 
-    if (absl::Status s = ConvertTokens(out); !s.ok()) return s;
-    if (absl::Status s = ConvertExperts(out); !s.ok()) return s;
-    if (absl::Status s = ConvertTokenFields(out); !s.ok()) return s;
+    RETURN_IF_ERROR(ConvertTokens(out));
+    RETURN_IF_ERROR(ConvertExperts(out));
+    RETURN_IF_ERROR(ConvertTokenFields(out));
     return out;
   }
 
@@ -68,19 +69,18 @@ class SampleValidator {
     if (!sample_.has_tokens() || IsEmptyArray(sample_.tokens())) {
       return Invalid("tokens is missing");
     }
-    absl::StatusOr<ArrayView> tokens = ViewArray(sample_.tokens(), who_ + "tokens");
-    if (!tokens.ok()) return tokens.status();
-    if (tokens->dtype != v1::INT32) {
-      return Invalid(absl::StrCat("tokens has dtype ", DTypeName(tokens->dtype),
+    ASSIGN_OR_RETURN(ArrayView tokens, ViewArray(sample_.tokens(), who_ + "tokens"));
+    if (tokens.dtype != v1::INT32) {
+      return Invalid(absl::StrCat("tokens has dtype ", DTypeName(tokens.dtype),
                                   ", must be int32"));
     }
-    if (tokens->rank() != 1) {
-      return Invalid(absl::StrCat("tokens has rank ", tokens->rank(), ", must be 1"));
+    if (tokens.rank() != 1) {
+      return Invalid(absl::StrCat("tokens has rank ", tokens.rank(), ", must be 1"));
     }
-    n_ = tokens->dim(0);
+    n_ = tokens.dim(0);
     if (n_ < 1) return Invalid("tokens is empty, need at least 1 token");
     out.tokens.resize(n_);
-    std::memcpy(out.tokens.data(), tokens->data.data(), tokens->data.size());
+    std::memcpy(out.tokens.data(), tokens.data.data(), tokens.data.size());
     return absl::OkStatus();
   }
 
@@ -94,9 +94,8 @@ class SampleValidator {
       return absl::OkStatus();
     }
     if (!sent) return Invalid("routed_experts is missing (the model is MoE)");
-    absl::StatusOr<ExpertsInput> input = CheckExpertsShape();
-    if (!input.ok()) return input.status();
-    return ConvertExpertRows(*input, out);
+    ASSIGN_OR_RETURN(ExpertsInput input, CheckExpertsShape());
+    return ConvertExpertRows(input, out);
   }
 
   absl::StatusOr<ExpertsInput> CheckExpertsShape() {
@@ -275,7 +274,7 @@ class SampleValidator {
                 id == -1 ? " (-1 marks a missing token only when the whole row is -1)" : ""));
           }
           if (seen[id] == stamp) {
-            if (absl::Status s = CheckZeroLayer<In>(in, m); !s.ok()) return s;
+            RETURN_IF_ERROR(CheckZeroLayer<In>(in, m));
             return Invalid(absl::StrCat("routed_experts row ", r, " (token ", token, ") layer ",
                                         moe_layers_[m], " repeats expert id ", id,
                                         " (topk ids must be distinct)"));
@@ -344,25 +343,24 @@ class SampleValidator {
       const v1::NDArray& array = *array_ptr;
       const std::string what = absl::StrCat(who_, "token_fields[\"", name, "\"]");
       if (name.empty()) return Invalid("token_fields has an empty name");
-      absl::StatusOr<ArrayView> view = ViewArray(array, what);
-      if (!view.ok()) return view.status();
-      if (view->rank() < 1 || view->dim(0) != n_) {
+      ASSIGN_OR_RETURN(ArrayView view, ViewArray(array, what));
+      if (view.rank() < 1 || view.dim(0) != n_) {
         return absl::InvalidArgumentError(absl::StrCat(
-            what, " has first dimension ", view->rank() < 1 ? 0 : view->dim(0),
+            what, " has first dimension ", view.rank() < 1 ? 0 : view.dim(0),
             ", must be n = ", n_, " (one entry per token)"));
       }
-      if (view->rank() > kMaxTokenFieldRank) {
+      if (view.rank() > kMaxTokenFieldRank) {
         return absl::InvalidArgumentError(absl::StrCat(
-            what, " has rank ", view->rank(), ", at most ", kMaxTokenFieldRank,
+            what, " has rank ", view.rank(), ", at most ", kMaxTokenFieldRank,
             " (n and 16 more dimensions)"));
       }
       StoredField field;
-      field.dtype = view->dtype;
-      field.trailing_shape.assign(view->shape.begin() + 1, view->shape.end());
+      field.dtype = view.dtype;
+      field.trailing_shape.assign(view.shape.begin() + 1, view.shape.end());
       if (owned_ != nullptr) {
         field.data = std::move(*owned_->mutable_token_fields()->at(name).mutable_data());
       } else {
-        field.data.assign(view->data.data(), view->data.size());
+        field.data.assign(view.data.data(), view.data.size());
       }
       out.token_fields.emplace(name, std::move(field));
     }

@@ -1,6 +1,7 @@
 #include "server/store/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace rollpack {
 
@@ -44,7 +45,7 @@ absl::StatusOr<Topology> NormalizeTopology(const v1::Topology& in) {
         {"vpp", in.vpp(), &t.vpp},
         {"pad_multiple", in.pad_multiple(), &t.pad_multiple},
         {"min_cp", in.min_cp(), &t.min_cp}}) {
-    if (absl::Status s = size(field, value, out); !s.ok()) return s;
+    RETURN_IF_ERROR(size(field, value, out));
   }
   if (in.num_layers_in_first_pipeline_stage() < 0 || in.num_layers_in_last_pipeline_stage() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -9,86 +9,19 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "rollpack/v1/rollouts.pb.h"
-#include "rollpack/v1/scheduler.pb.h"
-#include "server/store/convert.h"
-#include "server/store/sample_store.h"
-
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
+#include "server/store/crc32c.h"
+#include "server/store/little_endian.h"
 
 namespace rollpack {
 namespace {
 
 constexpr char kFileHeader[8] = {'R', 'P', 'L', 'O', 'G', '0', '0', '1'};
-constexpr int kRecordHeader = 9;  // u32 length, u32 crc, u8 type
+constexpr int kRecordHeader = kLogRecordHeaderBytes;
 // A record larger than this is not something we wrote: corruption.
 constexpr uint32_t kMaxRecordBytes = 1u << 31;
 
-// ---------------------------------------------------------------- CRC-32C
-
-struct Crc32cTable {
-  uint32_t t[256];
-  Crc32cTable() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[i] = c;
-    }
-  }
-};
-
-uint32_t Crc32cSoftware(const unsigned char* p, size_t n, uint32_t crc) {
-  static const Crc32cTable table;
-  for (size_t i = 0; i < n; ++i) crc = table.t[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return crc;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const unsigned char* p, size_t n,
-                                                          uint32_t crc) {
-  uint64_t c = crc;
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c = _mm_crc32_u64(c, v);
-    p += 8;
-    n -= 8;
-  }
-  uint32_t c32 = static_cast<uint32_t>(c);
-  while (n > 0) {
-    c32 = _mm_crc32_u8(c32, *p++);
-    --n;
-  }
-  return c32;
-}
-#endif
-
-uint32_t Crc32cRaw(const unsigned char* p, size_t n, uint32_t crc) {
-#if defined(__x86_64__)
-  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
-  if (has_sse42) return Crc32cHardware(p, n, crc);
-#endif
-  return Crc32cSoftware(p, n, crc);
-}
-
 uint32_t RecordCrc(uint8_t type, absl::string_view payload) {
-  uint32_t crc = Crc32cRaw(&type, 1, 0xFFFFFFFFu);
-  crc = Crc32cRaw(reinterpret_cast<const unsigned char*>(payload.data()), payload.size(), crc);
-  return crc ^ 0xFFFFFFFFu;
-}
-
-void PutU32(std::string* out, uint32_t v) {
-  char b[4];
-  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
-  out->append(b, 4);
-}
-
-uint32_t GetU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
+  return Crc32c(payload, Crc32c(absl::string_view(reinterpret_cast<const char*>(&type), 1)));
 }
 
 std::string RecordHeader(RecordType type, absl::string_view payload) {
@@ -137,112 +70,6 @@ int FsyncDir(const std::string& dir) {
 
 // ------------------------------------------------------- sample encoding
 
-class Writer {
- public:
-  explicit Writer(std::string* out) : out_(out) {}
-  void U32(uint32_t v) { PutU32(out_, v); }
-  void U64(uint64_t v) {
-    U32(static_cast<uint32_t>(v));
-    U32(static_cast<uint32_t>(v >> 32));
-  }
-  void Bytes(absl::string_view s) {
-    U64(s.size());
-    out_->append(s.data(), s.size());
-  }
-
- private:
-  std::string* out_;
-};
-
-class Reader {
- public:
-  explicit Reader(absl::string_view in) : in_(in) {}
-  bool U32(uint32_t* v) {
-    if (in_.size() < 4) return false;
-    *v = GetU32(in_.data());
-    in_.remove_prefix(4);
-    return true;
-  }
-  bool U64(uint64_t* v) {
-    uint32_t lo, hi;
-    if (!U32(&lo) || !U32(&hi)) return false;
-    *v = (static_cast<uint64_t>(hi) << 32) | lo;
-    return true;
-  }
-  bool Bytes(std::string* s) {
-    uint64_t n;
-    if (!U64(&n) || n > in_.size()) return false;
-    s->assign(in_.data(), n);
-    in_.remove_prefix(n);
-    return true;
-  }
-  bool done() const { return in_.empty(); }
-
- private:
-  absl::string_view in_;
-};
-
-void EncodeSample(const StoredSample& s, Writer* w) {
-  w->Bytes(s.sample_id);
-  w->Bytes(s.group_id);
-  w->U64(static_cast<uint64_t>(s.policy_version));
-  w->Bytes(absl::string_view(reinterpret_cast<const char*>(s.tokens.data()),
-                             s.tokens.size() * sizeof(int32_t)));
-  w->Bytes(s.experts);
-  w->Bytes(absl::string_view(reinterpret_cast<const char*>(s.row_valid.data()), s.row_valid.size()));
-  w->U32(static_cast<uint32_t>(s.token_fields.size()));
-  for (const auto& [name, field] : s.token_fields) {
-    w->Bytes(name);
-    w->U32(static_cast<uint32_t>(field.dtype));
-    w->U32(static_cast<uint32_t>(field.trailing_shape.size()));
-    for (int64_t d : field.trailing_shape) w->U64(static_cast<uint64_t>(d));
-    w->Bytes(field.data);
-  }
-  w->U32(static_cast<uint32_t>(s.scalars.size()));
-  for (const auto& [name, value] : s.scalars) {
-    w->Bytes(name);
-    uint64_t bits;
-    std::memcpy(&bits, &value, sizeof(bits));
-    w->U64(bits);
-  }
-}
-
-bool DecodeSample(Reader* r, StoredSample* s) {
-  uint64_t u64;
-  uint32_t count;
-  std::string bytes;
-  if (!r->Bytes(&s->sample_id) || !r->Bytes(&s->group_id) || !r->U64(&u64)) return false;
-  s->policy_version = static_cast<int64_t>(u64);
-  if (!r->Bytes(&bytes) || bytes.size() % sizeof(int32_t) != 0) return false;
-  s->tokens.resize(bytes.size() / sizeof(int32_t));
-  if (!bytes.empty()) std::memcpy(s->tokens.data(), bytes.data(), bytes.size());
-  if (!r->Bytes(&s->experts) || !r->Bytes(&bytes)) return false;
-  s->row_valid.assign(bytes.begin(), bytes.end());
-  if (!r->U32(&count)) return false;
-  for (uint32_t i = 0; i < count; ++i) {
-    std::string name;
-    StoredField field;
-    uint32_t dtype, ndims;
-    if (!r->Bytes(&name) || !r->U32(&dtype) || !r->U32(&ndims) || ndims > 16) return false;
-    field.dtype = static_cast<v1::DType>(dtype);
-    for (uint32_t d = 0; d < ndims; ++d) {
-      if (!r->U64(&u64)) return false;
-      field.trailing_shape.push_back(static_cast<int64_t>(u64));
-    }
-    if (!r->Bytes(&field.data)) return false;
-    s->token_fields.emplace(std::move(name), std::move(field));
-  }
-  if (!r->U32(&count)) return false;
-  for (uint32_t i = 0; i < count; ++i) {
-    std::string name;
-    double value;
-    if (!r->Bytes(&name) || !r->U64(&u64)) return false;
-    std::memcpy(&value, &u64, sizeof(value));
-    s->scalars.emplace(std::move(name), value);
-  }
-  return true;
-}
-
 // Writes records of a rewrite into the new file.
 class FileRewriter final : public DurableLog::Rewriter {
  public:
@@ -264,12 +91,6 @@ class FileRewriter final : public DurableLog::Rewriter {
 };
 
 }  // namespace
-
-uint32_t Crc32c(absl::string_view data, uint32_t crc) {
-  return Crc32cRaw(reinterpret_cast<const unsigned char*>(data.data()), data.size(),
-                   crc ^ 0xFFFFFFFFu) ^
-         0xFFFFFFFFu;
-}
 
 absl::StatusOr<FsyncPolicy> ParseFsyncPolicy(absl::string_view name) {
   if (name == "always") return FsyncPolicy::kAlways;
@@ -537,129 +358,8 @@ int64_t DurableLog::compactions() const {
   return compactions_;
 }
 
-std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample* const> samples) {
-  std::string out;
-  int64_t size = 16 + static_cast<int64_t>(pool.size());
-  for (const StoredSample* s : samples) size += EncodedSampleBytes(*s);
-  out.reserve(static_cast<size_t>(size));
-  Writer w(&out);
-  w.Bytes(pool);
-  w.U32(static_cast<uint32_t>(samples.size()));
-  for (const StoredSample* s : samples) EncodeSample(*s, &w);
-  return out;
-}
-
-std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples) {
-  std::vector<const StoredSample*> ptrs;
-  ptrs.reserve(samples.size());
-  for (const StoredSample& s : samples) ptrs.push_back(&s);
-  return EncodeSamples(pool, absl::MakeConstSpan(ptrs));
-}
-
-int64_t EncodedSampleBytes(const StoredSample& s) {
-  int64_t n = 8 * 6 + 8 + static_cast<int64_t>(s.sample_id.size() + s.group_id.size() +
-                                               s.tokens.size() * 4 + s.experts.size() +
-                                               s.row_valid.size());
-  for (const auto& [name, field] : s.token_fields) {
-    n += 8 + name.size() + 8 + 8 * field.trailing_shape.size() + 8 + field.data.size();
-  }
-  for (const auto& [name, value] : s.scalars) n += 16 + name.size();
-  return n;
-}
-
-absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
-                           std::vector<StoredSample>* samples) {
-  Reader r(payload);
-  uint32_t count;
-  if (!r.Bytes(pool) || !r.U32(&count)) return absl::DataLossError("truncated samples record");
-  for (uint32_t i = 0; i < count; ++i) {
-    StoredSample s;
-    if (!DecodeSample(&r, &s)) {
-      return absl::DataLossError(absl::StrCat("samples record: sample ", i, " does not decode"));
-    }
-    samples->push_back(std::move(s));
-  }
-  if (!r.done()) return absl::DataLossError("samples record: trailing bytes");
-  return absl::OkStatus();
-}
-
-std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model) {
-  v1::RegisterModelRequest request;
-  request.set_pool(pool);
-  *request.mutable_model() = ToProto(model);
-  return request.SerializeAsString();
-}
-
-std::string EncodeCreateStep(const Step& step) {
-  v1::CreateStepRequest request;
-  request.set_step_id(step.step_id);
-  request.set_pool(step.pool);
-  for (const auto& sample : step.samples) request.add_sample_ids(sample->sample_id);
-  *request.mutable_topology() = ToProto(step.topology);
-  return request.SerializeAsString();
-}
-
-std::string EncodeReleaseStep(const std::string& step_id) {
-  v1::ReleaseStepRequest request;
-  request.set_step_id(step_id);
-  return request.SerializeAsString();
-}
-
-absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) {
-  for (size_t i = 0; i < records.size(); ++i) {
-    const LogRecord& record = records[i];
-    absl::Status s;
-    switch (record.type) {
-      case RecordType::kRegisterModel: {
-        v1::RegisterModelRequest request;
-        if (!request.ParseFromString(record.payload)) {
-          s = absl::DataLossError("RegisterModel record does not parse");
-          break;
-        }
-        s = store->RegisterModel(request.pool(), FromProto(request.model())).status();
-        break;
-      }
-      case RecordType::kPutSamples: {
-        std::string pool;
-        std::vector<StoredSample> samples;
-        s = DecodeSamples(record.payload, &pool, &samples);
-        if (s.ok()) s = store->Put(pool, std::move(samples)).status();
-        break;
-      }
-      case RecordType::kCreateStep: {
-        v1::CreateStepRequest request;
-        if (!request.ParseFromString(record.payload)) {
-          s = absl::DataLossError("CreateStep record does not parse");
-          break;
-        }
-        absl::StatusOr<Topology> topology = NormalizeTopology(request.topology());
-        if (!topology.ok()) {
-          s = topology.status();
-          break;
-        }
-        const std::vector<std::string> ids(request.sample_ids().begin(), request.sample_ids().end());
-        s = store->CreateStep(request.step_id(), request.pool(), ids, 0, *topology).status();
-        break;
-      }
-      case RecordType::kReleaseStep: {
-        v1::ReleaseStepRequest request;
-        if (!request.ParseFromString(record.payload)) {
-          s = absl::DataLossError("ReleaseStep record does not parse");
-          break;
-        }
-        s = store->ReleaseStep(request.step_id()).status();
-        break;
-      }
-      default:
-        s = absl::DataLossError("unknown record type");
-    }
-    if (!s.ok()) {
-      return absl::DataLossError(absl::StrCat("durable log: replaying record ", i, " (type ",
-                                              static_cast<int>(record.type),
-                                              ") failed: ", s.ToString()));
-    }
-  }
-  return absl::OkStatus();
+int64_t LogRecordBytes(size_t payload_bytes) {
+  return kLogRecordHeaderBytes + static_cast<int64_t>(payload_bytes);
 }
 
 }  // namespace rollpack

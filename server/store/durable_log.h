@@ -2,7 +2,9 @@
 // mutation of the store (registered models, committed samples, created and
 // released steps). A mutation is written to the log before it is
 // acknowledged; on startup the log is replayed through the same SampleStore
-// entry points, so the recovered state is the state that was acknowledged.
+// entry points (log_replay.h), so the recovered state is the state that was
+// acknowledged. The log frames typed records; it knows nothing of their
+// payloads (log_records.h) or of the store.
 //
 // File: DIR/rollpack.log = 8-byte header "RPLOG001", then records
 //   u32 payload_length | u32 crc32c(type, payload) | u8 type | payload
@@ -29,10 +31,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "absl/types/span.h"
-#include "scheduler/model_spec.h"
-#include "server/store/step.h"
-#include "server/store/stored_sample.h"
 
 namespace rollpack {
 
@@ -60,12 +58,16 @@ struct DurableLogOptions {
   double compact_dead_fraction = 0.5;
 };
 
+// What a record holds; the payloads are log_records.h's.
 enum class RecordType : uint8_t {
   kRegisterModel = 1,  // v1::RegisterModelRequest
   kPutSamples = 2,     // EncodeSamples(pool, samples)
   kCreateStep = 3,     // v1::CreateStepRequest: resolved ids, normalised topology
   kReleaseStep = 4,    // v1::ReleaseStepRequest
 };
+
+// u32 payload length, u32 crc32c(type, payload), u8 type.
+inline constexpr int kLogRecordHeaderBytes = 9;
 
 struct LogRecord {
   RecordType type;
@@ -78,8 +80,6 @@ struct RecoveryInfo {
   // Bytes of a torn last record that were dropped (0 when the file was clean).
   int64_t torn_tail_bytes = 0;
 };
-
-class SampleStore;
 
 class DurableLog {
  public:
@@ -145,27 +145,9 @@ class DurableLog {
   std::thread batch_thread_;
 };
 
-// CRC-32C (Castagnoli), hardware accelerated where the CPU has SSE4.2.
-uint32_t Crc32c(absl::string_view data, uint32_t crc = 0);
-
-// Record payloads.
-std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples);
-std::string EncodeSamples(absl::string_view pool,
-                          absl::Span<const StoredSample* const> samples);
-absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
-                           std::vector<StoredSample>* samples);
-// Bytes one sample takes in a kPutSamples payload.
-int64_t EncodedSampleBytes(const StoredSample& sample);
-
-std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model);
-// Resolved sample ids in the step's order and its normalised topology.
-std::string EncodeCreateStep(const Step& step);
-std::string EncodeReleaseStep(const std::string& step_id);
-
-// Replays `records` into an empty store through its public API. DATA_LOSS
-// naming the record when a record does not decode or its mutation fails
-// (the log and the code disagree).
-absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store);
+// Bytes a record of `payload_bytes` takes in the file: what compaction
+// accounting counts as dead once the record is released.
+int64_t LogRecordBytes(size_t payload_bytes);
 
 }  // namespace rollpack
 

@@ -2,6 +2,8 @@
 // was acknowledged; torn tails are dropped, corruption is refused, a full
 // disk refuses the write and changes nothing, compaction keeps the state.
 #include "server/store/durable_log.h"
+#include "server/store/crc32c.h"
+#include "server/store/log_replay.h"
 
 #include <fcntl.h>
 #include <signal.h>

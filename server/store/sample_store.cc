@@ -6,22 +6,17 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "scheduler/pipeline_layers.h"
-#include "scheduler/plan.h"
+#include "base/status_macros.h"
 #include "server/store/durable_log.h"
+#include "server/store/log_records.h"
 #include "server/store/ndarray.h"
+#include "server/store/step_builder.h"
 
 namespace rollpack {
 namespace {
 
 std::string ShapeString(const std::vector<int64_t>& trailing) {
   return absl::StrCat("[n", trailing.empty() ? "" : ", ", absl::StrJoin(trailing, ", "), "]");
-}
-
-// The longest sequence that fits on a CP group of size c under the budget.
-int64_t LongestFitting(const Topology& topology, int c) {
-  const int64_t a = SequenceAlignment(topology, c);
-  return topology.max_tokens_per_rank * c / a * a;
 }
 
 }  // namespace
@@ -49,7 +44,7 @@ int64_t SampleStore::max_pool_bytes() const {
 absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
                                                 const ModelSpec& model) {
   if (pool_name.empty()) return absl::InvalidArgumentError("pool name is empty");
-  if (absl::Status s = ValidateModelSpec(model); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateModelSpec(model));
   int64_t ticket = 0;
   bool inserted = false;
   {
@@ -77,7 +72,7 @@ absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
       ticket = log_->written();
     }
   }
-  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  RETURN_IF_ERROR(log_->Sync(ticket));
   return inserted;
 }
 
@@ -136,7 +131,7 @@ absl::StatusOr<PutResult> SampleStore::Put(const std::string& pool_name,
       PutLocked(pool_name, std::move(samples), std::move(encoded), &ticket);
   if (!result.ok()) return result;
   // Acknowledged only once durable (and a duplicate only once its first copy is).
-  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  RETURN_IF_ERROR(log_->Sync(ticket));
   return result;
 }
 
@@ -164,7 +159,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
   int64_t new_bytes = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
     const StoredSample& sample = samples[i];
-    if (absl::Status s = CheckSchema(pool, sample, &batch_schema); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckSchema(pool, sample, &batch_schema));
     auto stored = pool.samples.find(sample.sample_id);
     if (stored != pool.samples.end()) {
       if (!(*stored->second == sample)) {
@@ -213,9 +208,8 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     if (encoded.empty()) {
       *ticket = log_->written();
     } else {
-      absl::StatusOr<int64_t> written = log_->Append(RecordType::kPutSamples, encoded);
-      if (!written.ok()) return written.status();
-      *ticket = *written;
+      ASSIGN_OR_RETURN(int64_t written, log_->Append(RecordType::kPutSamples, encoded));
+      *ticket = written;
     }
   }
 
@@ -276,9 +270,9 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
         "step \"", step_id, "\": give sample_ids or num_samples > 0 (num_samples is ",
         num_samples, ")"));
   }
-  if (absl::Status s = ValidateTopologySizes(topology); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateTopologySizes(topology));
 
-  // Reserve the samples under the lock, plan without it.
+  // Reserve the samples under the lock, plan without it (step_builder.h).
   ModelSpec model;
   std::vector<std::shared_ptr<const StoredSample>> samples;
   std::vector<std::pair<uint64_t, std::string>> reserved;
@@ -330,33 +324,8 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
     pending_steps_[step_id] = true;
   }
 
-  auto build = [&]() -> absl::StatusOr<std::shared_ptr<const Step>> {
-    if (absl::StatusOr<PipelineLayers> layers = PipelineLayers::Create(model, topology);
-        !layers.ok()) {
-      return layers.status();
-    }
-    std::vector<int64_t> lengths;
-    lengths.reserve(samples.size());
-    const int largest = MaxCpGroupSize(topology);
-    for (const auto& sample : samples) {
-      const int64_t n = sample->num_tokens();
-      if (MinCpGroupSizeFor(topology, n) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sample \"", sample->sample_id, "\" has ", n,
-            " tokens; the longest that fits on the largest CP group (", largest, " ranks x ",
-            topology.max_tokens_per_rank, " max_tokens_per_rank) is ",
-            LongestFitting(topology, largest)));
-      }
-      lengths.push_back(n);
-    }
-    absl::StatusOr<Plan> plan = ComputePlan(lengths, topology);
-    if (!plan.ok()) return plan.status();
-    absl::StatusOr<StepLayout> layout = StepLayout::Create(*plan, lengths, topology, model);
-    if (!layout.ok()) return layout.status();
-    return std::make_shared<const Step>(step_id, pool_name, model, topology, samples,
-                                        *std::move(plan), *std::move(layout));
-  };
-  absl::StatusOr<std::shared_ptr<const Step>> step = build();
+  absl::StatusOr<std::shared_ptr<const Step>> step =
+      BuildStep(step_id, pool_name, model, topology, std::move(samples));
 
   int64_t ticket = 0;
   {
@@ -381,7 +350,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
     steps_[step_id] = *step;
   }
   if (log_ != nullptr) {
-    if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+    RETURN_IF_ERROR(log_->Sync(ticket));
   }
   return step;
 }
@@ -400,7 +369,7 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_i
   int64_t ticket = 0;
   absl::StatusOr<ReleaseResult> released = ReleaseStepLocked(step_id, &ticket);
   if (!released.ok() || log_ == nullptr) return released;
-  if (absl::Status s = log_->Sync(ticket); !s.ok()) return s;
+  RETURN_IF_ERROR(log_->Sync(ticket));
   if (log_->ShouldCompact()) {
     // The release is durable whatever compaction does; a failed compaction
     // leaves the old log in place and is retried at the next release.
@@ -418,10 +387,10 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& 
   }
   if (log_ != nullptr) {
     const std::string record = EncodeReleaseStep(step_id);
-    absl::StatusOr<int64_t> written = log_->Append(RecordType::kReleaseStep, record);
-    if (!written.ok()) return written.status();
-    *ticket = *written;
-    int64_t dead = 2 * 9 + static_cast<int64_t>(record.size() + EncodeCreateStep(*it->second).size());
+    ASSIGN_OR_RETURN(int64_t written, log_->Append(RecordType::kReleaseStep, record));
+    *ticket = written;
+    int64_t dead =
+        LogRecordBytes(record.size()) + LogRecordBytes(EncodeCreateStep(*it->second).size());
     for (const auto& sample : it->second->samples) dead += EncodedSampleBytes(*sample);
     log_->AddDeadBytes(dead);
   }
@@ -483,9 +452,7 @@ absl::Status SampleStore::CompactLog() {
       i = j;
     }
     for (const auto& [id, step] : steps_) {
-      if (absl::Status s = out->Add(RecordType::kCreateStep, EncodeCreateStep(*step)); !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(out->Add(RecordType::kCreateStep, EncodeCreateStep(*step)));
     }
     return absl::OkStatus();
   });

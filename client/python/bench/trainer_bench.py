@@ -28,7 +28,8 @@ import rollpack  # noqa: E402
 from rollpack import ndarray as nd  # noqa: E402
 from rollpack._proto import (scheduler_pb2, scheduler_pb2_grpc, trainer_pb2,  # noqa: E402
                              trainer_pb2_grpc)
-from rollpack.trainer import TrainerClient, backend, backend_name  # noqa: E402
+from rollpack import _capi  # noqa: E402
+from rollpack.trainer import TrainerClient  # noqa: E402
 
 
 def gpu_time(fn, iters=20, reps=15):
@@ -59,14 +60,14 @@ def copy_bandwidth():
 
 
 def bench_unpack(rows, layers, k, copy_gbs):
-    be = backend()
     ex = torch.randint(0, 128, (rows, layers, k), dtype=torch.uint8, device="cuda")
     mask = torch.ones(rows, dtype=torch.uint8, device="cuda")
     out = torch.empty(layers, rows, k, dtype=torch.int64, device="cuda")
     s = torch.cuda.current_stream().cuda_stream
 
     def ours():
-        be.unpack(0, ex.data_ptr(), 0, mask.data_ptr(), rows, layers, k, out.data_ptr(), 3, False, s)
+        _capi.unpack(0, ex.data_ptr(), 0, mask.data_ptr(), rows, layers, k, out.data_ptr(), 3,
+                     False, s)
 
     ours()
     assert torch.equal(out, ex.permute(1, 0, 2).to(torch.int64))
@@ -234,7 +235,7 @@ def main():
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    print("GPU: %s, torch %s, binding %s" % (dev, torch.__version__, backend_name()))
+    print("GPU: %s, torch %s, binding ctypes" % (dev, torch.__version__))
     print("copy: device-to-device %.0f GB/s (read + write), pinned host-to-device %.1f GB/s"
           % (d2d, h2d))
     print()
@@ -256,7 +257,7 @@ def main():
         print("| %s | %.2f ms/mb | %s | %.2fx | next() waits %.2f ms (median), %d mbs |" % (
             r["what"], r["ms_per_mb"], "%.2f ms/mb" % base[key], ratio, r["next_wait_ms"],
             r["microbatches"]))
-    out = {"gpu": dev, "torch": torch.__version__, "binding": backend_name(), "d2d_GBs": d2d,
+    out = {"gpu": dev, "torch": torch.__version__, "binding": "ctypes", "d2d_GBs": d2d,
            "h2d_GBs": h2d, "kernels": rows, "e2e": e2e}
     if args.json:
         with open(args.json, "w") as f:

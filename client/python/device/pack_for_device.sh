@@ -11,8 +11,8 @@
 #                                    absl, OpenSSL, c-ares, re2, ...), from Debian
 #   .device/py/*_pb2*.py             the generated Python stubs (git-ignored too)
 # The GPU machine (Ubuntu 24.04, newer glibc and libstdc++) runs them with
-# LD_LIBRARY_PATH=.device/lib; build_on_device.sh builds the pybind11
-# extension there against its own Python. Usage:
+# LD_LIBRARY_PATH=.device/lib; build_on_device.sh installs them into the
+# Python package there (ctypes binding: nothing to compile). Usage:
 #   client/python/device/pack_for_device.sh [BUILD_DIR]   (default build-gpu)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import rollpack  # noqa: E402
 from rollpack._proto import scheduler_pb2, scheduler_pb2_grpc  # noqa: E402
-from rollpack.trainer import TrainerClient, backend_name  # noqa: E402
+from rollpack.trainer import TrainerClient  # noqa: E402
 
 DT = torch.float64
 
@@ -214,7 +214,7 @@ def main():
 
     proc, address = start_rollpackd(args.rollpackd)
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "binding": backend_name(), "samples": len(samples),
+              "binding": "ctypes", "samples": len(samples),
               "tokens": int(sum(s["tokens"].numel() for s in samples)),
               "model": {"layers": model.N, "dense_layers": sorted(model.dense), "E": E, "K": K,
                         "moe_layers": model.moe_layers},

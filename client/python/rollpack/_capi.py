@@ -1,14 +1,26 @@
-"""ctypes binding of librollpack_trainer.so, with the same functions as the
-pybind11 extension ``rollpack._trainer`` (client/python/ext/trainer_ext.cc).
+"""The binding of librollpack_trainer.so's C ABI (client/trainer/trainer_capi.h),
+shared by rollpack.trainer and rollpack.replay.
 
-Used when the extension is not importable (e.g. a Python without headers,
-where it could not be built); rollpack.trainer picks the extension first.
+ctypes, not a compiled extension: nothing here is built against one Python
+or torch version, so the same package works from a pip install on any
+CPython, and only the C library is built per machine. Handles and pointers
+are Python ints; arrays leave as DLPack "dltensor" capsules. ctypes releases
+the GIL during every call, so a blocking open or next does not hold up other
+Python threads.
+
 The library is $ROLLPACK_TRAINER_LIBRARY, else librollpack_trainer.so next to
-this file. Errors raise RuntimeError(code, message) like the extension.
+this file. A failed call raises RuntimeError(code, message); ``call`` turns
+that into the rollpack.errors class of the code.
 """
 
 import ctypes
 import os
+
+import grpc
+
+from rollpack import errors
+
+ABI_VERSION = 3
 
 _LIB = None
 _c = ctypes
@@ -25,15 +37,22 @@ class ConnectOptions(ctypes.Structure):
                 ("tls_client_key_pem", _c.c_char_p), ("tls_server_name", _c.c_char_p)]
 
 
+class StreamOptions(ctypes.Structure):
+    """rpt_stream_options (trainer_capi.h); struct_size versions it."""
+    _fields_ = [("struct_size", _c.c_uint32)] + [
+        (n, _c.c_int32) for n in ("dp", "cp", "tp", "pp", "device", "prefetch", "all_fields",
+                                  "start_index", "ids_int32", "masked_fill_minus_one",
+                                  "tp_leader_size", "rendezvous_timeout_s")
+    ] + [("rendezvous_tag", _c.c_char_p)]
+
+
 _SIGS = {
     "rpt_abi_version": (_I, []),
     "rpt_last_error": (_c.c_char_p, []),
     "rpt_has_cuda": (_I, []),
     "rpt_close_tp_communicators": (None, []),
-    "rpt_open": (_I, [_c.c_char_p, _c.c_char_p, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I, _I,
-                      _c.c_char_p, _c.POINTER(_P)]),
-    "rpt_open2": (_I, [_c.c_char_p, _c.POINTER(ConnectOptions), _c.c_char_p, _I, _I, _I, _I,
-                       _I, _I, _I, _I, _I, _I, _I, _I, _c.c_char_p, _c.POINTER(_P)]),
+    "rpt_stream_open": (_I, [_c.c_char_p, _c.POINTER(ConnectOptions), _c.c_char_p,
+                             _c.POINTER(StreamOptions), _c.POINTER(_P)]),
     "rpt_next": (_I, [_P, _P, _c.POINTER(_P)]),
     "rpt_close": (None, [_P]),
     "rpt_client_open": (_I, [_c.c_char_p, _c.POINTER(ConnectOptions), _c.POINTER(_P)]),
@@ -84,6 +103,10 @@ def _lib():
                                   "rebuild the target rollpack_trainer" % (path, name)) from None
             fn.restype = res
             fn.argtypes = args
+        if lib.rpt_abi_version() != ABI_VERSION:
+            raise ImportError("rollpack: %s has C ABI %d, this package needs %d: rebuild the "
+                              "target rollpack_trainer" % (path, lib.rpt_abi_version(),
+                                                           ABI_VERSION))
         _LIB = lib
     return _LIB
 
@@ -93,9 +116,27 @@ def _check(rc):
         raise RuntimeError(rc, _lib().rpt_last_error().decode(errors="replace"))
 
 
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def call(fn, what, *args):
+    """fn(*args), a function of this module; its failure raised as the
+    rollpack.errors class of the status code, with ``what`` in front."""
+    try:
+        return fn(*args)
+    except RuntimeError as e:
+        if len(e.args) == 2 and isinstance(e.args[0], int):
+            code = _CODES.get(e.args[0], grpc.StatusCode.UNKNOWN)
+            cls = errors._BY_CODE.get(code, errors.RollpackError)
+            raise cls("%s: %s" % (what, e.args[1]), code=code, details=e.args[1]) from None
+        raise
+
+
 _pythonapi = ctypes.pythonapi
 _pythonapi.PyCapsule_New.restype = ctypes.py_object
 _pythonapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_pythonapi.PyCapsule_IsValid.restype = ctypes.c_int
+_pythonapi.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _DLTENSOR = ctypes.c_char_p(b"dltensor")  # must outlive every capsule
 
 
@@ -131,14 +172,26 @@ def _connect(connect):
     return o
 
 
-def open(address, step_id, dp, cp, tp, pp, device, prefetch, all_fields, start_index, ids_int32,
-         fill, tp_leader_size, rendezvous_timeout_s, rendezvous_tag, connect=None):  # noqa: A001
+def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_index=0,
+                   ids_int32=False, fill=False, tp_leader_size=0, rendezvous_timeout_s=300,
+                   rendezvous_tag=""):
+    """A StreamOptions (its tag bytes are kept alive by the structure)."""
+    o = StreamOptions()
+    o.struct_size = ctypes.sizeof(StreamOptions)
+    o.dp, o.cp, o.tp, o.pp, o.device = dp, cp, tp, pp, device
+    o.prefetch, o.all_fields, o.start_index = prefetch, int(all_fields), start_index
+    o.ids_int32, o.masked_fill_minus_one = int(ids_int32), int(fill)
+    o.tp_leader_size, o.rendezvous_timeout_s = tp_leader_size, rendezvous_timeout_s
+    o.rendezvous_tag = _bytes(rendezvous_tag)
+    return o
+
+
+def open(address, step_id, options, connect=None):  # noqa: A001
+    """A stream handle; options: a StreamOptions (``stream_options``)."""
     out = _P()
     c = _connect(connect)
-    _check(_lib().rpt_open2(address.encode(), ctypes.byref(c), step_id.encode(), dp, cp, tp, pp,
-                            device, prefetch, int(all_fields), start_index, int(ids_int32),
-                            int(fill), tp_leader_size, rendezvous_timeout_s,
-                            rendezvous_tag.encode(), ctypes.byref(out)))
+    _check(_lib().rpt_stream_open(address.encode(), ctypes.byref(c), step_id.encode(),
+                                  ctypes.byref(options), ctypes.byref(out)))
     return out.value or 0
 
 
@@ -206,13 +259,22 @@ def batch_fields(b):
     return [lib.rpt_batch_field_name(b, i).decode() for i in range(lib.rpt_batch_num_fields(b))]
 
 
-def batch_dlpack(b, name):
-    t = _lib().rpt_batch_dlpack(b, name.encode())
+def batch_tensor(b, name, from_dlpack):
+    """from_dlpack(capsule) of the batch's array ``name``. The capsule has no
+    destructor (a ctypes callback could run inside the garbage collector), so
+    a DLManagedTensor that from_dlpack did not take over is freed here."""
+    lib = _lib()
+    t = lib.rpt_batch_dlpack(b, name.encode())
     if not t:
         _check(3)
-    # No capsule destructor here (a ctypes callback would run inside GC):
-    # rollpack.trainer consumes every capsule at once.
-    return _pythonapi.PyCapsule_New(t, _DLTENSOR, None)
+    capsule = _pythonapi.PyCapsule_New(t, _DLTENSOR, None)
+    try:
+        return from_dlpack(capsule)
+    except BaseException:
+        # A consumer renames the capsule "used_dltensor" once it owns it.
+        if _pythonapi.PyCapsule_IsValid(capsule, _DLTENSOR):
+            lib.rpt_dlpack_free(t)
+        raise
 
 
 def unpack(device, experts, in_type, mask, rows, layers, k, out, out_type, fill, stream):

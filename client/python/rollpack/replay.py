@@ -13,19 +13,12 @@ linked: the kernels get pointers, shapes and dtypes from the tensors.
 
 import torch
 
+from rollpack import _capi
+from rollpack._capi import call
+
 _INDEX = {torch.uint8: 0, torch.int16: 1, torch.int32: 2, torch.int64: 3}
 _FLOAT = {torch.float32: 0, torch.bfloat16: 1}
 _SCORE = {"softmax": 0, "sigmoid": 1}
-
-
-def _be():
-    from rollpack.trainer import backend
-    return backend()
-
-
-def _call(fn, what, *args):
-    from rollpack.trainer import call
-    return call(fn, what, *args)
 
 
 def _where(t):
@@ -58,10 +51,10 @@ class _ApplyReplay(torch.autograd.Function):
         device, stream = _where(logits)
         probs = torch.empty((rows, k), dtype=torch.float32, device=logits.device)
         rmap = torch.empty((rows, e), dtype=torch.uint8, device=logits.device)
-        _call(_be().apply_forward, "apply_replay", device, logits.data_ptr(),
-              _FLOAT[logits.dtype], ids.data_ptr(), _index_code(ids, "apply_replay"),
-              ids.stride(0), rows, e, k, score, renormalize, float(scale), probs.data_ptr(),
-              rmap.data_ptr(), 0, stream)
+        call(_capi.apply_forward, "apply_replay", device, logits.data_ptr(),
+             _FLOAT[logits.dtype], ids.data_ptr(), _index_code(ids, "apply_replay"),
+             ids.stride(0), rows, e, k, score, renormalize, float(scale), probs.data_ptr(),
+             rmap.data_ptr(), 0, stream)
         ctx.save_for_backward(logits, ids)
         ctx.args = (score, renormalize, float(scale))
         ctx.mark_non_differentiable(rmap)
@@ -75,10 +68,10 @@ class _ApplyReplay(torch.autograd.Function):
         g = grad_probs.to(torch.float32).contiguous()
         grad_logits = torch.empty_like(logits)
         device, stream = _where(logits)
-        _call(_be().apply_backward, "apply_replay backward", device, logits.data_ptr(),
-              _FLOAT[logits.dtype], ids.data_ptr(), _index_code(ids, "apply_replay"),
-              ids.stride(0), rows, e, ids.shape[1], score, renormalize, scale, g.data_ptr(),
-              grad_logits.data_ptr(), stream)
+        call(_capi.apply_backward, "apply_replay backward", device, logits.data_ptr(),
+             _FLOAT[logits.dtype], ids.data_ptr(), _index_code(ids, "apply_replay"),
+             ids.stride(0), rows, e, ids.shape[1], score, renormalize, scale, g.data_ptr(),
+             grad_logits.data_ptr(), stream)
         return grad_logits, None, None, None, None
 
 
@@ -193,20 +186,20 @@ def routing_agreement(live, replay, *, mask=None, k=None):
         e = live3.shape[2]
         if live3.stride(2) != 1 or live3.stride(1) != e:
             live3 = live3.contiguous()
-        _call(_be().agreement_logits, "routing_agreement", device, live3.data_ptr(),
-              _FLOAT[live3.dtype], live3.stride(0), replay3.data_ptr(),
-              _index_code(replay3, "replay"), replay3.stride(1), replay3.stride(0),
-              m.data_ptr() if m is not None else 0, rows, layers, e, kk, stats.data_ptr(),
-              stream)
+        call(_capi.agreement_logits, "routing_agreement", device, live3.data_ptr(),
+             _FLOAT[live3.dtype], live3.stride(0), replay3.data_ptr(),
+             _index_code(replay3, "replay"), replay3.stride(1), replay3.stride(0),
+             m.data_ptr() if m is not None else 0, rows, layers, e, kk, stats.data_ptr(),
+             stream)
     else:
         if live3.shape[2] != kk:
             raise ValueError("live ids have K=%d, replay K=%d" % (live3.shape[2], kk))
         if live3.stride(2) != 1:
             live3 = live3.contiguous()
-        _call(_be().agreement_ids, "routing_agreement", device, live3.data_ptr(),
-              _index_code(live3, "live"), live3.stride(1), live3.stride(0), replay3.data_ptr(),
-              _index_code(replay3, "replay"), replay3.stride(1), replay3.stride(0),
-              m.data_ptr() if m is not None else 0, rows, layers, kk, stats.data_ptr(), stream)
+        call(_capi.agreement_ids, "routing_agreement", device, live3.data_ptr(),
+             _index_code(live3, "live"), live3.stride(1), live3.stride(0), replay3.data_ptr(),
+             _index_code(replay3, "replay"), replay3.stride(1), replay3.stride(0),
+             m.data_ptr() if m is not None else 0, rows, layers, kk, stats.data_ptr(), stream)
     return Agreement(stats, kk)
 
 

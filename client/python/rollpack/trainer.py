@@ -18,44 +18,24 @@ With rollpackd's token auth and TLS, pass the Producer's connection options
 ``routing_agreement``'s counts back to rollpackd, which exports them as
 metrics (docs/operations.md).
 
-Binding: the pybind11 extension rollpack._trainer when importable, else the
-same C ABI through ctypes (rollpack._capi).
+The C ABI is reached through ctypes (rollpack._capi).
 """
 
 import collections
 import os
 
-import grpc
 import torch
 import torch.utils.dlpack
 
-from rollpack import errors
-
-_BACKEND = None
-
-
-def backend():
-    """The binding module: rollpack._trainer (pybind11) or rollpack._capi."""
-    global _BACKEND
-    if _BACKEND is None:
-        try:
-            if os.environ.get("ROLLPACK_TRAINER_BINDING") == "ctypes":
-                raise ImportError("ctypes binding asked for")
-            from rollpack import _trainer as be
-        except ImportError:
-            from rollpack import _capi as be
-            be.abi_version()  # loads the library, or raises ImportError
-        _BACKEND = be
-    return _BACKEND
-
-
-def backend_name():
-    return "pybind11" if backend().__name__.endswith("_trainer") else "ctypes"
+from rollpack import _capi
+from rollpack._capi import call
+from rollpack.replay import (apply_replay, install_replay_targets,  # noqa: F401
+                             routing_agreement)
 
 
 def has_cuda():
     """Whether librollpack_trainer.so was built with CUDA."""
-    return backend().has_cuda()
+    return _capi.has_cuda()
 
 
 def close_tp_communicators():
@@ -66,25 +46,7 @@ def close_tp_communicators():
     this when the group will not fetch again, e.g. before destroying the
     process group or at shutdown. Idle communicators only; no-op on CPU.
     """
-    backend().close_tp_communicators()
-
-
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
-def _raise(e, what):
-    if len(e.args) == 2 and isinstance(e.args[0], int):
-        code = _CODES.get(e.args[0], grpc.StatusCode.UNKNOWN)
-        cls = errors._BY_CODE.get(code, errors.RollpackError)
-        raise cls("%s: %s" % (what, e.args[1]), code=code, details=e.args[1]) from None
-    raise e
-
-
-def call(fn, what, *args):
-    try:
-        return fn(*args)
-    except RuntimeError as e:
-        _raise(e, what)
+    _capi.close_tp_communicators()
 
 
 def _coords(rank):
@@ -133,7 +95,7 @@ class ReportAck(collections.namedtuple(
         return self.overlapping_experts / n if n else 0.0
 
 
-def _report(be, client, step_id, rank, agreement, layers):
+def _report(client, step_id, rank, agreement, layers):
     if hasattr(layers, "replay_layers"):
         layers = layers.replay_layers
     layers = [int(x) for x in layers]
@@ -144,7 +106,7 @@ def _report(be, client, step_id, rank, agreement, layers):
                          % (n, len(layers), layers))
     stats = torch.stack([c.reshape(-1).to("cpu", torch.int64) for c in counts], 1)
     dp, cp, tp, pp = rank
-    totals = call(be.report_routing_agreement,
+    totals = call(_capi.report_routing_agreement,
                   "report routing agreement of %s rank %s" % (step_id, rank), client, step_id,
                   dp, cp, tp, pp, int(agreement.k), layers, stats.reshape(-1).tolist())
     return ReportAck(*[int(x) for x in totals], int(agreement.k))
@@ -158,12 +120,11 @@ def report_routing_agreement(address, step_id, rank, agreement, layers, **connec
     ``client_certificate``, ``client_key``, ``server_name`` as for
     TrainerClient. Returns a ReportAck. Reports add up on the server: send
     each comparison once (not retried here)."""
-    be = backend()
-    client = call(be.client_open, "connect to %s" % address, address, _connect(**connection))
+    client = call(_capi.client_open, "connect to %s" % address, address, _connect(**connection))
     try:
-        return _report(be, client, step_id, _coords(rank), agreement, layers)
+        return _report(client, step_id, _coords(rank), agreement, layers)
     finally:
-        be.client_close(client)
+        _capi.client_close(client)
 
 
 def _device_index(device):
@@ -200,18 +161,18 @@ class Microbatch:
         return list(self.replay_indices.unbind(0))
 
 
-def _from_batch(be, b, device):
+def _from_batch(b, device):
     mb = Microbatch()
-    mb.step_id = be.batch_step_id(b)
+    mb.step_id = _capi.batch_step_id(b)
     for k in ("index", "num_microbatches", "local_cp_size", "local_cp_rank", "max_seqlen"):
-        setattr(mb, k, int(be.batch_int(b, k)))
-    mb.workload = be.batch_workload(b)
-    mb.sample_ids = be.batch_sample_ids(b)
-    mb.replay_layers = be.batch_layers(b)
+        setattr(mb, k, int(_capi.batch_int(b, k)))
+    mb.workload = _capi.batch_workload(b)
+    mb.sample_ids = _capi.batch_sample_ids(b)
+    mb.replay_layers = _capi.batch_layers(b)
     mb.device = device
 
     def t(name):
-        return torch.utils.dlpack.from_dlpack(be.batch_dlpack(b, name))
+        return _capi.batch_tensor(b, name, torch.utils.dlpack.from_dlpack)
 
     mb.tokens = t("tokens")
     mb.cu_seqlens = t("cu_seqlens")
@@ -219,7 +180,7 @@ def _from_batch(be, b, device):
     mb.replay_experts = t("replay_experts")
     mb.replay_mask = t("replay_mask")
     mb.replay_indices = t("replay_ids")
-    mb.token_fields = {n: t("field:" + n) for n in be.batch_fields(b)}
+    mb.token_fields = {n: t("field:" + n) for n in _capi.batch_fields(b)}
     return mb
 
 
@@ -253,7 +214,7 @@ class TrainerClient:
                  tp_leader=False, tp_size=None, rendezvous_timeout_s=300, rendezvous_tag="",
                  token=None, tls=False, root_certificates=None, client_certificate=None,
                  client_key=None, server_name=None):
-        self._be = backend()
+        _capi.abi_version()  # loads the library, or raises ImportError
         self._stream = 0
         self._client = 0
         self._replay_layers = None
@@ -274,11 +235,13 @@ class TrainerClient:
         dp, cp, tp, pp = _coords(rank)
         self.rank = (dp, cp, tp, pp)
         self.step_id = step_id
-        self._stream = call(self._be.open, "open %s rank %s" % (step_id, self.rank), address,
-                            step_id, dp, cp, tp, pp, self.device_index, int(prefetch),
-                            bool(all_fields), int(start_index), index_dtype == torch.int32,
-                            bool(masked_fill_minus_one), tp_leader_size,
-                            int(rendezvous_timeout_s), str(rendezvous_tag), self._connect)
+        options = _capi.stream_options(
+            dp, cp, tp, pp, self.device_index, prefetch=int(prefetch), all_fields=all_fields,
+            start_index=int(start_index), ids_int32=index_dtype == torch.int32,
+            fill=masked_fill_minus_one, tp_leader_size=tp_leader_size,
+            rendezvous_timeout_s=int(rendezvous_timeout_s), rendezvous_tag=str(rendezvous_tag))
+        self._stream = call(_capi.open, "open %s rank %s" % (step_id, self.rank), address,
+                            step_id, options, self._connect)
 
     def __iter__(self):
         return self
@@ -289,15 +252,15 @@ class TrainerClient:
         consumer = 0
         if self.device_index >= 0:
             consumer = torch.cuda.current_stream(self.device).cuda_stream
-        b = call(self._be.next, "fetch %s rank %s" % (self.step_id, self.rank), self._stream,
+        b = call(_capi.next, "fetch %s rank %s" % (self.step_id, self.rank), self._stream,
                  consumer)
         if not b:
             self._close_stream()
             raise StopIteration
         try:
-            mb = _from_batch(self._be, b, self.device)
+            mb = _from_batch(b, self.device)
         finally:
-            self._be.batch_free(b)  # the tensors keep the memory alive
+            _capi.batch_free(b)  # the tensors keep the memory alive
         self._replay_layers = mb.replay_layers
         return mb
 
@@ -317,20 +280,20 @@ class TrainerClient:
                                  "pass layers (the micro-batch's replay_layers)")
             layers = self._replay_layers
         if not self._client:
-            self._client = call(self._be.client_open, "connect to %s" % self.address,
+            self._client = call(_capi.client_open, "connect to %s" % self.address,
                                 self.address, self._connect)
-        return _report(self._be, self._client, self.step_id, self.rank, agreement, layers)
+        return _report(self._client, self.step_id, self.rank, agreement, layers)
 
     def _close_stream(self):
         if self._stream:
             s, self._stream = self._stream, 0
-            self._be.close(s)
+            _capi.close(s)
 
     def close(self):
         self._close_stream()
         if self._client:
             c, self._client = self._client, 0
-            self._be.client_close(c)
+            _capi.client_close(c)
 
     def __enter__(self):
         return self
@@ -368,7 +331,3 @@ def _find_nccl():
                     return
     except ImportError:
         pass
-
-
-from rollpack.replay import (apply_replay, install_replay_targets,  # noqa: E402,F401
-                             routing_agreement)

@@ -10,9 +10,6 @@
 - the module-level ``rollpack.report_routing_agreement``;
 - refusals: a layer of another stage, a wrong K, an unknown step, a layer
   count that does not match the agreement.
-
-Runs under CTest with the pybind11 binding and with ctypes
-(python_routing_report[_ctypes]).
 """
 
 import os

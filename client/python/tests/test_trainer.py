@@ -7,7 +7,7 @@
   references written here;
 - install_replay_targets with a stand-in of Megatron's RouterReplay.
 
-Needs torch and librollpack_trainer.so (+ rollpack._trainer); without them
+Needs torch and librollpack_trainer.so; without them
 the tests skip, unless ROLLPACK_TRAINER_REQUIRED=1 (CTest) makes that a
 failure. GPU variants run in tests/gpu_trainer.py through the device tool.
 """
@@ -38,8 +38,8 @@ def _need_trainer():
             raise AssertionError("torch is not importable (install python3-torch)")
         raise unittest.SkipTest("no torch")
     try:
-        from rollpack import trainer
-        trainer.backend()
+        from rollpack import _capi, trainer
+        _capi.abi_version()  # loads the library
     except ImportError as e:
         if REQUIRED:
             raise AssertionError("trainer binding missing: %s" % e)

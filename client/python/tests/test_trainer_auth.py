@@ -6,10 +6,12 @@
   need the token too;
 - --tls-cert: root certificates as a path or PEM bytes, the server name
   override, mutual TLS with a client certificate; a plaintext client fails;
-- the ABI-1 entry point rpt_open still works (no token, plaintext).
+- the C ABI's stream entry point (ABI 3): rpt_stream_open without
+  connection options sends no token; rpt_stream_options' struct_size: a
+  struct longer than this library's (a newer header) is read up to what it
+  knows, a shorter one is refused; the ABI 1 and 2 entry points are gone.
 
-Certificates are made with openssl at test time. Runs under CTest with the
-pybind11 binding and with ctypes (python_trainer_auth[_ctypes]).
+Certificates are made with openssl at test time.
 """
 
 import os
@@ -170,13 +172,14 @@ class TokenAuth(unittest.TestCase):
                                                      token=TRAINER)
         self.assertGreaterEqual(ack2.reports, 2)
 
-    def test_abi1_open_sends_no_token(self):
+    def test_open_without_connect_sends_no_token(self):
         from rollpack import _capi
         import ctypes
         out = ctypes.c_void_p()
         lib = _capi._lib()
-        self.assertEqual(lib.rpt_open(self.d.address.encode(), b"st", 0, 0, 0, 0, -1, 2, 0, 0,
-                                      0, 0, 0, 0, b"", ctypes.byref(out)), 0)
+        opts = _capi.stream_options(0, 0, 0, 0, -1)
+        self.assertEqual(lib.rpt_stream_open(self.d.address.encode(), None, b"st",
+                                             ctypes.byref(opts), ctypes.byref(out)), 0)
         try:
             batch = ctypes.c_void_p()
             rc = lib.rpt_next(out, None, ctypes.byref(batch))
@@ -250,36 +253,88 @@ class Tls(unittest.TestCase):
                        server_name="rollpack-test")
 
 
-class Abi1Open(unittest.TestCase):
-    """rpt_open (ABI 1, no connection options) against a plain server."""
+class StreamOpenAbi(unittest.TestCase):
+    """rpt_stream_open and its options struct, called directly (plain server)."""
 
-    def test_fetches_like_before(self):
-        trainer = _need_trainer()
+    @classmethod
+    def setUpClass(cls):
+        cls.trainer = _need_trainer()
         from rollpack import _capi
+        cls.capi = _capi
+        cls.lib = _capi._lib()
+        cls.d = Rollpackd()
+        cls.addClassCleanup(cls.d.cleanup)
+        cls.d.start()
+        cls.num_mb = _fill(cls.d.address)
+
+    def open(self, options, size=None):
+        """rpt_stream_open with options' struct_size set to `size`; returns
+        (rc, stream handle)."""
         import ctypes
-        with Rollpackd() as d:
-            # The same fill as the token tests, on a server without auth.
-            num_mb = _fill(d.address)
-            lib = _capi._lib()
-            out = ctypes.c_void_p()
-            self.assertEqual(lib.rpt_open(d.address.encode(), b"st", 0, 0, 0, 0, -1, 2, 0, 0, 0,
-                                          0, 0, 0, b"", ctypes.byref(out)), 0,
-                             lib.rpt_last_error())
-            n = 0
-            try:
-                while True:
-                    batch = ctypes.c_void_p()
-                    self.assertEqual(lib.rpt_next(out, None, ctypes.byref(batch)), 0,
-                                     lib.rpt_last_error())
-                    if not batch.value:
-                        break
-                    self.assertEqual(lib.rpt_batch_int(batch, b"index"), n)
-                    lib.rpt_batch_free(batch)
-                    n += 1
-            finally:
-                lib.rpt_close(out)
-            self.assertEqual(n, num_mb)
-            self.assertIsNotNone(trainer)
+        if size is not None:
+            options.struct_size = size
+        out = ctypes.c_void_p()
+        rc = self.lib.rpt_stream_open(self.d.address.encode(), None, b"st",
+                                      ctypes.byref(options), ctypes.byref(out))
+        return rc, out
+
+    def read_all(self, stream):
+        import ctypes
+        n = 0
+        try:
+            while True:
+                batch = ctypes.c_void_p()
+                self.assertEqual(self.lib.rpt_next(stream, None, ctypes.byref(batch)), 0,
+                                 self.lib.rpt_last_error())
+                if not batch.value:
+                    return n
+                self.assertEqual(self.lib.rpt_batch_int(batch, b"index"), n)
+                self.lib.rpt_batch_free(batch)
+                n += 1
+        finally:
+            self.lib.rpt_close(stream)
+
+    def test_version_and_old_entry_points_gone(self):
+        self.assertEqual(self.lib.rpt_abi_version(), 3)
+        for name in ("rpt_open", "rpt_open2"):
+            self.assertFalse(hasattr(self.lib, name), name)
+
+    def test_fetches_every_microbatch(self):
+        rc, stream = self.open(self.capi.stream_options(0, 0, 0, 0, -1))
+        self.assertEqual(rc, 0, self.lib.rpt_last_error())
+        self.assertEqual(self.read_all(stream), self.num_mb)
+
+    def test_longer_struct_of_a_newer_header(self):
+        import ctypes
+
+        class Newer(ctypes.Structure):
+            _fields_ = [("known", self.capi.StreamOptions), ("added_later", ctypes.c_int64)]
+
+        o = Newer()
+        o.known = self.capi.stream_options(0, 0, 0, 0, -1)
+        o.added_later = 12345
+        out = ctypes.c_void_p()
+        o.known.struct_size = ctypes.sizeof(Newer)
+        rc = self.lib.rpt_stream_open(self.d.address.encode(), None, b"st",
+                                      ctypes.cast(ctypes.byref(o),
+                                                  ctypes.POINTER(self.capi.StreamOptions)),
+                                      ctypes.byref(out))
+        self.assertEqual(rc, 0, self.lib.rpt_last_error())
+        self.assertEqual(self.read_all(out), self.num_mb)
+
+    def test_short_struct_refused(self):
+        rc, stream = self.open(self.capi.stream_options(0, 0, 0, 0, -1), size=8)
+        self.assertEqual(rc, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertFalse(stream.value)
+        self.assertIn(b"rpt_stream_options.struct_size is 8", self.lib.rpt_last_error())
+
+    def test_null_options_refused(self):
+        import ctypes
+        out = ctypes.c_void_p()
+        rc = self.lib.rpt_stream_open(self.d.address.encode(), None, b"st", None,
+                                      ctypes.byref(out))
+        self.assertEqual(rc, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertIn(b"NULL", self.lib.rpt_last_error())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,162 @@
+#include "client/trainer/batch_layout.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace rollpack::trainer_internal {
+namespace {
+
+ArrayRef RefOf(const v1::NDArray& a, void* data) {
+  ArrayRef r;
+  r.dtype = a.dtype();
+  r.shape.assign(a.shape().begin(), a.shape().end());
+  r.data = data;
+  return r;
+}
+
+bool IsReplay3d(const v1::NDArray& a) { return a.shape_size() == 3; }
+
+const v1::NDArray& ArrayOf(const v1::Microbatch& m, const std::string& name) {
+  if (name == "tokens") return m.tokens();
+  if (name == "cu_seqlens") return m.cu_seqlens();
+  if (name == "cu_seqlens_padded") return m.cu_seqlens_padded();
+  if (name == "replay_mask") return m.replay_mask();
+  if (name == "replay_experts") return m.replay_experts();
+  return m.token_fields().at(name.substr(6));
+}
+
+int64_t DataSize(const v1::Microbatch& m, const std::string& name) {
+  return static_cast<int64_t>(ArrayOf(m, name).data().size());
+}
+int64_t DataSize(const ReceivedMicrobatch& m, const std::string& name) {
+  return std::max<int64_t>(0, m.data_size(name));
+}
+const v1::Microbatch& MetaOf(const v1::Microbatch& m) { return m; }
+const v1::Microbatch& MetaOf(const ReceivedMicrobatch& m) { return m.meta(); }
+
+template <typename Message>
+absl::Status CheckBytesOf(const Message& m, const Layout& l) {
+  for (const Slot& s : l.slots) {
+    const int64_t have = DataSize(m, s.name);
+    if (have != s.bytes) {
+      return absl::DataLossError(absl::StrCat("micro-batch ", MetaOf(m).index(), ": ", s.name,
+                                              " holds ", have, " bytes, its shape needs ",
+                                              s.bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32) {
+  Layout l;
+  auto add = [&](const std::string& name, const v1::NDArray& a) -> absl::Status {
+    Slot s;
+    s.name = name;
+    s.ref = RefOf(a, nullptr);
+    if (a.dtype() != v1::DTYPE_UNSPECIFIED && ElementSize(a.dtype()) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": unknown dtype ", a.dtype()));
+    }
+    s.bytes = a.dtype() == v1::DTYPE_UNSPECIFIED ? 0 : s.ref.nbytes();
+    if (s.bytes < 0) return absl::InvalidArgumentError(absl::StrCat(name, ": negative shape"));
+    s.offset = l.arrays_bytes;
+    l.arrays_bytes += AlignUp(s.bytes);
+    l.slots.push_back(std::move(s));
+    return absl::OkStatus();
+  };
+  absl::Status st;
+  if (!(st = add("tokens", m.tokens())).ok()) return st;
+  if (!(st = add("cu_seqlens", m.cu_seqlens())).ok()) return st;
+  if (!(st = add("cu_seqlens_padded", m.cu_seqlens_padded())).ok()) return st;
+  if (!(st = add("replay_mask", m.replay_mask())).ok()) return st;
+  if (!(st = add("replay_experts", m.replay_experts())).ok()) return st;
+  std::vector<std::string> names;
+  for (const auto& [name, a] : m.token_fields()) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    if (!(st = add("field:" + n, m.token_fields().at(n))).ok()) return st;
+  }
+  if (IsReplay3d(m.replay_experts())) {
+    l.rows = m.replay_experts().shape(0);
+    l.layers = m.replay_experts().shape(1);
+    l.k = m.replay_experts().shape(2);
+    if (m.replay_experts().dtype() != v1::UINT8 && m.replay_experts().dtype() != v1::UINT16) {
+      return absl::InvalidArgumentError("replay_experts must be uint8 or uint16");
+    }
+  }
+  l.ids_offset = l.arrays_bytes;
+  l.ids_bytes = l.rows * l.layers * l.k * (ids_int32 ? 4 : 8);
+  l.total = l.ids_offset + AlignUp(l.ids_bytes);
+  return l;
+}
+
+const Slot* FindSlot(const Layout& l, const std::string& name) {
+  for (const Slot& s : l.slots) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+absl::Status CheckBytes(const v1::Microbatch& m, const Layout& l) { return CheckBytesOf(m, l); }
+absl::Status CheckBytes(const ReceivedMicrobatch& m, const Layout& l) {
+  return CheckBytesOf(m, l);
+}
+
+void CopyData(const v1::Microbatch& m, const std::string& name, void* out) {
+  const std::string& data = ArrayOf(m, name).data();
+  std::memcpy(out, data.data(), data.size());
+}
+void CopyData(const ReceivedMicrobatch& m, const std::string& name, void* out) {
+  m.CopyData(name, out);
+}
+
+void AssignViews(const Layout& l, char* base, void* ids, bool ids_int32, BatchState* b) {
+  for (const Slot& s : l.slots) {
+    ArrayRef r = s.ref;
+    r.data = base == nullptr ? nullptr : base + s.offset;
+    if (s.name == "tokens") b->tokens = r;
+    else if (s.name == "cu_seqlens") b->cu_seqlens = r;
+    else if (s.name == "cu_seqlens_padded") b->cu_seqlens_padded = r;
+    else if (s.name == "replay_mask") b->replay_mask = r;
+    else if (s.name == "replay_experts") b->replay_experts = r;
+    else b->token_fields[s.name.substr(6)] = r;
+  }
+  b->replay_ids.dtype = ids_int32 ? v1::INT32 : v1::INT64;
+  b->replay_ids.shape = {l.layers, l.rows, l.k};
+  b->replay_ids.data = ids;
+}
+
+kernels::UnpackArgs MakeUnpack(const Layout& l, const ArrayRef& experts, const ArrayRef& mask,
+                               void* out, bool ids_int32, bool masked_fill_minus_one) {
+  kernels::UnpackArgs a;
+  a.experts = experts.data;
+  a.in_type = experts.dtype == v1::UINT16 ? kernels::IndexType::kU16 : kernels::IndexType::kU8;
+  a.mask = mask.numel() == l.rows && mask.dtype == v1::UINT8
+               ? static_cast<const uint8_t*>(mask.data) : nullptr;
+  a.rows = l.rows;
+  a.layers = l.layers;
+  a.k = static_cast<int>(l.k);
+  a.out = out;
+  a.out_type = ids_int32 ? kernels::OutIndexType::kI32 : kernels::OutIndexType::kI64;
+  a.masked_fill_minus_one = masked_fill_minus_one;
+  return a;
+}
+
+absl::Status FromKernel(const kernels::KernelStatus& s) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.code == kernels::StatusCode::kInvalidArgument) return absl::InvalidArgumentError(s.message);
+  return absl::InternalError(s.message);
+}
+
+void ClearData(v1::Microbatch* m) {
+  m->mutable_tokens()->clear_data();
+  m->mutable_replay_experts()->clear_data();
+  m->mutable_replay_mask()->clear_data();
+  for (auto& [name, a] : *m->mutable_token_fields()) a.clear_data();
+}
+
+}  // namespace rollpack::trainer_internal

@@ -1,0 +1,70 @@
+// Where each array of a micro-batch goes in the one buffer a delivery path
+// allocates for it, and the steps every path shares: checking the received
+// sizes, pointing the batch's views into the buffer, unpacking the ids.
+#ifndef ROLLPACK_CLIENT_TRAINER_BATCH_LAYOUT_H_
+#define ROLLPACK_CLIENT_TRAINER_BATCH_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/cpp/received_microbatch.h"
+#include "client/trainer/array_ref.h"
+#include "client/trainer/batch_state.h"
+#include "kernels/replay_kernels.h"
+#include "rollpack/v1/trainer.pb.h"
+
+namespace rollpack::trainer_internal {
+
+// Arrays start on 256-byte boundaries: what cudaMalloc guarantees, so every
+// view is as aligned as a separate allocation would be.
+constexpr int64_t kAlign = 256;
+inline int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+struct Slot {
+  std::string name;  // "tokens", ..., or "field:<name>"
+  ArrayRef ref;      // data = nullptr; shapes and dtype
+  int64_t offset = 0;
+  int64_t bytes = 0;
+};
+
+// The order is fixed and computed from shapes alone, so the ranks of a TP
+// group agree on it without exchanging it.
+struct Layout {
+  std::vector<Slot> slots;
+  int64_t arrays_bytes = 0;  // copied from the host
+  int64_t ids_offset = 0;
+  int64_t ids_bytes = 0;
+  int64_t total = 0;
+  int64_t rows = 0, layers = 0, k = 0;
+};
+
+absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32);
+const Slot* FindSlot(const Layout& l, const std::string& name);
+
+// A message whose byte fields disagree with their shapes is refused before
+// anything is copied, whichever form it arrived in.
+absl::Status CheckBytes(const v1::Microbatch& m, const Layout& l);
+absl::Status CheckBytes(const ReceivedMicrobatch& m, const Layout& l);
+
+// Copies the bytes of slot `name` to `out` (ReceivedMicrobatch: straight
+// from gRPC's received slices, the one host copy of the payload).
+void CopyData(const v1::Microbatch& m, const std::string& name, void* out);
+void CopyData(const ReceivedMicrobatch& m, const std::string& name, void* out);
+
+// Points the batch's views at `base` + slot offsets (base may be null: the
+// host path points them into the message afterwards) and the ids at `ids`.
+void AssignViews(const Layout& l, char* base, void* ids, bool ids_int32, BatchState* b);
+
+kernels::UnpackArgs MakeUnpack(const Layout& l, const ArrayRef& experts, const ArrayRef& mask,
+                               void* out, bool ids_int32, bool masked_fill_minus_one);
+absl::Status FromKernel(const kernels::KernelStatus& s);
+
+// Drops the big byte fields once they live on the device; cu_seqlens stay.
+void ClearData(v1::Microbatch* m);
+
+}  // namespace rollpack::trainer_internal
+
+#endif  // ROLLPACK_CLIENT_TRAINER_BATCH_LAYOUT_H_

@@ -1,0 +1,50 @@
+// One delivered micro-batch of a rank (docs/trainer.md, layout.md §7).
+#ifndef ROLLPACK_CLIENT_TRAINER_DEVICE_BATCH_H_
+#define ROLLPACK_CLIENT_TRAINER_DEVICE_BATCH_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "client/trainer/array_ref.h"
+#include "rollpack/v1/trainer.pb.h"
+
+namespace rollpack {
+
+namespace trainer_internal {
+struct BatchState;  // batch_state.h: what the delivery paths fill in
+}  // namespace trainer_internal
+
+// One micro-batch. Metadata from the wire message (its big byte fields are
+// released on a device), arrays on `device`. Device memory is freed when the
+// batch is destroyed, stream-ordered after the consumer's stream given to
+// DeviceStream::Next(), so tensors viewing it stay valid while the batch is
+// alive.
+class DeviceBatch {
+ public:
+  // Only the delivery paths can make the state (its header is private to
+  // the library), so only they construct batches.
+  explicit DeviceBatch(std::unique_ptr<trainer_internal::BatchState> state);
+  ~DeviceBatch();
+  DeviceBatch(const DeviceBatch&) = delete;
+  DeviceBatch& operator=(const DeviceBatch&) = delete;
+
+  const v1::Microbatch& meta() const;
+  int device() const;
+  const ArrayRef& tokens() const;
+  const ArrayRef& cu_seqlens() const;
+  const ArrayRef& cu_seqlens_padded() const;
+  // [rows, layers, K] uint8 / uint16 as received.
+  const ArrayRef& replay_experts() const;
+  const ArrayRef& replay_mask() const;
+  // [layers, rows, K] int64 (or int32): the unpacked RouterReplay targets.
+  const ArrayRef& replay_ids() const;
+  const std::map<std::string, ArrayRef>& token_fields() const;
+
+ private:
+  std::unique_ptr<trainer_internal::BatchState> state_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_CLIENT_TRAINER_DEVICE_BATCH_H_

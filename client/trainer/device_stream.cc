@@ -1,0 +1,120 @@
+#include "client/trainer/device_stream.h"
+
+#include <optional>
+#include <utility>
+
+#include "client/cpp/trainer_stream.h"
+#include "client/trainer/batch_layout.h"
+#include "client/trainer/batch_source.h"
+#include "client/trainer/batch_state.h"
+#include "kernels/replay_kernels.h"
+
+#ifdef ROLLPACK_WITH_CUDA
+#include "client/trainer/cuda_staging.h"
+#include "client/trainer/tp_communicator.h"
+#include "client/trainer/tp_leader.h"
+#endif
+
+namespace rollpack {
+
+using trainer_internal::AssignViews;
+using trainer_internal::BatchSource;
+using trainer_internal::BatchState;
+using trainer_internal::CheckBytes;
+using trainer_internal::ComputeLayout;
+using trainer_internal::FromKernel;
+using trainer_internal::Layout;
+using trainer_internal::MakeUnpack;
+
+bool DeviceStreamHasCuda() {
+#ifdef ROLLPACK_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void CloseTpCommunicators() {
+#ifdef ROLLPACK_WITH_CUDA
+  trainer_internal::CloseIdleTpComms();
+#endif
+}
+
+namespace {
+
+// Host arrays pointing into the received message; CPU unpack. The path CI
+// runs, and every build without CUDA.
+class HostSource final : public BatchSource {
+ public:
+  HostSource(std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
+             const v1::RankCoords& rank, const DeviceStreamOptions& o)
+      : options_(o),
+        stream_(std::move(channel), step_id, rank, trainer_internal::NetworkOptions(o)) {}
+
+  absl::StatusOr<std::shared_ptr<DeviceBatch>> Next(void*) override {
+    absl::StatusOr<std::optional<v1::Microbatch>> next = stream_.Next();
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) return std::shared_ptr<DeviceBatch>();
+    auto b = std::make_unique<BatchState>();
+    b->meta = std::move(**next);
+    absl::StatusOr<Layout> l = ComputeLayout(b->meta, options_.ids_int32);
+    if (!l.ok()) return l.status();
+    if (absl::Status s = CheckBytes(b->meta, *l); !s.ok()) return s;
+    b->host_ids.assign((l->ids_bytes + 7) / 8, 0);
+    AssignViews(*l, nullptr, b->host_ids.data(), options_.ids_int32, b.get());
+    // Views into the message's own bytes (no copy).
+    auto point = [&](ArrayRef* r, v1::NDArray* a) { r->data = a->mutable_data()->data(); };
+    point(&b->tokens, b->meta.mutable_tokens());
+    point(&b->cu_seqlens, b->meta.mutable_cu_seqlens());
+    point(&b->cu_seqlens_padded, b->meta.mutable_cu_seqlens_padded());
+    point(&b->replay_mask, b->meta.mutable_replay_mask());
+    point(&b->replay_experts, b->meta.mutable_replay_experts());
+    for (auto& [name, ref] : b->token_fields) point(&ref, &(*b->meta.mutable_token_fields())[name]);
+    if (l->ids_bytes > 0) {
+      kernels::UnpackArgs a = MakeUnpack(*l, b->replay_experts, b->replay_mask, b->host_ids.data(),
+                                         options_.ids_int32, options_.masked_fill_minus_one);
+      if (absl::Status s = FromKernel(kernels::cpu::Unpack(a)); !s.ok()) return s;
+    }
+    return std::make_shared<DeviceBatch>(std::move(b));
+  }
+
+ private:
+  const DeviceStreamOptions options_;
+  TrainerStream stream_;
+};
+
+}  // namespace
+
+DeviceStream::DeviceStream(std::unique_ptr<BatchSource> source) : source_(std::move(source)) {}
+DeviceStream::~DeviceStream() = default;
+
+bool DeviceStream::cuda_built() const { return DeviceStreamHasCuda(); }
+
+absl::StatusOr<std::shared_ptr<DeviceBatch>> DeviceStream::Next(void* consumer_stream) {
+  return source_->Next(consumer_stream);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceStream>> DeviceStream::Open(
+    std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
+    const v1::RankCoords& rank, const DeviceStreamOptions& options) {
+  if (options.tp_leader_size > 1 && options.device < 0) {
+    return absl::InvalidArgumentError("TP-leader mode needs a CUDA device (NCCL)");
+  }
+  if (options.device < 0) {
+    return std::unique_ptr<DeviceStream>(new DeviceStream(
+        std::make_unique<HostSource>(std::move(channel), step_id, rank, options)));
+  }
+#ifdef ROLLPACK_WITH_CUDA
+  absl::StatusOr<std::unique_ptr<BatchSource>> source =
+      options.tp_leader_size > 1
+          ? trainer_internal::OpenTpLeaderSource(std::move(channel), step_id, rank, options)
+          : trainer_internal::OpenCudaSource(std::move(channel), step_id, rank, options);
+  if (!source.ok()) return source.status();
+  return std::unique_ptr<DeviceStream>(new DeviceStream(*std::move(source)));
+#else
+  return absl::FailedPreconditionError(
+      "rollpack was built without CUDA (ROLLPACK_WITH_CUDA=OFF): use device -1");
+#endif
+}
+
+}  // namespace rollpack

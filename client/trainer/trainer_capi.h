@@ -1,0 +1,167 @@
+/* C ABI of the trainer client (librollpack_trainer.so), docs/trainer.md.
+ *
+ * One shared library holds the gRPC client, the device stream (pinned
+ * staging, async copies, the unpack kernel, TP-leader mode over NCCL) and the
+ * replay kernels (CPU references and, when built with CUDA, the CUDA
+ * versions). A C ABI so that it can be built on one machine and loaded from
+ * any Python through ctypes (rollpack/_capi.py), with nothing compiled
+ * against a Python or libtorch version: arrays leave as DLPack
+ * DLManagedTensor pointers.
+ *
+ * Every int-returning function returns 0 on success, else an absl/gRPC status
+ * code, with the message in rpt_last_error() (per thread).
+ */
+#ifndef ROLLPACK_CLIENT_TRAINER_TRAINER_CAPI_H_
+#define ROLLPACK_CLIENT_TRAINER_TRAINER_CAPI_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 2: rpt_connect_options, rpt_open2, rpt_client_*, rpt_report_routing_agreement.
+ * 3: rpt_stream_open with rpt_stream_options replaces rpt_open (ABI 1) and
+ *    rpt_open2 (ABI 2), which are gone: a caller built for an older ABI fails
+ *    to find its entry point instead of passing arguments in the wrong places. */
+#define RPT_ABI_VERSION 3
+
+int rpt_abi_version(void);
+const char* rpt_last_error(void);
+/* 1 when built with CUDA (device >= 0 and TP-leader mode available). */
+int rpt_has_cuda(void);
+/* Aborts the NCCL communicators TP-leader mode keeps between steps of the
+ * same group (idle ones only); later steps create new ones. No-op without
+ * CUDA or when none are kept. */
+void rpt_close_tp_communicators(void);
+
+/* How to reach rollpackd: token auth and TLS (docs/operations.md). Set
+ * struct_size = sizeof(rpt_connect_options) and zero what is unused. Fields
+ * are only ever added at the end, and the library reads only the first
+ * struct_size bytes (the rest counts as zero, which always means "off"), so
+ * callers built against an older header keep working. Strings are
+ * NUL-terminated; NULL = empty. */
+typedef struct rpt_connect_options {
+  uint32_t struct_size;
+  /* Sent as `authorization: Bearer <auth_token>` on every call. */
+  const char* auth_token;
+  /* TLS: when tls != 0, or any PEM below is set. No root certificates =
+   * gRPC's default roots. Client certificate + key = mutual TLS. */
+  int tls;
+  const char* tls_root_certs_pem;
+  const char* tls_client_cert_pem;
+  const char* tls_client_key_pem;
+  /* Name checked against the server certificate instead of the address's. */
+  const char* tls_server_name;
+} rpt_connect_options;
+
+/* One rank's stream: its coordinates and how its micro-batches are
+ * delivered (DeviceStreamOptions in client/trainer/device_stream_options.h).
+ * Set struct_size = sizeof(rpt_stream_options). As for rpt_connect_options,
+ * fields are only ever added at the end, the library reads only the first
+ * struct_size bytes and counts the rest as zero, and a later field's zero
+ * keeps the behaviour of the ABI before it; struct_size must cover at least
+ * the fields below (ABI 3). */
+typedef struct rpt_stream_options {
+  uint32_t struct_size;
+  /* This process's rank in the step's topology. */
+  int32_t dp;
+  int32_t cp;
+  int32_t tp;
+  int32_t pp;
+  /* CUDA device ordinal; -1 = host arrays (CPU reference unpack). */
+  int32_t device;
+  /* Micro-batches read ahead (and staged on the device); < 1 counts as 1. */
+  int32_t prefetch;
+  /* Non-zero: tokens and token fields on every pipeline stage, not only on
+   * the first (tokens) and the last (token fields). */
+  int32_t all_fields;
+  /* Resume at this micro-batch. */
+  int32_t start_index;
+  /* Non-zero: replay ids unpacked as int32 instead of int64. */
+  int32_t ids_int32;
+  /* Non-zero: ids of rows with mask 0 are -1 instead of the filler ids. */
+  int32_t masked_fill_minus_one;
+  /* > 1: TP-leader mode for a TP group of this size (CUDA + NCCL). */
+  int32_t tp_leader_size;
+  /* Seconds TP ranks wait at the rendezvous; <= 0 = 300. */
+  int32_t rendezvous_timeout_s;
+  /* Part of the rendezvous key: a fresh one when a group opens the same
+   * step again. NUL-terminated; NULL = empty. */
+  const char* rendezvous_tag;
+} rpt_stream_options;
+
+/* Opens one rank's stream of `step_id`. connect may be NULL (plaintext, no
+ * token); options may not. */
+int rpt_stream_open(const char* address, const rpt_connect_options* connect,
+                    const char* step_id, const rpt_stream_options* options, void** out_stream);
+/* *out_batch = NULL after the last micro-batch. consumer_stream: a
+ * cudaStream_t (NULL = legacy default stream) made to wait for the batch. */
+int rpt_next(void* stream, void* consumer_stream, void** out_batch);
+void rpt_close(void* stream);
+
+/* A connection for unary calls (one channel, reused across calls). */
+int rpt_client_open(const char* address, const rpt_connect_options* connect, void** out_client);
+void rpt_client_close(void* client);
+/* Reports one rank's routing agreement (Telemetry.ReportRoutingAgreement):
+ * for each i < num_layers, global MoE layer layers[i] with stats[3 * i ..]
+ * = (rows_compared, rows_disagreeing, overlapping_experts), the layout the
+ * rpt_agreement_* functions write (host memory). out_totals (NULL = not
+ * wanted): int64[4] = the step's rows_compared, rows_disagreeing,
+ * overlapping_experts and reports so far, over all ranks. Not retried: a
+ * re-sent report counts twice. */
+int rpt_report_routing_agreement(void* client, const char* step_id, int dp, int cp, int tp,
+                                 int pp, int topk, int num_layers, const int32_t* layers,
+                                 const int64_t* stats, int64_t* out_totals);
+
+void rpt_batch_free(void* batch);
+/* name: index, num_microbatches, local_cp_size, local_cp_rank, max_seqlen,
+ * device. -1 for an unknown name. */
+int64_t rpt_batch_int(void* batch, const char* name);
+double rpt_batch_workload(void* batch);
+const char* rpt_batch_step_id(void* batch);
+int rpt_batch_num_samples(void* batch);
+const char* rpt_batch_sample_id(void* batch, int i);
+int rpt_batch_num_layers(void* batch);
+int rpt_batch_layer(void* batch, int i);
+int rpt_batch_num_fields(void* batch);
+const char* rpt_batch_field_name(void* batch, int i);
+/* A new DLManagedTensor* (keeps the batch's memory alive until its deleter
+ * runs) for: tokens, cu_seqlens, cu_seqlens_padded, replay_experts,
+ * replay_mask, replay_ids, field:<name>. NULL for an unknown name. uint16
+ * replay ids are exported as int16 (ids < 1024, same bits). */
+void* rpt_batch_dlpack(void* batch, const char* name);
+/* Frees a DLManagedTensor nobody consumed. */
+void rpt_dlpack_free(void* managed);
+
+/* Kernels (semantics in kernels/replay_kernels.h). device < 0: CPU
+ * reference on host pointers; else the CUDA version on device pointers,
+ * asynchronous on `stream`. Type codes: index 0=u8 1=u16 2=i32 3=i64;
+ * float 0=f32 1=bf16; score 0=softmax 1=sigmoid. stats: int64[layers * 3]
+ * (rows_counted, rows_differ, overlap_sum), host or device memory. */
+int rpt_unpack(int device, const void* experts, int in_type, const uint8_t* mask, int64_t rows,
+               int64_t layers, int k, void* out, int out_type, int masked_fill_minus_one,
+               void* stream);
+int rpt_apply_forward(int device, const void* logits, int logits_type, const void* ids,
+                      int ids_type, int64_t ids_row_stride, int64_t rows, int e, int k, int score,
+                      int renormalize, float scale, float* probs, uint8_t* routing_map,
+                      float* probs_dense, void* stream);
+int rpt_apply_backward(int device, const void* logits, int logits_type, const void* ids,
+                       int ids_type, int64_t ids_row_stride, int64_t rows, int e, int k,
+                       int score, int renormalize, float scale, const float* grad_probs,
+                       void* grad_logits, void* stream);
+int rpt_agreement_logits(int device, const void* logits, int logits_type,
+                         int64_t logits_layer_stride, const void* replay, int replay_type,
+                         int64_t replay_row_stride, int64_t replay_layer_stride,
+                         const uint8_t* mask, int64_t rows, int64_t layers, int e, int k,
+                         int64_t* stats, void* stream);
+int rpt_agreement_ids(int device, const void* live, int live_type, int64_t live_row_stride,
+                      int64_t live_layer_stride, const void* replay, int replay_type,
+                      int64_t replay_row_stride, int64_t replay_layer_stride, const uint8_t* mask,
+                      int64_t rows, int64_t layers, int k, int64_t* stats, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ROLLPACK_CLIENT_TRAINER_TRAINER_CAPI_H_ */

@@ -1,0 +1,74 @@
+// Materialises what one trainer rank receives for one micro-batch directly as
+// the bytes gRPC sends: the canonical protobuf encoding of v1::Microbatch,
+// with tokens, token fields and replay gathered from the stored samples into
+// their final place in the output buffer. That gather is the only copy of
+// payload bytes the server makes when serving a fetch (docs/performance.md).
+#ifndef ROLLPACK_SERVER_DELIVERY_MICROBATCH_BUILDER_H_
+#define ROLLPACK_SERVER_DELIVERY_MICROBATCH_BUILDER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "rollpack/v1/trainer.pb.h"
+#include "scheduler/layout.h"
+#include "server/store/step.h"
+
+namespace rollpack {
+
+struct MicrobatchRequest {
+  RankCoords rank;
+  int index = 0;
+  // Tokens and token fields to every pipeline stage.
+  bool all_fields = false;
+};
+
+// Two phases so the caller can allocate the output (a gRPC slice) at its
+// exact size: Prepare lays the micro-batch out and sizes it, Encode gathers.
+// One encoder per stream, reused between micro-batches to keep its vectors.
+// Not thread-safe; the Step must outlive Encode.
+class MicrobatchEncoder {
+ public:
+  // Errors: the layout's (INVALID_ARGUMENT for coordinates, OUT_OF_RANGE for
+  // the index).
+  absl::Status Prepare(const Step& step, const MicrobatchRequest& request);
+
+  // Bytes Encode writes for the prepared micro-batch.
+  size_t encoded_size() const { return encoded_size_; }
+
+  // Writes exactly encoded_size() bytes: what SerializeToString with
+  // deterministic map order gives for the same v1::Microbatch, so it parses
+  // with any protobuf implementation. INVALID_ARGUMENT if `out` has another
+  // size; FAILED_PRECONDITION before a successful Prepare.
+  absl::Status Encode(absl::Span<char> out) const;
+
+ private:
+  enum class Payload { kTokens, kTokenField, kReplayExperts, kReplayMask };
+  // One NDArray field whose data is gathered in place.
+  struct ArrayField {
+    Payload payload;
+    int field_number = 0;   // of Microbatch
+    std::string map_key;    // token_fields only
+    std::string array_head; // NDArray {dtype, shape} serialized, data omitted
+    int64_t data_bytes = 0;
+  };
+
+  size_t ArrayFieldSize(const ArrayField& field) const;
+  absl::Status GatherPayload(const ArrayField& field, absl::Span<uint8_t> out,
+                             absl::Span<uint8_t> mask_out) const;
+
+  const Step* step_ = nullptr;
+  RankMicrobatchLayout rank_;
+  // Fields 1-8 and 13-15 of Microbatch: serialized by protobuf around the
+  // gathered arrays (fields 9-12), which keeps the field-number order.
+  v1::Microbatch head_;
+  v1::Microbatch tail_;
+  std::vector<ArrayField> arrays_;
+  size_t encoded_size_ = 0;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_DELIVERY_MICROBATCH_BUILDER_H_

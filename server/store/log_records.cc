@@ -1,0 +1,191 @@
+#include "server/store/log_records.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "rollpack/v1/rollouts.pb.h"
+#include "rollpack/v1/scheduler.pb.h"
+#include "server/store/convert.h"
+#include "server/store/little_endian.h"
+
+namespace rollpack {
+namespace {
+
+class Writer {
+ public:
+  explicit Writer(std::string* out) : out_(out) {}
+  void U32(uint32_t v) { PutU32(out_, v); }
+  void U64(uint64_t v) {
+    U32(static_cast<uint32_t>(v));
+    U32(static_cast<uint32_t>(v >> 32));
+  }
+  void Bytes(absl::string_view s) {
+    U64(s.size());
+    out_->append(s.data(), s.size());
+  }
+
+ private:
+  std::string* out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  bool U32(uint32_t* v) {
+    if (in_.size() < 4) return false;
+    *v = GetU32(in_.data());
+    in_.remove_prefix(4);
+    return true;
+  }
+  bool U64(uint64_t* v) {
+    uint32_t lo, hi;
+    if (!U32(&lo) || !U32(&hi)) return false;
+    *v = (static_cast<uint64_t>(hi) << 32) | lo;
+    return true;
+  }
+  bool Bytes(std::string* s) {
+    uint64_t n;
+    if (!U64(&n) || n > in_.size()) return false;
+    s->assign(in_.data(), n);
+    in_.remove_prefix(n);
+    return true;
+  }
+  bool done() const { return in_.empty(); }
+
+ private:
+  absl::string_view in_;
+};
+
+void EncodeSample(const StoredSample& s, Writer* w) {
+  w->Bytes(s.sample_id);
+  w->Bytes(s.group_id);
+  w->U64(static_cast<uint64_t>(s.policy_version));
+  w->Bytes(absl::string_view(reinterpret_cast<const char*>(s.tokens.data()),
+                             s.tokens.size() * sizeof(int32_t)));
+  w->Bytes(s.experts);
+  w->Bytes(absl::string_view(reinterpret_cast<const char*>(s.row_valid.data()), s.row_valid.size()));
+  w->U32(static_cast<uint32_t>(s.token_fields.size()));
+  for (const auto& [name, field] : s.token_fields) {
+    w->Bytes(name);
+    w->U32(static_cast<uint32_t>(field.dtype));
+    w->U32(static_cast<uint32_t>(field.trailing_shape.size()));
+    for (int64_t d : field.trailing_shape) w->U64(static_cast<uint64_t>(d));
+    w->Bytes(field.data);
+  }
+  w->U32(static_cast<uint32_t>(s.scalars.size()));
+  for (const auto& [name, value] : s.scalars) {
+    w->Bytes(name);
+    uint64_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    w->U64(bits);
+  }
+}
+
+bool DecodeSample(Reader* r, StoredSample* s) {
+  uint64_t u64;
+  uint32_t count;
+  std::string bytes;
+  if (!r->Bytes(&s->sample_id) || !r->Bytes(&s->group_id) || !r->U64(&u64)) return false;
+  s->policy_version = static_cast<int64_t>(u64);
+  if (!r->Bytes(&bytes) || bytes.size() % sizeof(int32_t) != 0) return false;
+  s->tokens.resize(bytes.size() / sizeof(int32_t));
+  if (!bytes.empty()) std::memcpy(s->tokens.data(), bytes.data(), bytes.size());
+  if (!r->Bytes(&s->experts) || !r->Bytes(&bytes)) return false;
+  s->row_valid.assign(bytes.begin(), bytes.end());
+  if (!r->U32(&count)) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string name;
+    StoredField field;
+    uint32_t dtype, ndims;
+    if (!r->Bytes(&name) || !r->U32(&dtype) || !r->U32(&ndims) || ndims > 16) return false;
+    field.dtype = static_cast<v1::DType>(dtype);
+    for (uint32_t d = 0; d < ndims; ++d) {
+      if (!r->U64(&u64)) return false;
+      field.trailing_shape.push_back(static_cast<int64_t>(u64));
+    }
+    if (!r->Bytes(&field.data)) return false;
+    s->token_fields.emplace(std::move(name), std::move(field));
+  }
+  if (!r->U32(&count)) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string name;
+    double value;
+    if (!r->Bytes(&name) || !r->U64(&u64)) return false;
+    std::memcpy(&value, &u64, sizeof(value));
+    s->scalars.emplace(std::move(name), value);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample* const> samples) {
+  std::string out;
+  int64_t size = 16 + static_cast<int64_t>(pool.size());
+  for (const StoredSample* s : samples) size += EncodedSampleBytes(*s);
+  out.reserve(static_cast<size_t>(size));
+  Writer w(&out);
+  w.Bytes(pool);
+  w.U32(static_cast<uint32_t>(samples.size()));
+  for (const StoredSample* s : samples) EncodeSample(*s, &w);
+  return out;
+}
+
+std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples) {
+  std::vector<const StoredSample*> ptrs;
+  ptrs.reserve(samples.size());
+  for (const StoredSample& s : samples) ptrs.push_back(&s);
+  return EncodeSamples(pool, absl::MakeConstSpan(ptrs));
+}
+
+int64_t EncodedSampleBytes(const StoredSample& s) {
+  int64_t n = 8 * 6 + 8 + static_cast<int64_t>(s.sample_id.size() + s.group_id.size() +
+                                               s.tokens.size() * 4 + s.experts.size() +
+                                               s.row_valid.size());
+  for (const auto& [name, field] : s.token_fields) {
+    n += 8 + name.size() + 8 + 8 * field.trailing_shape.size() + 8 + field.data.size();
+  }
+  for (const auto& [name, value] : s.scalars) n += 16 + name.size();
+  return n;
+}
+
+absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
+                           std::vector<StoredSample>* samples) {
+  Reader r(payload);
+  uint32_t count;
+  if (!r.Bytes(pool) || !r.U32(&count)) return absl::DataLossError("truncated samples record");
+  for (uint32_t i = 0; i < count; ++i) {
+    StoredSample s;
+    if (!DecodeSample(&r, &s)) {
+      return absl::DataLossError(absl::StrCat("samples record: sample ", i, " does not decode"));
+    }
+    samples->push_back(std::move(s));
+  }
+  if (!r.done()) return absl::DataLossError("samples record: trailing bytes");
+  return absl::OkStatus();
+}
+
+std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model) {
+  v1::RegisterModelRequest request;
+  request.set_pool(pool);
+  *request.mutable_model() = ToProto(model);
+  return request.SerializeAsString();
+}
+
+std::string EncodeCreateStep(const Step& step) {
+  v1::CreateStepRequest request;
+  request.set_step_id(step.step_id);
+  request.set_pool(step.pool);
+  for (const auto& sample : step.samples) request.add_sample_ids(sample->sample_id);
+  *request.mutable_topology() = ToProto(step.topology);
+  return request.SerializeAsString();
+}
+
+std::string EncodeReleaseStep(const std::string& step_id) {
+  v1::ReleaseStepRequest request;
+  request.set_step_id(step_id);
+  return request.SerializeAsString();
+}
+
+}  // namespace rollpack

@@ -1,0 +1,34 @@
+// Payloads of the durable log's records (durable_log.h): samples in a
+// compact binary form, models and steps as their wire requests.
+#ifndef ROLLPACK_SERVER_STORE_LOG_RECORDS_H_
+#define ROLLPACK_SERVER_STORE_LOG_RECORDS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "scheduler/model_spec.h"
+#include "server/store/step.h"
+#include "server/store/stored_sample.h"
+
+namespace rollpack {
+
+std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples);
+std::string EncodeSamples(absl::string_view pool,
+                          absl::Span<const StoredSample* const> samples);
+absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
+                           std::vector<StoredSample>* samples);
+// Bytes one sample takes in a kPutSamples payload.
+int64_t EncodedSampleBytes(const StoredSample& sample);
+
+std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model);
+// Resolved sample ids in the step's order and its normalised topology.
+std::string EncodeCreateStep(const Step& step);
+std::string EncodeReleaseStep(const std::string& step_id);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_STORE_LOG_RECORDS_H_

@@ -1,0 +1,72 @@
+#include "server/store/log_replay.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rollpack/v1/rollouts.pb.h"
+#include "rollpack/v1/scheduler.pb.h"
+#include "server/store/convert.h"
+#include "server/store/log_records.h"
+
+namespace rollpack {
+
+absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    const LogRecord& record = records[i];
+    absl::Status s;
+    switch (record.type) {
+      case RecordType::kRegisterModel: {
+        v1::RegisterModelRequest request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("RegisterModel record does not parse");
+          break;
+        }
+        s = store->RegisterModel(request.pool(), FromProto(request.model())).status();
+        break;
+      }
+      case RecordType::kPutSamples: {
+        std::string pool;
+        std::vector<StoredSample> samples;
+        s = DecodeSamples(record.payload, &pool, &samples);
+        if (s.ok()) s = store->Put(pool, std::move(samples)).status();
+        break;
+      }
+      case RecordType::kCreateStep: {
+        v1::CreateStepRequest request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("CreateStep record does not parse");
+          break;
+        }
+        absl::StatusOr<Topology> topology = NormalizeTopology(request.topology());
+        if (!topology.ok()) {
+          s = topology.status();
+          break;
+        }
+        const std::vector<std::string> ids(request.sample_ids().begin(), request.sample_ids().end());
+        s = store->CreateStep(request.step_id(), request.pool(), ids, 0, *topology).status();
+        break;
+      }
+      case RecordType::kReleaseStep: {
+        v1::ReleaseStepRequest request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("ReleaseStep record does not parse");
+          break;
+        }
+        s = store->ReleaseStep(request.step_id()).status();
+        break;
+      }
+      default:
+        s = absl::DataLossError("unknown record type");
+    }
+    if (!s.ok()) {
+      return absl::DataLossError(absl::StrCat("durable log: replaying record ", i, " (type ",
+                                              static_cast<int>(record.type),
+                                              ") failed: ", s.ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rollpack

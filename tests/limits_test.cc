@@ -1,0 +1,162 @@
+// Server limits and options: per-pool memory, the stream limit, --grpc-arg.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cpp/client.h"
+#include "client/cpp/trainer_stream.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "server/ops/auth.h"
+#include "server/ops/metrics/registry.h"
+#include "server/server.h"
+#include "testing/exposition.h"
+#include "testing/ops_fixtures.h"
+#include "testing/synthetic_rollouts.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(GrpcArgTest, ParsesNameEqualsInteger) {
+  absl::StatusOr<std::pair<std::string, int>> arg =
+      ParseGrpcIntArg("grpc.http2.lookahead_bytes=16777216");
+  ASSERT_TRUE(arg.ok()) << arg.status();
+  EXPECT_EQ(arg->first, "grpc.http2.lookahead_bytes");
+  EXPECT_EQ(arg->second, 16777216);
+  for (const char* bad : {"grpc.http2.bdp_probe", "=3", "a=x", "a=", "a=99999999999"}) {
+    absl::StatusOr<std::pair<std::string, int>> refused = ParseGrpcIntArg(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr(bad));
+  }
+}
+
+TEST(GrpcArgTest, ServerServesWithThem) {
+  ServerOptions options;
+  options.grpc_int_args = {{"grpc.http2.lookahead_bytes", 1 << 20}, {"grpc.http2.bdp_probe", 0}};
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  RollpackClient client(MakeChannel((*server)->address()));
+  v1::ModelSpec model;
+  model.set_name("m");
+  model.set_num_layers(2);
+  model.set_num_experts(8);
+  model.set_topk(2);
+  EXPECT_TRUE(client.RegisterModel("p", model).ok());
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+// --------------------------------------------------------- per-pool memory
+
+TEST(PoolMemoryTest, OnePoolCannotTakeTheWholeStore) {
+  const std::vector<v1::Sample> samples = Samples(8, 512, 5);
+  // The bytes of the first four samples, measured on an unlimited server.
+  int64_t four = 0;
+  {
+    absl::StatusOr<std::unique_ptr<RollpackServer>> probe = RollpackServer::Start({});
+    ASSERT_TRUE(probe.ok());
+    RollpackClient client(MakeChannel((*probe)->address()));
+    ASSERT_TRUE(client.RegisterModel("p", Model()).ok());
+    absl::StatusOr<v1::PutSamplesResponse> put =
+        client.PutSamples("p", absl::MakeSpan(samples).subspan(0, 4));
+    ASSERT_TRUE(put.ok());
+    four = put->stored_bytes();
+  }
+  ServerOptions options;
+  options.max_pool_memory_bytes = four;
+  options.metrics_listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  RollpackClient client(MakeChannel((*server)->address()));
+  ASSERT_TRUE(client.RegisterModel("a", Model()).ok());
+  ASSERT_TRUE(client.RegisterModel("b", Model()).ok());
+  ASSERT_TRUE(client.PutSamples("a", absl::MakeSpan(samples).subspan(0, 4)).ok());
+  absl::StatusOr<v1::PutSamplesResponse> over =
+      client.PutSamples("a", absl::MakeSpan(samples).subspan(4, 1));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("pool \"a\""));
+  EXPECT_THAT(over.status().message(), HasSubstr("--max-pool-memory"));
+  // Another pool still has its own room.
+  EXPECT_TRUE(client.PutSamples("b", absl::MakeSpan(samples).subspan(0, 4)).ok());
+  const std::string text = (*server)->metrics_registry().Serialize();
+  EXPECT_THAT(text, HasSubstr("rollpack_pool_max_bytes " + std::to_string(four) + "\n"));
+  EXPECT_THAT(text, HasSubstr(
+      "rollpack_put_refusals_total{pool=\"a\",reason=\"resource_exhausted\"} 1\n"));
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+// ------------------------------------------------------------- stream limit
+
+TEST(StreamLimitTest, RefusesStreamsPastTheLimitAndRecovers) {
+  ServerOptions options;
+  options.fetch.max_concurrent_streams = 1;
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = MakeChannel((*server)->address());
+  RollpackClient client(channel);
+  ASSERT_TRUE(client.RegisterModel("p", Model()).ok());
+  // Enough bytes per rank that an unread stream stalls on flow control.
+  ASSERT_TRUE(client.PutSamples("p", Samples(64, 8192, 3)).ok());
+  ASSERT_TRUE(client.CreateStep(StepRequest("big", "p", 64, 1, 8192)).ok());
+  auto stub = v1::Trainer::NewStub(channel);
+  v1::FetchRequest req;
+  req.set_step_id("big");
+
+  auto held_ctx = std::make_unique<grpc::ClientContext>();
+  auto held = stub->FetchMicrobatches(held_ctx.get(), req);
+  v1::Microbatch mb;
+  ASSERT_TRUE(held->Read(&mb));  // in flight, not finished
+
+  auto Fetch = [&] {
+    grpc::ClientContext ctx;
+    auto reader = stub->FetchMicrobatches(&ctx, req);
+    v1::Microbatch m;
+    int n = 0;
+    while (reader->Read(&m)) ++n;
+    return std::make_pair(reader->Finish(), n);
+  };
+  const auto refused = Fetch();
+  EXPECT_EQ(refused.first.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.first.error_message();
+  EXPECT_THAT(refused.first.error_message(), HasSubstr("--max-concurrent-streams"));
+
+  held_ctx->TryCancel();
+  held->Finish();
+  // The slot frees once the server sees the cancellation.
+  grpc::Status s;
+  for (int i = 0; i < 200; ++i) {
+    const auto again = Fetch();
+    s = again.first;
+    if (s.ok()) {
+      EXPECT_GT(again.second, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT((*server)->metrics_registry().Serialize(),
+              HasSubstr("rollpack_streams_refused_total "));
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+
+}  // namespace
+}  // namespace rollpack
