@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """TP-leader mode, 2 GPUs: per-step latency with and without NCCL
-communicator reuse across steps (DeviceStreamOptions::reuse_tp_communicator).
+communicator reuse across steps (DeviceStreamOptions::reuse_tp_communicator),
+against each TP rank fetching its own stream.
 
 Starts rollpackd ($ROLLPACKD), creates --steps steps of a tp=2 layout (each
 from its own pool), then two processes, one per GPU, open every step in
 TP-leader mode and read it to the end: first with ROLLPACK_TP_COMM_REUSE=0
-(a new communicator every step, as before), then with reuse. Per step and
+(a new communicator every step, as before), then with reuse, then without
+TP-leader mode (each rank fetches the same steps itself). Per step and
 rank: `open` = TrainerClient() construction (stream start, rendezvous,
 communicator), `step` = open to the last micro-batch synchronised. One
 warm-up step (CUDA context, NCCL load) runs before either mode.
@@ -58,10 +60,13 @@ def worker(tp, address, n, tag, queue):
         dev = "cuda:%d" % tp
         out = {}
 
-        def run(step, mode_tag):
+        def run(step, mode_tag, tp_leader=True):
             t0 = time.perf_counter()
-            tc = TrainerClient(address, step, (0, 0, tp, 0), dev, tp_leader=True, tp_size=2,
-                               rendezvous_tag=mode_tag, rendezvous_timeout_s=60)
+            if tp_leader:
+                tc = TrainerClient(address, step, (0, 0, tp, 0), dev, tp_leader=True, tp_size=2,
+                                   rendezvous_tag=mode_tag, rendezvous_timeout_s=60)
+            else:
+                tc = TrainerClient(address, step, (0, 0, tp, 0), dev)
             t1 = time.perf_counter()
             mbs = list(tc)
             torch.cuda.synchronize()
@@ -73,6 +78,7 @@ def worker(tp, address, n, tag, queue):
         for mode, env in (("new", "0"), ("reuse", "1")):
             os.environ["ROLLPACK_TP_COMM_REUSE"] = env
             out[mode] = [run("s%d" % i, "%s/%s" % (tag, mode)) for i in range(1, n)]
+        out["self"] = [run("s%d" % i, "", tp_leader=False) for i in range(1, n)]
         queue.put((tp, "ok", out))
     except BaseException as e:  # report, never hang the parent
         import traceback
@@ -111,7 +117,9 @@ def main():
     print("| mode | tp rank | open ms, first step | open ms, median of the rest | step ms, first | step ms, median of the rest |")
     print("|---|---|---|---|---|---|")
     summary = {}
-    for mode in ("new", "reuse"):
+    names = {"new": "TP leader, new communicator every step", "reuse": "TP leader, reuse",
+             "self": "each rank fetches itself"}
+    for mode in ("new", "reuse", "self"):
         for tp in (0, 1):
             xs = results[tp][2][mode]
             opens, steps = [x[0] for x in xs], [x[1] for x in xs]
@@ -120,7 +128,7 @@ def main():
                        opens=opens, steps=steps)
             summary["%s tp%d" % (mode, tp)] = row
             print("| %s | %d | %.1f | %.1f | %.1f | %.1f |" % (
-                "new communicator every step" if mode == "new" else "reuse", tp, row["open_first"],
+                names[mode], tp, row["open_first"],
                 row["open_median"], row["step_first"], row["step_median"]))
     if args.json:
         with open(args.json, "w") as f:
