@@ -13,7 +13,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "server/cluster/cluster.h"
 #include "server/ops/keep_freed_memory.h"
 #include "server/server.h"
 #include "server/store/sample_store.h"
@@ -67,6 +69,15 @@ ABSL_FLAG(int, ingest_threads, 0, "ingest worker threads; 0 = one per core, at m
 ABSL_FLAG(int64_t, max_pool_memory, 0,
           "bytes one pool may hold before its PutSamples get RESOURCE_EXHAUSTED; 0 = only "
           "--max-memory applies");
+ABSL_FLAG(std::vector<std::string>, cluster_etcd, {},
+          "cluster mode (docs/cluster.md): etcd client URLs, comma-separated "
+          "(http://HOST:PORT or HOST:PORT); unset = a single server");
+ABSL_FLAG(std::string, cluster_advertise, "",
+          "host:port the other members reach this one at; default: the --listen address");
+ABSL_FLAG(std::string, cluster_name, "rollpack",
+          "etcd key prefix of the cluster, so several clusters can share one etcd");
+ABSL_FLAG(int, cluster_lease_seconds, 5,
+          "membership lease TTL: a member that stops renewing it leaves after this long");
 
 namespace {
 
@@ -137,6 +148,15 @@ int main(int argc, char** argv) {
   options.ingest.messages_in_flight =
       std::clamp(absl::GetFlag(FLAGS_ingest_messages_in_flight), 1, 64);
   options.ingest.threads = std::max(0, absl::GetFlag(FLAGS_ingest_threads));
+  options.cluster_etcd = absl::GetFlag(FLAGS_cluster_etcd);
+  options.cluster_advertise = absl::GetFlag(FLAGS_cluster_advertise);
+  options.cluster_name = absl::GetFlag(FLAGS_cluster_name);
+  if (absl::GetFlag(FLAGS_cluster_lease_seconds) < 1) {
+    std::fprintf(stderr, "rollpackd: --cluster-lease-seconds is %d, must be >= 1\n",
+                 absl::GetFlag(FLAGS_cluster_lease_seconds));
+    return 2;
+  }
+  options.cluster_lease_ttl = absl::Seconds(absl::GetFlag(FLAGS_cluster_lease_seconds));
   if (!options.auth_tokens_file.empty()) {
     struct stat st;
     if (stat(options.auth_tokens_file.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO))) {
@@ -178,6 +198,10 @@ int main(int argc, char** argv) {
   spdlog::info("rollpackd: {}{}", options.tls_cert.empty() ? "plaintext gRPC" : "TLS",
                options.tls_client_ca.empty() ? "" : " with client certificates (mTLS)");
   if (!options.auth_tokens_file.empty()) spdlog::info("rollpackd: token auth on");
+  if (rollpack::Cluster* cluster = (*server)->cluster(); cluster != nullptr) {
+    spdlog::info("rollpackd: member {} of cluster \"{}\" (etcd {})", cluster->self().address,
+                 cluster->options().name, absl::StrJoin(options.cluster_etcd, ","));
+  }
   spdlog::info("rollpackd listening on {} (max memory {} bytes)", (*server)->address(),
                (*server)->store().Stats().max_memory_bytes);
   int signal_number = 0;

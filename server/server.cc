@@ -15,6 +15,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/cluster/cluster.h"
 #include "server/control/rendezvous_service.h"
 #include "server/control/routing_agreement.h"
 #include "server/control/scheduler_service.h"
@@ -104,8 +105,15 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     server->auth_ = std::make_unique<Authorizer>(std::move(auth));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeServerCredentials(options));
-  server->rollouts_ = std::make_unique<RolloutsService>(
-      server->store_.get(), server->metrics_.get(), server->auth_.get(), options.ingest);
+  const bool cluster_mode = !options.cluster_etcd.empty();
+  if (cluster_mode && (!options.auth_tokens_file.empty() || !options.tls_cert.empty())) {
+    // Members call each other in plaintext without a token for now.
+    return absl::InvalidArgumentError(
+        "--cluster-etcd with --auth-tokens or --tls-cert is not supported yet (docs/cluster.md)");
+  }
+  server->rollouts_ = std::make_unique<RolloutsService>(server->store_.get(), server->metrics_.get(),
+                                                        server->auth_.get(), options.ingest,
+                                                        cluster_mode);
   server->scheduler_ = std::make_unique<SchedulerService>(
       server->store_.get(), server->metrics_.get(), server->auth_.get());
   server->trainer_ = std::make_unique<TrainerService>(server->store_.get(), server->metrics_.get(),
@@ -157,6 +165,33 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   if (server->host_.empty() || server->host_ == "0.0.0.0" || server->host_ == "[::]") {
     server->host_ = "127.0.0.1";
   }
+  if (cluster_mode) {
+    ClusterOptions cluster;
+    cluster.etcd.endpoints = options.cluster_etcd;
+    cluster.name = options.cluster_name;
+    cluster.advertise =
+        options.cluster_advertise.empty() ? server->address() : options.cluster_advertise;
+    cluster.lease_ttl = options.cluster_lease_ttl;
+    absl::StatusOr<std::unique_ptr<Cluster>> joined = Cluster::Join(cluster);
+    if (!joined.ok()) {
+      server->Shutdown(absl::ZeroDuration());
+      return Annotate(joined.status(), "joining the cluster");
+    }
+    server->cluster_ = *std::move(joined);
+    Cluster* const c = server->cluster_.get();
+    server->store_->SetPoolResolver(
+        [c](const std::string& pool) { return c->LookupPool(pool); });
+    server->rollouts_->AttachCluster(c);
+    // Read through the server: the cluster goes away at shutdown.
+    server->registry_->AddCollectCallback(
+        [s = server.get(), gauge = &server->registry_->AddGauge(
+                               "rollpack_cluster_members",
+                               "Live members of this member's cluster, as its last lease "
+                               "renewal saw them.")] {
+          const Cluster* cluster = s->cluster_.get();
+          gauge->Add({}).Set(cluster != nullptr ? cluster->last_member_count() : 0);
+        });
+  }
   return server;
 }
 
@@ -182,6 +217,10 @@ void RollpackServer::Shutdown(absl::Duration grace) {
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   if (exporter_ != nullptr) exporter_->Stop();
+  if (cluster_ != nullptr) {
+    rollouts_->AttachCluster(nullptr);
+    cluster_.reset();
+  }
 }
 
 void RollpackServer::Wait() {

@@ -24,6 +24,7 @@ namespace rollpack {
 // The services and parts the server owns; their headers stay out of every
 // tool that only starts a server.
 class Authorizer;
+class Cluster;
 class RendezvousService;
 class RolloutsService;
 class RoutingAgreementBook;
@@ -74,6 +75,14 @@ struct ServerOptions {
   FetchOptions fetch;
   // Ingest (server/ingest/put_samples_reactor.h).
   IngestOptions ingest;
+
+  // --- Cluster mode (docs/cluster.md) ---
+  // etcd client URLs (--cluster-etcd); empty = a single server.
+  std::vector<std::string> cluster_etcd;
+  // host:port the other members reach this one at; empty = address().
+  std::string cluster_advertise;
+  std::string cluster_name = "rollpack";
+  absl::Duration cluster_lease_ttl = absl::Seconds(5);
 };
 
 // "NAME=VALUE" (rollpackd --grpc-arg) -> {NAME, VALUE}; INVALID_ARGUMENT
@@ -104,6 +113,8 @@ class RollpackServer {
   // Port of the metrics endpoint, 0 when off.
   int metrics_port() const;
   metrics::Registry& metrics_registry() { return *registry_; }
+  // Null unless cluster mode.
+  Cluster* cluster() { return cluster_.get(); }
 
   // Stops accepting calls, lets streams in flight finish within `grace`,
   // then cancels what is left. Idempotent.
@@ -130,6 +141,9 @@ class RollpackServer {
   std::unique_ptr<RoutingAgreementBook> routing_agreement_;
   std::unique_ptr<TelemetryService> telemetry_;
   std::unique_ptr<grpc::Server> server_;
+  // Joined once the port is known; leaves (revokes its lease) at shutdown,
+  // after the calls in flight that may use it.
+  std::unique_ptr<Cluster> cluster_;
   bool shut_down_ = false;
 };
 

@@ -18,6 +18,11 @@ fi
 packages+=(prometheus openssl python3-yaml)
 # Reliability (issue 8): clang + its libFuzzer/sanitizer runtimes for fuzz/.
 packages+=(clang libclang-rt-14-dev)
+# Cluster mode (issue 20): etcd for the tests (they start their own on
+# 127.0.0.1; the package's system service is never used) and etcd's API
+# .proto files with their imports, compiled at build time.
+packages+=(etcd-server etcd-client golang-etcd-server-dev golang-github-gogo-protobuf-dev
+           golang-github-grpc-ecosystem-grpc-gateway-dev)
 # Bazel 4.2.3 for `make bazel-test` (docs/bazel.md), offline.
 packages+=(bazel-bootstrap)
 # Debian's npm, unless a node/npm is already installed (e.g. NodeSource's

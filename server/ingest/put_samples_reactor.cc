@@ -116,7 +116,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
       return message;
     }
     message.pool = request.pool();
-    absl::StatusOr<ModelSpec> model = store_->GetModel(message.pool);
+    absl::StatusOr<ModelSpec> model = store_->GetOrAdoptModel(message.pool);
     message.status =
         model.ok() ? ValidateAll(&request, *model, &message.samples) : model.status();
     return message;
@@ -192,7 +192,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     if (!message.status.ok()) return message.status;
     if (message.unvalidated.has_value()) {
       if (pool.empty()) return absl::InvalidArgumentError("PutSamplesRequest.pool is empty");
-      ASSIGN_OR_RETURN(ModelSpec model, store_->GetModel(pool));
+      ASSIGN_OR_RETURN(ModelSpec model, store_->GetOrAdoptModel(pool));
       RETURN_IF_ERROR(ValidateAll(&*message.unvalidated, model, &message.samples));
     }
     ASSIGN_OR_RETURN(PutResult result, store_->Put(pool, std::move(message.samples)));

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "scheduler/model_spec.h"
 #include "server/store/convert.h"
 
 namespace rollpack {
@@ -18,8 +21,8 @@ class RefusedPut final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 }  // namespace
 
 RolloutsService::RolloutsService(SampleStore* store, ServerMetrics* metrics,
-                                 const Authorizer* auth, IngestOptions ingest)
-    : store_(store), metrics_(metrics), auth_(auth), ingest_(ingest) {
+                                 const Authorizer* auth, IngestOptions ingest, bool cluster_mode)
+    : store_(store), metrics_(metrics), cluster_mode_(cluster_mode), auth_(auth), ingest_(ingest) {
   if (ingest_.messages_in_flight > 1) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     workers_ = std::make_unique<WorkerPool>(
@@ -37,13 +40,33 @@ grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerCon
       return reactor;
     }
   }
-  absl::StatusOr<bool> created = store_->RegisterModel(request->pool(), FromProto(request->model()));
+  absl::StatusOr<bool> created = RegisterHere(request->pool(), FromProto(request->model()));
   if (created.ok()) {
     response->set_created(*created);
     *response->mutable_model() = request->model();
   }
   reactor->Finish(ToGrpcStatus(created.status()));
   return reactor;
+}
+
+absl::StatusOr<bool> RolloutsService::RegisterHere(const std::string& pool,
+                                                   const ModelSpec& model) {
+  Cluster* const cluster = cluster_.load();
+  if (!cluster_mode_) return store_->RegisterModel(pool, model);
+  if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
+  if (pool.empty()) return absl::InvalidArgumentError("pool name is empty");
+  // Checked before it is fixed for the whole cluster.
+  RETURN_IF_ERROR(ValidateModelSpec(model));
+  bool created = false;
+  ASSIGN_OR_RETURN(ModelSpec held, cluster->RegisterPool(pool, model, &created));
+  if (!(held == model)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool \"", pool, "\" already holds model \"", held.name,
+        "\" with another spec in cluster \"", cluster->options().name,
+        "\"; a pool holds one model"));
+  }
+  RETURN_IF_ERROR(store_->RegisterModel(pool, model));
+  return created;
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* RolloutsService::PutSamples(
@@ -78,23 +101,74 @@ grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* 
       return reactor;
     }
   }
-  absl::StatusOr<PoolStats> stats = store_->GetPool(request->pool());
-  if (stats.ok()) {
-    response->set_pool(stats->pool);
-    *response->mutable_model() = ToProto(stats->model);
-    response->set_num_samples(stats->num_samples);
-    response->set_num_free_samples(stats->num_free_samples);
-    response->set_num_live_steps(stats->num_live_steps);
-    response->set_stored_bytes(stats->stored_bytes);
-    for (const auto& [name, field] : stats->token_fields) {
-      (*response->mutable_token_field_dtypes())[name] = field.dtype;
-    }
-    const StoreStats store = store_->Stats();
-    response->set_server_stored_bytes(store.stored_bytes);
-    response->set_server_max_memory_bytes(store.max_memory_bytes);
+  if (cluster_mode_ && !request->local_only()) {
+    reactor->Finish(ToGrpcStatus(ClusterPool(request->pool(), response)));
+    return reactor;
   }
-  reactor->Finish(ToGrpcStatus(stats.status()));
+  absl::StatusOr<v1::PoolInfo> local = LocalPool(request->pool());
+  if (local.ok()) *response = *std::move(local);
+  reactor->Finish(ToGrpcStatus(local.status()));
   return reactor;
+}
+
+absl::StatusOr<v1::PoolInfo> RolloutsService::LocalPool(const std::string& pool) const {
+  ASSIGN_OR_RETURN(PoolStats stats, store_->GetPool(pool));
+  v1::PoolInfo info;
+  info.set_pool(stats.pool);
+  *info.mutable_model() = ToProto(stats.model);
+  info.set_num_samples(stats.num_samples);
+  info.set_num_free_samples(stats.num_free_samples);
+  info.set_num_live_steps(stats.num_live_steps);
+  info.set_stored_bytes(stats.stored_bytes);
+  for (const auto& [name, field] : stats.token_fields) {
+    (*info.mutable_token_field_dtypes())[name] = field.dtype;
+  }
+  const StoreStats store = store_->Stats();
+  info.set_server_stored_bytes(store.stored_bytes);
+  info.set_server_max_memory_bytes(store.max_memory_bytes);
+  return info;
+}
+
+absl::Status RolloutsService::ClusterPool(const std::string& pool, v1::PoolInfo* response) {
+  Cluster* const cluster = cluster_.load();
+  if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
+  ASSIGN_OR_RETURN(std::optional<ModelSpec> model, cluster->LookupPool(pool));
+  if (!model.has_value()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool, "\" has no registered model in cluster \"",
+                                            cluster->options().name, "\""));
+  }
+  ASSIGN_OR_RETURN(std::vector<ClusterMember> members, cluster->Members());
+  response->set_pool(pool);
+  *response->mutable_model() = ToProto(*model);
+  for (const ClusterMember& member : members) {
+    v1::MemberPoolInfo* share = response->add_members();
+    share->set_member(member.id);
+    absl::StatusOr<v1::PoolInfo> info = member.id == cluster->self().id
+                                             ? LocalPool(pool)
+                                             : cluster->GetPoolOf(member, pool);
+    if (absl::IsNotFound(info.status())) continue;  // no sample of the pool there yet
+    if (!info.ok()) {
+      share->set_error(std::string(info.status().message()));
+      continue;
+    }
+    share->set_num_samples(info->num_samples());
+    share->set_num_free_samples(info->num_free_samples());
+    share->set_stored_bytes(info->stored_bytes());
+    share->set_server_stored_bytes(info->server_stored_bytes());
+    share->set_server_max_memory_bytes(info->server_max_memory_bytes());
+    response->set_num_samples(response->num_samples() + info->num_samples());
+    response->set_num_free_samples(response->num_free_samples() + info->num_free_samples());
+    response->set_num_live_steps(response->num_live_steps() + info->num_live_steps());
+    response->set_stored_bytes(response->stored_bytes() + info->stored_bytes());
+    response->set_server_stored_bytes(response->server_stored_bytes() +
+                                      info->server_stored_bytes());
+    response->set_server_max_memory_bytes(response->server_max_memory_bytes() +
+                                          info->server_max_memory_bytes());
+    for (const auto& [name, dtype] : info->token_field_dtypes()) {
+      (*response->mutable_token_field_dtypes())[name] = dtype;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rollpack

@@ -2,9 +2,11 @@
 #ifndef ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
 #define ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
 
+#include <atomic>
 #include <memory>
 
 #include "rollpack/v1/rollouts.grpc.pb.h"
+#include "server/cluster/cluster.h"
 #include "server/ops/auth.h"
 #include "server/ingest/commit_sequencer.h"
 #include "server/ingest/put_samples_reactor.h"
@@ -20,8 +22,14 @@ class RolloutsService final
     : public v1::Rollouts::WithRawCallbackMethod_PutSamples<v1::Rollouts::CallbackService> {
  public:
   // `metrics` and `auth` may be null (no metrics, no auth).
+  // `metrics` and `auth` may be null (no metrics, no auth). With
+  // `cluster_mode`, control calls answer UNAVAILABLE until AttachCluster.
   explicit RolloutsService(SampleStore* store, ServerMetrics* metrics = nullptr,
-                           const Authorizer* auth = nullptr, IngestOptions ingest = {});
+                           const Authorizer* auth = nullptr, IngestOptions ingest = {},
+                           bool cluster_mode = false);
+
+  // The cluster this member joined once its port was known.
+  void AttachCluster(Cluster* cluster) { cluster_.store(cluster); }
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
                                           const v1::RegisterModelRequest* request,
@@ -33,8 +41,18 @@ class RolloutsService final
                                     v1::PoolInfo* response) override;
 
  private:
+  // RegisterModel: in cluster mode the pool's model is fixed cluster-wide
+  // first (etcd), then here.
+  absl::StatusOr<bool> RegisterHere(const std::string& pool, const ModelSpec& model);
+  // This server's share of a pool (a single server's whole GetPool).
+  absl::StatusOr<v1::PoolInfo> LocalPool(const std::string& pool) const;
+  // The whole cluster's share of a pool (GetPool without local_only).
+  absl::Status ClusterPool(const std::string& pool, v1::PoolInfo* response);
+
   SampleStore* const store_;
   ServerMetrics* const metrics_;
+  const bool cluster_mode_;
+  std::atomic<Cluster*> cluster_{nullptr};
   const Authorizer* const auth_;
   const IngestOptions ingest_;
   // Null when messages_in_flight is 1.

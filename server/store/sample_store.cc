@@ -85,6 +85,20 @@ absl::StatusOr<ModelSpec> SampleStore::GetModel(const std::string& pool) const {
   return it->second.model;
 }
 
+void SampleStore::SetPoolResolver(PoolResolver resolver) {
+  pool_resolver_ = std::move(resolver);
+}
+
+absl::StatusOr<ModelSpec> SampleStore::GetOrAdoptModel(const std::string& pool) {
+  absl::StatusOr<ModelSpec> model = GetModel(pool);
+  if (model.ok() || !absl::IsNotFound(model.status()) || !pool_resolver_) return model;
+  ASSIGN_OR_RETURN(std::optional<ModelSpec> resolved, pool_resolver_(pool));
+  if (!resolved.has_value()) return model;
+  // Another caller may adopt it at the same time: the same model is a no-op.
+  RETURN_IF_ERROR(RegisterModel(pool, *resolved));
+  return *std::move(resolved);
+}
+
 absl::Status SampleStore::CheckSchema(
     const Pool& pool, const StoredSample& sample,
     const std::map<std::string, FieldSchema>* batch_schema) const {

@@ -4,8 +4,10 @@
 #define ROLLPACK_SERVER_STORE_SAMPLE_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,15 @@ class SampleStore {
 
   // NOT_FOUND when the pool has no registered model.
   absl::StatusOr<ModelSpec> GetModel(const std::string& pool) const;
+
+  // Cluster mode: where a pool this store has not seen is looked up (its
+  // cluster-wide model; nullopt when no member registered it).
+  using PoolResolver =
+      std::function<absl::StatusOr<std::optional<ModelSpec>>(const std::string& pool)>;
+  void SetPoolResolver(PoolResolver resolver);
+  // GetModel; for a pool unknown here, the resolver's model, registered here
+  // first (a pool registered on another member takes samples on this one).
+  absl::StatusOr<ModelSpec> GetOrAdoptModel(const std::string& pool);
 
   // Commits already-validated samples all or nothing: INVALID_ARGUMENT when
   // a sample's token fields differ from the pool's (fixed by the first
@@ -135,6 +146,8 @@ class SampleStore {
 
   const int64_t max_memory_bytes_;
   DurableLog* log_ = nullptr;
+  // Set once before serving (cluster mode), read without the lock.
+  PoolResolver pool_resolver_;
   mutable absl::Mutex mu_;
   std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Step>> steps_ ABSL_GUARDED_BY(mu_);

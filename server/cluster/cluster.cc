@@ -1,0 +1,180 @@
+#include "server/cluster/cluster.h"
+
+#include <chrono>
+#include <map>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "rollpack/v1/rollouts.grpc.pb.h"
+#include "server/store/convert.h"
+
+namespace rollpack {
+namespace {
+
+// The same spec gives the same bytes on every member.
+std::string DeterministicBytes(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::io::StringOutputStream stream(&out);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  message.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return out;
+}
+
+absl::StatusOr<ModelSpec> ParseModel(const std::string& key, const std::string& bytes) {
+  v1::ModelSpec spec;
+  if (!spec.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold a ModelSpec"));
+  }
+  return FromProto(spec);
+}
+
+}  // namespace
+
+// One channel per peer, made on first use and kept.
+class Cluster::Peers {
+ public:
+  v1::Rollouts::Stub* Rollouts(const ClusterMember& member) {
+    absl::MutexLock lock(&mu_);
+    auto& stub = stubs_[member.address];
+    if (stub == nullptr) {
+      stub = v1::Rollouts::NewStub(
+          grpc::CreateChannel(member.address, grpc::InsecureChannelCredentials()));
+    }
+    return stub.get();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::Rollouts::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& options) {
+  if (options.name.empty() || absl::StrContains(options.name, '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cluster-name \"", options.name, "\" must be non-empty and hold no '/'"));
+  }
+  if (options.advertise.empty() || options.advertise.rfind(':') == std::string::npos ||
+      absl::EndsWith(options.advertise, ":0")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cluster-advertise \"", options.advertise,
+        "\" must be the host:port other members reach this one at"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Create(options.etcd));
+  std::unique_ptr<Cluster> cluster(new Cluster(options, std::move(etcd)));
+  RETURN_IF_ERROR(cluster->Register());
+  if (absl::StatusOr<std::vector<ClusterMember>> members = cluster->Members(); members.ok()) {
+    absl::MutexLock lock(&cluster->mu_);
+    cluster->last_member_count_ = static_cast<int>(members->size());
+  }
+  cluster->keep_alive_ = std::thread([c = cluster.get()] { c->KeepAliveLoop(); });
+  return cluster;
+}
+
+Cluster::Cluster(ClusterOptions options, std::unique_ptr<EtcdClient> etcd)
+    : options_(std::move(options)),
+      self_{options_.advertise, options_.advertise},
+      etcd_(std::move(etcd)),
+      peers_(std::make_unique<Peers>()) {}
+
+Cluster::~Cluster() {
+  int64_t lease = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    lease = lease_;
+  }
+  if (keep_alive_.joinable()) keep_alive_.join();
+  if (lease != 0) etcd_->RevokeLease(lease).IgnoreError();  // else it expires by itself
+}
+
+std::string Cluster::MemberKey(const std::string& id) const {
+  return absl::StrCat("/", options_.name, "/members/", id);
+}
+
+std::string Cluster::PoolKey(const std::string& pool) const {
+  return absl::StrCat("/", options_.name, "/pools/", pool);
+}
+
+absl::Status Cluster::Register() {
+  ASSIGN_OR_RETURN(int64_t lease, etcd_->GrantLease(options_.lease_ttl));
+  RETURN_IF_ERROR(etcd_->Put(MemberKey(self_.id), self_.address, lease));
+  absl::MutexLock lock(&mu_);
+  lease_ = lease;
+  return absl::OkStatus();
+}
+
+void Cluster::KeepAliveLoop() {
+  // A third of the TTL: two renewals can fail before the member is dropped.
+  const absl::Duration period = options_.lease_ttl / 3;
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), period);
+    if (stop_) break;
+    const int64_t lease = lease_;
+    mu_.Unlock();
+    absl::Status s = etcd_->KeepAlive(lease);
+    if (absl::IsNotFound(s)) s = Register();  // etcd forgot us: join again
+    absl::StatusOr<std::vector<ClusterMember>> members =
+        s.ok() ? Members() : absl::StatusOr<std::vector<ClusterMember>>(s);
+    mu_.Lock();
+    if (members.ok()) last_member_count_ = static_cast<int>(members->size());
+  }
+}
+
+absl::StatusOr<std::vector<ClusterMember>> Cluster::Members() {
+  ASSIGN_OR_RETURN(auto kvs, etcd_->GetPrefix(MemberKey("")));
+  std::vector<ClusterMember> members;
+  members.reserve(kvs.size());
+  const size_t prefix = MemberKey("").size();
+  for (auto& [key, value] : kvs) members.push_back({key.substr(prefix), std::move(value)});
+  return members;
+}
+
+int Cluster::last_member_count() const {
+  absl::MutexLock lock(&mu_);
+  return last_member_count_;
+}
+
+absl::StatusOr<ModelSpec> Cluster::RegisterPool(const std::string& pool,
+                                                const ModelSpec& model, bool* created) {
+  const std::string key = PoolKey(pool);
+  ASSIGN_OR_RETURN(std::string held,
+                   etcd_->CreateIfAbsent(key, DeterministicBytes(ToProto(model)), created));
+  return ParseModel(key, held);
+}
+
+absl::StatusOr<std::optional<ModelSpec>> Cluster::LookupPool(const std::string& pool) {
+  const std::string key = PoolKey(pool);
+  ASSIGN_OR_RETURN(std::optional<std::string> held, etcd_->Get(key));
+  if (!held.has_value()) return std::optional<ModelSpec>();
+  ASSIGN_OR_RETURN(ModelSpec model, ParseModel(key, *held));
+  return std::optional<ModelSpec>(std::move(model));
+}
+
+absl::StatusOr<v1::PoolInfo> Cluster::GetPoolOf(const ClusterMember& member,
+                                                const std::string& pool) {
+  v1::GetPoolRequest request;
+  request.set_pool(pool);
+  request.set_local_only(true);
+  v1::PoolInfo info;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::microseconds(absl::ToInt64Microseconds(options_.etcd.timeout)));
+  grpc::Status s = peers_->Rollouts(member)->GetPool(&context, request, &info);
+  if (s.ok()) return info;
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    return absl::NotFoundError(s.error_message());
+  }
+  return absl::UnavailableError(absl::StrCat("cluster member ", member.id, " (", member.address,
+                                             "): GetPool: ", s.error_message()));
+}
+
+}  // namespace rollpack

@@ -1,0 +1,98 @@
+// Cluster mode (docs/cluster.md): this rollpackd as one member of a set that
+// behaves as one service. Membership is an etcd lease: the member's key
+// (/<cluster>/members/<id>) lives while the member keeps its lease alive,
+// so a member that stops (or is killed) leaves within the lease's TTL and
+// one that starts joins without a restart of the others. Facts that hold
+// for the whole cluster (a pool's model) are etcd keys created atomically.
+// Sample bytes never go through etcd.
+#ifndef ROLLPACK_SERVER_CLUSTER_CLUSTER_H_
+#define ROLLPACK_SERVER_CLUSTER_CLUSTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rollpack/v1/rollouts.pb.h"
+#include "scheduler/model_spec.h"
+#include "server/cluster/etcd_client.h"
+
+namespace rollpack {
+
+struct ClusterOptions {
+  EtcdOptions etcd;
+  // Key prefix: several clusters can share one etcd.
+  std::string name = "rollpack";
+  // host:port other members and trainers reach this member at; also its id.
+  std::string advertise;
+  // Membership lease: a member that stops renewing leaves after this long.
+  absl::Duration lease_ttl = absl::Seconds(5);
+};
+
+struct ClusterMember {
+  std::string id;
+  std::string address;
+};
+
+class Cluster {
+ public:
+  // Registers this member (a lease and its key) and keeps the lease alive
+  // on a thread of its own, re-joining when etcd lost it (etcd was away
+  // longer than the TTL). UNAVAILABLE when etcd cannot be reached.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Join(const ClusterOptions& options);
+  // Leaves: revokes the lease, so the others see this member go at once.
+  ~Cluster();
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  const ClusterMember& self() const { return self_; }
+  const ClusterOptions& options() const { return options_; }
+
+  // The live members, this one included, in id order.
+  absl::StatusOr<std::vector<ClusterMember>> Members();
+  // Members last seen by the keep-alive thread (for metrics; no etcd call).
+  int last_member_count() const;
+
+  // Fixes `model` as pool `pool`'s model for the whole cluster unless the
+  // pool exists; returns the cluster's model for the pool (`model`, or the
+  // one registered first, which the caller compares) and sets *created.
+  absl::StatusOr<ModelSpec> RegisterPool(const std::string& pool, const ModelSpec& model,
+                                         bool* created);
+  // The pool's cluster-wide model, or nullopt when no member registered it.
+  absl::StatusOr<std::optional<ModelSpec>> LookupPool(const std::string& pool);
+
+  // GetPool of `member` alone (GetPoolRequest.local_only), over a channel
+  // kept per member. UNAVAILABLE naming the member when it does not answer.
+  absl::StatusOr<v1::PoolInfo> GetPoolOf(const ClusterMember& member, const std::string& pool);
+
+ private:
+  explicit Cluster(ClusterOptions options, std::unique_ptr<EtcdClient> etcd);
+  absl::Status Register();
+  void KeepAliveLoop();
+  std::string MemberKey(const std::string& id) const;
+  std::string PoolKey(const std::string& pool) const;
+
+  const ClusterOptions options_;
+  const ClusterMember self_;
+  std::unique_ptr<EtcdClient> etcd_;
+
+  mutable absl::Mutex mu_;
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int last_member_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread keep_alive_;
+
+  class Peers;
+  std::unique_ptr<Peers> peers_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_CLUSTER_CLUSTER_H_

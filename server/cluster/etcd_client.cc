@@ -1,0 +1,224 @@
+#include "server/cluster/etcd_client.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace rollpack {
+namespace {
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
+}
+
+}  // namespace
+
+std::string PrefixRangeEnd(absl::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    unsigned char last = static_cast<unsigned char>(end.back());
+    if (last < 0xFF) {
+      end.back() = static_cast<char>(last + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions& options) {
+  std::vector<std::string> hosts;
+  for (const std::string& endpoint : options.endpoints) {
+    absl::string_view e = endpoint;
+    if (absl::StartsWith(e, "https://")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cluster-etcd endpoint \"", endpoint, "\": TLS to etcd is not supported yet"));
+    }
+    absl::ConsumePrefix(&e, "http://");
+    absl::ConsumeSuffix(&e, "/");
+    if (e.empty() || !absl::StrContains(e, ':')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cluster-etcd endpoint \"", endpoint, "\" is not host:port or http://host:port"));
+    }
+    hosts.emplace_back(e);
+  }
+  if (hosts.empty()) return absl::InvalidArgumentError("--cluster-etcd names no endpoint");
+  // One channel over every endpoint: pick_first moves to the next when one
+  // fails, so a 3-member etcd that loses one keeps answering. gRPC's ipv4:
+  // target lists several addresses; a host name works alone.
+  const std::string joined = absl::StrJoin(hosts, ",");
+  bool all_ipv4 = true;
+  for (const std::string& h : hosts) {
+    in_addr unused;
+    all_ipv4 = all_ipv4 && inet_pton(AF_INET, h.substr(0, h.rfind(':')).c_str(), &unused) == 1;
+  }
+  if (!all_ipv4 && hosts.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cluster-etcd \"", joined, "\": several endpoints must be IPv4 addresses"));
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(all_ipv4 ? absl::StrCat("ipv4:", joined) : joined,
+                                           grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(channel), joined, options.timeout));
+}
+
+EtcdClient::EtcdClient(std::shared_ptr<grpc::Channel> channel, std::string endpoints,
+                       absl::Duration timeout)
+    : channel_(std::move(channel)),
+      kv_(etcdserverpb::KV::NewStub(channel_)),
+      lease_(etcdserverpb::Lease::NewStub(channel_)),
+      endpoints_(std::move(endpoints)),
+      timeout_(timeout) {}
+
+absl::Status EtcdClient::Error(const grpc::Status& status, absl::string_view what) const {
+  // Whatever went wrong between us and etcd, the cluster's coordination is
+  // unavailable for now; callers retry or refuse with UNAVAILABLE.
+  return absl::UnavailableError(absl::StrCat("etcd (", endpoints_, "): ", what, ": ",
+                                             status.error_message()));
+}
+
+absl::StatusOr<std::optional<std::string>> EtcdClient::Get(const std::string& key) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(key);
+  etcdserverpb::RangeResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout_);
+  grpc::Status s = kv_->Range(&context, request, &response);
+  if (!s.ok()) return Error(s, absl::StrCat("get ", key));
+  if (response.kvs_size() == 0) return std::optional<std::string>();
+  return std::optional<std::string>(response.kvs(0).value());
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::GetPrefix(
+    const std::string& prefix) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(prefix);
+  request.set_range_end(PrefixRangeEnd(prefix));
+  request.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
+  request.set_sort_target(etcdserverpb::RangeRequest::KEY);
+  etcdserverpb::RangeResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout_);
+  grpc::Status s = kv_->Range(&context, request, &response);
+  if (!s.ok()) return Error(s, absl::StrCat("list ", prefix));
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(response.kvs_size());
+  for (const auto& kv : response.kvs()) out.emplace_back(kv.key(), kv.value());
+  return out;
+}
+
+absl::Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease) {
+  etcdserverpb::PutRequest request;
+  request.set_key(key);
+  request.set_value(value);
+  request.set_lease(lease);
+  etcdserverpb::PutResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout_);
+  grpc::Status s = kv_->Put(&context, request, &response);
+  if (!s.ok()) return Error(s, absl::StrCat("put ", key));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> EtcdClient::CreateIfAbsent(const std::string& key,
+                                                       const std::string& value, bool* created,
+                                                       int64_t lease) {
+  *created = false;
+  etcdserverpb::TxnRequest request;
+  etcdserverpb::Compare* absent = request.add_compare();
+  absent->set_key(key);
+  absent->set_target(etcdserverpb::Compare::CREATE);
+  absent->set_result(etcdserverpb::Compare::EQUAL);
+  absent->set_create_revision(0);
+  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  request.add_failure()->mutable_request_range()->set_key(key);
+  etcdserverpb::TxnResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout_);
+  grpc::Status s = kv_->Txn(&context, request, &response);
+  if (!s.ok()) return Error(s, absl::StrCat("create ", key));
+  if (response.succeeded()) {
+    *created = true;
+    return value;
+  }
+  if (response.responses_size() == 1 && response.responses(0).has_response_range() &&
+      response.responses(0).response_range().kvs_size() == 1) {
+    return response.responses(0).response_range().kvs(0).value();
+  }
+  // Deleted between the compare and the read: nothing holds it now.
+  return absl::AbortedError(absl::StrCat("etcd: ", key, " changed during its creation; retry"));
+}
+
+absl::Status EtcdClient::Delete(const std::string& key) {
+  etcdserverpb::DeleteRangeRequest request;
+  request.set_key(key);
+  etcdserverpb::DeleteRangeResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout_);
+  grpc::Status s = kv_->DeleteRange(&context, request, &response);
+  if (!s.ok()) return Error(s, absl::StrCat("delete ", key));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {
+  etcdserverpb::LeaseGrantRequest request;
+  request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
+  etcdserverpb::LeaseGrantResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout_);
+  grpc::Status s = lease_->LeaseGrant(&context, request, &response);
+  if (!s.ok()) return Error(s, "grant lease");
+  if (!response.error().empty()) {
+    return absl::UnavailableError(absl::StrCat("etcd: grant lease: ", response.error()));
+  }
+  return response.id();
+}
+
+absl::Status EtcdClient::KeepAlive(int64_t lease) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout_);
+  auto stream = lease_->LeaseKeepAlive(&context);
+  etcdserverpb::LeaseKeepAliveRequest request;
+  request.set_id(lease);
+  etcdserverpb::LeaseKeepAliveResponse response;
+  const bool exchanged = stream->Write(request) && stream->Read(&response);
+  stream->WritesDone();
+  grpc::Status s = stream->Finish();
+  if (!exchanged || !s.ok()) {
+    return Error(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream closed") : s,
+                 "keep lease alive");
+  }
+  if (response.ttl() <= 0) {
+    return absl::NotFoundError(absl::StrCat("etcd: lease ", lease, " has expired"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EtcdClient::RevokeLease(int64_t lease) {
+  etcdserverpb::LeaseRevokeRequest request;
+  request.set_id(lease);
+  etcdserverpb::LeaseRevokeResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout_);
+  grpc::Status s = lease_->LeaseRevoke(&context, request, &response);
+  if (!s.ok()) return Error(s, "revoke lease");
+  return absl::OkStatus();
+}
+
+}  // namespace rollpack

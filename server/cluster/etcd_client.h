@@ -1,0 +1,79 @@
+// A small client of etcd v3's gRPC API (KV, Lease), the cluster's store of
+// membership and cluster-wide facts (docs/cluster.md). Every call has a
+// deadline; an unreachable etcd is UNAVAILABLE naming the endpoints.
+#ifndef ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_
+#define ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "grpcpp/channel.h"
+
+namespace rollpack {
+
+struct EtcdOptions {
+  // Client URLs ("http://127.0.0.1:2379") or host:port; the channel fails
+  // over between them.
+  std::vector<std::string> endpoints;
+  // Deadline of every call.
+  absl::Duration timeout = absl::Seconds(3);
+};
+
+class EtcdClient {
+ public:
+  // INVALID_ARGUMENT for no endpoint or an https:// one (TLS to etcd is not
+  // supported yet). Connects lazily: no call is made here.
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const EtcdOptions& options);
+
+  // The value of `key`, or nullopt when it does not exist.
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key);
+  // Every key starting with `prefix` and its value, in key order.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
+      const std::string& prefix);
+  // lease 0 = none.
+  absl::Status Put(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Creates `key` = `value` unless the key exists, atomically; returns the
+  // value the key holds afterwards (`value`, or what another writer put
+  // first) and sets *created. Two racing creators: exactly one wins, both
+  // see its value.
+  absl::StatusOr<std::string> CreateIfAbsent(const std::string& key, const std::string& value,
+                                             bool* created, int64_t lease = 0);
+  absl::Status Delete(const std::string& key);
+
+  // A lease that expires `ttl` after its last keep-alive; returns its id.
+  absl::StatusOr<int64_t> GrantLease(absl::Duration ttl);
+  // Renews the lease; NOT_FOUND when it has expired (etcd forgot it and
+  // every key attached to it).
+  absl::Status KeepAlive(int64_t lease);
+  absl::Status RevokeLease(int64_t lease);
+
+  const std::string& endpoints() const { return endpoints_; }
+
+ private:
+  EtcdClient(std::shared_ptr<grpc::Channel> channel, std::string endpoints,
+             absl::Duration timeout);
+  absl::Status Error(const grpc::Status& status, absl::string_view what) const;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  const std::string endpoints_;
+  const absl::Duration timeout_;
+};
+
+// The end of the key range that holds every key starting with `prefix`
+// (etcd's range_end convention: the prefix with its last byte incremented).
+std::string PrefixRangeEnd(absl::string_view prefix);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_

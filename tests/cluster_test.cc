@@ -1,0 +1,279 @@
+// Cluster mode with real processes (docs/cluster.md): an etcd started on
+// 127.0.0.1 (testing/etcd_process.h) and rollpackd members as child
+// processes. Membership follows leases; a pool's model is fixed for the
+// whole cluster; GetPool on any member reports every member's share; etcd
+// going away makes cluster-wide calls UNAVAILABLE, not hang, and they work
+// again when it returns.
+#include <signal.h>
+
+#include <atomic>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cpp/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/cluster/etcd_client.h"
+#include "testing/daemon_process.h"
+#include "testing/etcd_process.h"
+#include "testing/synthetic_rollouts.h"
+
+#ifndef ROLLPACKD_PATH
+#error "ROLLPACKD_PATH must name the rollpackd binary"
+#endif
+
+namespace rollpack {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kLeaseSeconds = 2;
+
+v1::ModelSpec Model(int num_experts = 16) {
+  v1::ModelSpec m;
+  m.set_name("moe");
+  m.set_num_layers(4);
+  m.set_num_experts(num_experts);
+  m.set_topk(2);
+  return m;
+}
+
+std::vector<v1::Sample> Samples(int num, uint64_t seed, const std::string& prefix) {
+  SyntheticOptions options;
+  options.num_samples = num;
+  options.median_length = 64;
+  options.max_length = 256;
+  options.seed = seed;
+  std::vector<v1::Sample> samples = MakeSyntheticRollouts(Model(), options);
+  for (v1::Sample& s : samples) s.set_sample_id(prefix + s.sample_id());
+  return samples;
+}
+
+// Polls `condition` every 50 ms until it holds or `timeout` passes.
+template <typename F>
+bool Eventually(F condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return condition();
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client =
+        EtcdClient::Create({{etcd_->client_url()}, absl::Seconds(3)});
+    ASSERT_TRUE(client.ok()) << client.status();
+    etcd_client_ = *std::move(client);
+    dir_ = (std::filesystem::temp_directory_path() / "rollpack-cluster-XXXXXX").string();
+    ASSERT_NE(mkdtemp(dir_.data()), nullptr);
+  }
+  void TearDown() override {
+    members_.clear();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Starts member `i` (or restarts it in its slot).
+  DaemonProcess& StartMember(size_t i) {
+    if (members_.size() <= i) members_.resize(i + 1);
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+        ROLLPACKD_PATH,
+        {"--cluster-etcd=" + etcd_->client_url(), "--cluster-name=" + name_,
+         absl::StrCat("--cluster-lease-seconds=", kLeaseSeconds), "--max-memory=200000000"},
+        absl::StrCat(dir_, "/port", i));
+    EXPECT_TRUE(d.ok()) << d.status();
+    members_[i] = *std::move(d);
+    return *members_[i];
+  }
+
+  RollpackClient Client(size_t i) { return RollpackClient(MakeChannel(members_[i]->address())); }
+
+  std::set<std::string> MemberKeys() {
+    std::set<std::string> out;
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> kvs =
+        etcd_client_->GetPrefix("/" + name_ + "/members/");
+    if (kvs.ok()) {
+      for (const auto& kv : *kvs) out.insert(kv.second);
+    }
+    return out;
+  }
+
+  const std::string name_ = "test-cluster";
+  std::unique_ptr<EtcdProcess> etcd_;
+  std::unique_ptr<EtcdClient> etcd_client_;
+  std::string dir_;
+  std::vector<std::unique_ptr<DaemonProcess>> members_;
+};
+
+TEST_F(ClusterTest, EtcdClientKeysAndLeases) {
+  ASSERT_TRUE(etcd_client_->Put("/t/a", "1").ok());
+  ASSERT_TRUE(etcd_client_->Put("/t/b", "2").ok());
+  ASSERT_TRUE(etcd_client_->Put("/u/c", "3").ok());
+  absl::StatusOr<std::optional<std::string>> a = etcd_client_->Get("/t/a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->value_or(""), "1");
+  absl::StatusOr<std::optional<std::string>> none = etcd_client_->Get("/t/none");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  auto kvs = etcd_client_->GetPrefix("/t/");
+  ASSERT_TRUE(kvs.ok());
+  ASSERT_EQ(kvs->size(), 2u);
+  EXPECT_EQ((*kvs)[0].first, "/t/a");
+  EXPECT_EQ((*kvs)[1].second, "2");
+
+  // Eight racing creators: exactly one creates, every one sees its value.
+  std::atomic<int> created{0};
+  std::vector<std::string> seen(8);
+  std::vector<std::thread> racers;
+  for (int i = 0; i < 8; ++i) {
+    racers.emplace_back([&, i] {
+      bool mine = false;
+      absl::StatusOr<std::string> held =
+          etcd_client_->CreateIfAbsent("/t/race", absl::StrCat("v", i), &mine);
+      if (held.ok()) seen[i] = *held;
+      if (mine) ++created;
+    });
+  }
+  for (std::thread& t : racers) t.join();
+  EXPECT_EQ(created.load(), 1);
+  for (const std::string& v : seen) EXPECT_EQ(v, seen[0]);
+
+  absl::StatusOr<int64_t> lease = etcd_client_->GrantLease(absl::Seconds(5));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(etcd_client_->Put("/t/leased", "x", *lease).ok());
+  EXPECT_TRUE(etcd_client_->KeepAlive(*lease).ok());
+  ASSERT_TRUE(etcd_client_->RevokeLease(*lease).ok());
+  absl::StatusOr<std::optional<std::string>> gone = etcd_client_->Get("/t/leased");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value()) << "a revoked lease takes its keys";
+  EXPECT_EQ(etcd_client_->KeepAlive(*lease).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClusterTest, MembersJoinAndLeaveWithoutRestartingTheOthers) {
+  for (size_t i = 0; i < 3; ++i) StartMember(i);
+  const std::set<std::string> all = {members_[0]->address(), members_[1]->address(),
+                                     members_[2]->address()};
+  EXPECT_EQ(MemberKeys(), all);
+
+  // kill -9: nothing revokes the lease; it expires.
+  const std::string killed = members_[1]->address();
+  const absl::Time killed_at = absl::Now();
+  members_[1]->Kill(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return MemberKeys().count(killed) == 0; }, absl::Seconds(10)));
+  const absl::Duration dropped_after = absl::Now() - killed_at;
+  EXPECT_GE(dropped_after, absl::Seconds(kLeaseSeconds) / 2) << "dropped before its lease ran out";
+  EXPECT_EQ(MemberKeys().size(), 2u);
+
+  // A member joining mid-run.
+  StartMember(3);
+  EXPECT_EQ(MemberKeys().size(), 3u);
+  EXPECT_EQ(MemberKeys().count(members_[3]->address()), 1u);
+
+  // SIGTERM: the member revokes its lease on the way out, so it is gone at
+  // once rather than after the TTL.
+  const std::string stopped = members_[0]->address();
+  const absl::Time stopped_at = absl::Now();
+  members_[0]->Kill(SIGTERM);
+  EXPECT_EQ(MemberKeys().count(stopped), 0u);
+  EXPECT_LT(absl::Now() - stopped_at, absl::Seconds(kLeaseSeconds) + absl::Seconds(10));
+}
+
+TEST_F(ClusterTest, APoolIsRegisteredForTheWholeCluster) {
+  for (size_t i = 0; i < 3; ++i) StartMember(i);
+  RollpackClient a = Client(0), b = Client(1), c = Client(2);
+
+  absl::StatusOr<bool> created = a.RegisterModel("pool", Model());
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_TRUE(*created);
+  absl::StatusOr<bool> again = b.RegisterModel("pool", Model());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(*again) << "registered on another member already";
+  absl::StatusOr<bool> other = c.RegisterModel("pool", Model(/*num_experts=*/32));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("pool \"pool\""));
+
+  // Members that never saw RegisterModel take samples for the pool.
+  absl::StatusOr<v1::PutSamplesResponse> put_b = b.PutSamples("pool", Samples(5, 1, "b-"));
+  ASSERT_TRUE(put_b.ok()) << put_b.status();
+  absl::StatusOr<v1::PutSamplesResponse> put_c = c.PutSamples("pool", Samples(7, 2, "c-"));
+  ASSERT_TRUE(put_c.ok()) << put_c.status();
+  EXPECT_EQ(put_c->accepted(), 7);
+  // An unknown pool stays unknown everywhere.
+  EXPECT_EQ(b.PutSamples("nope", Samples(1, 3, "x-")).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // GetPool on any member: the sums and each member's share.
+  for (RollpackClient* client : {&a, &b, &c}) {
+    absl::StatusOr<v1::PoolInfo> pool = client->GetPool("pool");
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    EXPECT_EQ(pool->num_samples(), 12);
+    EXPECT_EQ(pool->num_free_samples(), 12);
+    EXPECT_EQ(pool->model().num_experts(), 16);
+    ASSERT_EQ(pool->members_size(), 3);
+    int64_t bytes = 0;
+    for (const v1::MemberPoolInfo& m : pool->members()) {
+      EXPECT_TRUE(m.error().empty()) << m.member() << ": " << m.error();
+      bytes += m.stored_bytes();
+      const int64_t expected = m.member() == members_[1]->address()   ? 5
+                               : m.member() == members_[2]->address() ? 7
+                                                                      : 0;
+      EXPECT_EQ(m.num_samples(), expected) << m.member();
+    }
+    EXPECT_EQ(pool->stored_bytes(), bytes);
+    EXPECT_GT(bytes, 0);
+  }
+  EXPECT_EQ(c.GetPool("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClusterTest, EtcdDownRefusesClusterCallsAndTheyWorkWhenItReturns) {
+  StartMember(0);
+  StartMember(1);
+  RollpackClient a = Client(0), b = Client(1);
+  ASSERT_TRUE(a.RegisterModel("pool", Model()).ok());
+  ASSERT_TRUE(b.PutSamples("pool", Samples(3, 1, "b-")).ok());  // adopted by b
+
+  etcd_->Stop();
+  const absl::Time asked = absl::Now();
+  absl::StatusOr<bool> refused = a.RegisterModel("other", Model());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("etcd"));
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(10)) << "refused within seconds, never a hang";
+  // What a member already holds keeps working.
+  absl::StatusOr<v1::PutSamplesResponse> local = b.PutSamples("pool", Samples(2, 2, "b2-"));
+  EXPECT_TRUE(local.ok()) << local.status();
+
+  ASSERT_TRUE(etcd_->Restart().ok());
+  EXPECT_TRUE(Eventually([&] { return a.RegisterModel("other", Model()).ok(); },
+                         absl::Seconds(20)));
+  // Both members are (again) in the member list, whatever became of their
+  // leases while etcd was away.
+  EXPECT_TRUE(Eventually([&] { return MemberKeys().size() == 2; }, absl::Seconds(20)));
+  absl::StatusOr<v1::PoolInfo> pool = a.GetPool("pool");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(pool->num_samples(), 5);
+}
+
+TEST_F(ClusterTest, BadClusterFlagsAreRefusedAtStart) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+      ROLLPACKD_PATH, {"--cluster-etcd=https://127.0.0.1:1"}, dir_ + "/port-bad",
+      absl::Seconds(20));
+  EXPECT_FALSE(d.ok());
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> unreachable = DaemonProcess::Start(
+      ROLLPACKD_PATH, {absl::StrCat("--cluster-etcd=127.0.0.1:", PickFreePort())},
+      dir_ + "/port-unreachable", absl::Seconds(20));
+  EXPECT_FALSE(unreachable.ok()) << "a member that cannot reach etcd does not serve";
+}
+
+}  // namespace
+}  // namespace rollpack
