@@ -10,7 +10,7 @@
 #include "client/cpp/received_microbatch.h"
 #include "fuzz/fuzz_common.h"
 #include "google/protobuf/stubs/logging.h"
-#include "testing/deterministic_bytes.h"
+#include "proto/wire/deterministic_bytes.h"
 
 using namespace rollpack;
 

@@ -23,7 +23,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
-#include "testing/deterministic_bytes.h"
+#include "proto/wire/deterministic_bytes.h"
 #include "server/store/durable_log.h"
 #include "server/store/crc32c.h"
 #include "testing/daemon_process.h"

@@ -14,7 +14,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
-#include "testing/deterministic_bytes.h"
+#include "proto/wire/deterministic_bytes.h"
 #include "server/server.h"
 #include "testing/in_process_server.h"
 

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
-#include "testing/deterministic_bytes.h"
+#include "proto/wire/deterministic_bytes.h"
 #include "testing/in_process_server.h"
 
 namespace rollpack {

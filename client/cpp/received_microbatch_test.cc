@@ -11,7 +11,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "testing/deterministic_bytes.h"
+#include "proto/wire/deterministic_bytes.h"
 
 namespace rollpack {
 namespace {

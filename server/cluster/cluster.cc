@@ -7,26 +7,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "rollpack/v1/rollouts.grpc.pb.h"
+#include "proto/wire/deterministic_bytes.h"
 #include "server/store/convert.h"
 
 namespace rollpack {
 namespace {
-
-// The same spec gives the same bytes on every member.
-std::string DeterministicBytes(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  message.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return out;
-}
 
 absl::StatusOr<ModelSpec> ParseModel(const std::string& key, const std::string& bytes) {
   v1::ModelSpec spec;
@@ -146,6 +134,7 @@ int Cluster::last_member_count() const {
 absl::StatusOr<ModelSpec> Cluster::RegisterPool(const std::string& pool,
                                                 const ModelSpec& model, bool* created) {
   const std::string key = PoolKey(pool);
+  // Deterministic bytes: the same spec is the same value on every member.
   ASSIGN_OR_RETURN(std::string held,
                    etcd_->CreateIfAbsent(key, DeterministicBytes(ToProto(model)), created));
   return ParseModel(key, held);

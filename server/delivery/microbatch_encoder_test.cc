@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/store/sample_store.h"
-#include "testing/deterministic_bytes.h"
+#include "proto/wire/deterministic_bytes.h"
 
 namespace rollpack {
 namespace {

@@ -1,7 +1,7 @@
 // Deterministic serialization (map fields sorted) for comparing messages
-// byte for byte: protobuf's default map order is not canonical.
-#ifndef ROLLPACK_TESTING_DETERMINISTIC_BYTES_H_
-#define ROLLPACK_TESTING_DETERMINISTIC_BYTES_H_
+// byte for byte, or as a key: protobuf's default map order is not canonical.
+#ifndef ROLLPACK_PROTO_WIRE_DETERMINISTIC_BYTES_H_
+#define ROLLPACK_PROTO_WIRE_DETERMINISTIC_BYTES_H_
 
 #include <string>
 
@@ -23,4 +23,4 @@ inline std::string DeterministicBytes(const google::protobuf::Message& message) 
 
 }  // namespace rollpack
 
-#endif  // ROLLPACK_TESTING_DETERMINISTIC_BYTES_H_
+#endif  // ROLLPACK_PROTO_WIRE_DETERMINISTIC_BYTES_H_
