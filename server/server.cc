@@ -181,6 +181,10 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     Cluster* const c = server->cluster_.get();
     server->store_->SetPoolResolver(
         [c](const std::string& pool) { return c->LookupPool(pool); });
+    server->store_->SetSchemaResolver(
+        [c](const std::string& pool, const std::map<std::string, FieldSchema>& proposed) {
+          return c->FixSchema(pool, proposed);
+        });
     server->rollouts_->AttachCluster(c);
     // Read through the server: the cluster goes away at shutdown.
     server->registry_->AddCollectCallback(

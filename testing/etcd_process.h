@@ -1,7 +1,7 @@
-// A real etcd (Debian's etcd-server, /usr/bin/etcd) for tests: one member
-// on 127.0.0.1, free ports picked by the kernel, a temporary data dir; the
-// destructor kills it and removes the dir. Stop() and Restart() keep the
-// data dir, as an operator's restart does.
+// A real etcd (Debian's etcd-server, /usr/bin/etcd) for tests: one or more
+// members on 127.0.0.1, free ports picked by the kernel, a temporary data
+// dir; the destructor kills them and removes the dir. Stop() and Restart()
+// keep a member's data dir, as an operator's restart does.
 #ifndef ROLLPACK_TESTING_ETCD_PROCESS_H_
 #define ROLLPACK_TESTING_ETCD_PROCESS_H_
 
@@ -44,95 +44,135 @@ inline int PickFreePort() {
   return port;
 }
 
+// `size` etcd members forming one etcd cluster.
 class EtcdProcess {
  public:
   static constexpr char kBinary[] = "/usr/bin/etcd";
 
-  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start() {
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(int size = 1) {
     if (access(kBinary, X_OK) != 0) {
       return absl::FailedPreconditionError("no /usr/bin/etcd: run `make deps`");
     }
     std::string dir = (std::filesystem::temp_directory_path() / "rollpack-etcd-XXXXXX").string();
     if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp failed");
-    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(dir, PickFreePort(), PickFreePort()));
-    absl::Status s = etcd->Launch();
-    return s.ok() ? absl::StatusOr<std::unique_ptr<EtcdProcess>>(std::move(etcd)) : s;
+    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(dir));
+    for (int i = 0; i < size; ++i) {
+      etcd->members_.push_back({absl::StrCat("m", i), PickFreePort(), PickFreePort(), -1});
+    }
+    for (int i = 0; i < size; ++i) {
+      if (absl::Status s = etcd->Launch(i); !s.ok()) return s;
+    }
+    for (int i = 0; i < size; ++i) {
+      if (absl::Status s = etcd->AwaitListening(i); !s.ok()) return s;
+    }
+    return etcd;
   }
 
   ~EtcdProcess() {
-    Stop();
+    for (size_t i = 0; i < members_.size(); ++i) Stop(static_cast<int>(i));
     std::filesystem::remove_all(dir_);
   }
 
-  // kill -9, data dir kept.
-  void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
+  // kill -9 of member `i`, its data dir kept.
+  void Stop(int i = 0) {
+    Member& m = members_[i];
+    if (m.pid <= 0) return;
+    kill(m.pid, SIGKILL);
+    waitpid(m.pid, nullptr, 0);
+    m.pid = -1;
   }
-  absl::Status Restart() {
-    Stop();
-    return Launch();
+  absl::Status Restart(int i = 0) {
+    Stop(i);
+    if (absl::Status s = Launch(i); !s.ok()) return s;
+    return AwaitListening(i);
   }
 
-  std::string client_url() const { return absl::StrCat("http://127.0.0.1:", client_port_); }
-  std::string address() const { return absl::StrCat("127.0.0.1:", client_port_); }
+  std::string client_url(int i = 0) const {
+    return absl::StrCat("http://127.0.0.1:", members_[i].client_port);
+  }
+  // Every member's client URL, comma-separated (rollpackd --cluster-etcd).
+  std::string client_urls() const {
+    std::string out;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      absl::StrAppend(&out, i == 0 ? "" : ",", client_url(static_cast<int>(i)));
+    }
+    return out;
+  }
 
  private:
-  EtcdProcess(std::string dir, int client_port, int peer_port)
-      : dir_(std::move(dir)), client_port_(client_port), peer_port_(peer_port) {}
+  struct Member {
+    std::string name;
+    int client_port;
+    int peer_port;
+    pid_t pid;
+  };
 
-  absl::Status Launch() {
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
+  explicit EtcdProcess(std::string dir) : dir_(std::move(dir)) {}
+
+  std::string peer_url(int i) const {
+    return absl::StrCat("http://127.0.0.1:", members_[i].peer_port);
+  }
+
+  absl::Status Launch(int i) {
+    Member& m = members_[i];
+    std::string initial;
+    for (size_t j = 0; j < members_.size(); ++j) {
+      absl::StrAppend(&initial, j == 0 ? "" : ",", members_[j].name, "=",
+                      peer_url(static_cast<int>(j)));
+    }
     std::vector<std::string> args = {
         kBinary,
-        "--name=test",
-        "--data-dir=" + dir_ + "/data",
-        "--listen-client-urls=" + client_url(),
-        "--advertise-client-urls=" + client_url(),
-        "--listen-peer-urls=" + peer,
-        "--initial-advertise-peer-urls=" + peer,
-        "--initial-cluster=test=" + peer,
+        "--name=" + m.name,
+        absl::StrCat("--data-dir=", dir_, "/", m.name),
+        "--listen-client-urls=" + client_url(i),
+        "--advertise-client-urls=" + client_url(i),
+        "--listen-peer-urls=" + peer_url(i),
+        "--initial-advertise-peer-urls=" + peer_url(i),
+        "--initial-cluster=" + initial,
+        "--initial-cluster-token=rollpack-test",
         "--log-level=error",
         "--logger=zap"};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const std::string log = dir_ + "/etcd.log";
-    pid_ = fork();
-    if (pid_ < 0) return absl::InternalError("fork failed");
-    if (pid_ == 0) {
+    const std::string log = absl::StrCat(dir_, "/", m.name, ".log");
+    m.pid = fork();
+    if (m.pid < 0) return absl::InternalError("fork failed");
+    if (m.pid == 0) {
       FILE* out = std::freopen(log.c_str(), "a", stderr);
       (void)out;
       execv(kBinary, argv.data());
       _exit(127);
     }
-    // Ready once its client port accepts connections.
+    return absl::OkStatus();
+  }
+
+  // Ready once its client port accepts connections.
+  absl::Status AwaitListening(int i) {
+    Member& m = members_[i];
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     while (absl::Now() < deadline) {
       int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return absl::UnavailableError(absl::StrCat("etcd exited (status ", status, "), see ", log));
+      if (waitpid(m.pid, &status, WNOHANG) == m.pid) {
+        m.pid = -1;
+        return absl::UnavailableError(absl::StrCat("etcd ", m.name, " exited (status ", status,
+                                                   "), see ", dir_, "/", m.name, ".log"));
       }
       const int fd = socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in addr{};
       addr.sin_family = AF_INET;
       addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      addr.sin_port = htons(client_port_);
+      addr.sin_port = htons(m.client_port);
       const bool up = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
       close(fd);
       if (up) return absl::OkStatus();
       absl::SleepFor(absl::Milliseconds(20));
     }
-    return absl::DeadlineExceededError("etcd did not start listening within 30 s");
+    return absl::DeadlineExceededError(absl::StrCat("etcd ", m.name, " did not listen in 30 s"));
   }
 
   const std::string dir_;
-  const int client_port_;
-  const int peer_port_;
-  pid_t pid_ = -1;
+  std::vector<Member> members_;
 };
 
 }  // namespace rollpack

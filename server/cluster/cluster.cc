@@ -1,5 +1,6 @@
 #include "server/cluster/cluster.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <utility>
@@ -91,6 +92,10 @@ std::string Cluster::PoolKey(const std::string& pool) const {
   return absl::StrCat("/", options_.name, "/pools/", pool);
 }
 
+std::string Cluster::SchemaKey(const std::string& pool) const {
+  return absl::StrCat("/", options_.name, "/schemas/", pool);
+}
+
 absl::Status Cluster::Register() {
   ASSIGN_OR_RETURN(int64_t lease, etcd_->GrantLease(options_.lease_ttl));
   RETURN_IF_ERROR(etcd_->Put(MemberKey(self_.id), self_.address, lease));
@@ -146,6 +151,33 @@ absl::StatusOr<std::optional<ModelSpec>> Cluster::LookupPool(const std::string& 
   if (!held.has_value()) return std::optional<ModelSpec>();
   ASSIGN_OR_RETURN(ModelSpec model, ParseModel(key, *held));
   return std::optional<ModelSpec>(std::move(model));
+}
+
+absl::StatusOr<std::map<std::string, FieldSchema>> Cluster::FixSchema(
+    const std::string& pool, const std::map<std::string, FieldSchema>& proposed) {
+  // A schema travels as a Sample's token fields: dtype and shape [0, trailing...].
+  v1::Sample schema;
+  for (const auto& [name, field] : proposed) {
+    v1::NDArray& array = (*schema.mutable_token_fields())[name];
+    array.set_dtype(field.dtype);
+    array.add_shape(0);
+    for (int64_t d : field.trailing_shape) array.add_shape(d);
+  }
+  const std::string key = SchemaKey(pool);
+  bool created = false;
+  ASSIGN_OR_RETURN(std::string held, etcd_->CreateIfAbsent(key, DeterministicBytes(schema), &created));
+  v1::Sample fixed;
+  if (!fixed.ParseFromString(held)) {
+    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold a schema"));
+  }
+  std::map<std::string, FieldSchema> out;
+  for (const auto& [name, array] : fixed.token_fields()) {
+    FieldSchema& field = out[name];
+    field.dtype = array.dtype();
+    field.trailing_shape.assign(array.shape().begin() + std::min(1, array.shape_size()),
+                                array.shape().end());
+  }
+  return out;
 }
 
 absl::StatusOr<v1::PoolInfo> Cluster::GetPoolOf(const ClusterMember& member,

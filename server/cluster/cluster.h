@@ -9,6 +9,7 @@
 #define ROLLPACK_SERVER_CLUSTER_CLUSTER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "rollpack/v1/rollouts.pb.h"
 #include "scheduler/model_spec.h"
 #include "server/cluster/etcd_client.h"
+#include "server/store/sample_store.h"
 
 namespace rollpack {
 
@@ -68,6 +70,11 @@ class Cluster {
   // The pool's cluster-wide model, or nullopt when no member registered it.
   absl::StatusOr<std::optional<ModelSpec>> LookupPool(const std::string& pool);
 
+  // Fixes the pool's token-field schema for the whole cluster unless one is
+  // fixed; returns the schema that holds (SampleStore::SchemaResolver).
+  absl::StatusOr<std::map<std::string, FieldSchema>> FixSchema(
+      const std::string& pool, const std::map<std::string, FieldSchema>& proposed);
+
   // GetPool of `member` alone (GetPoolRequest.local_only), over a channel
   // kept per member. UNAVAILABLE naming the member when it does not answer.
   absl::StatusOr<v1::PoolInfo> GetPoolOf(const ClusterMember& member, const std::string& pool);
@@ -78,6 +85,7 @@ class Cluster {
   void KeepAliveLoop();
   std::string MemberKey(const std::string& id) const;
   std::string PoolKey(const std::string& pool) const;
+  std::string SchemaKey(const std::string& pool) const;
 
   const ClusterOptions options_;
   const ClusterMember self_;

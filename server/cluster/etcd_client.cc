@@ -72,16 +72,36 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(all_ipv4 ? absl::StrCat("ipv4:", joined) : joined,
                                            grpc::InsecureChannelCredentials(), args);
-  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(channel), joined, options.timeout));
+  return std::unique_ptr<EtcdClient>(
+      new EtcdClient(std::move(channel), joined, options.timeout, options.total_timeout));
 }
 
 EtcdClient::EtcdClient(std::shared_ptr<grpc::Channel> channel, std::string endpoints,
-                       absl::Duration timeout)
+                       absl::Duration timeout, absl::Duration total_timeout)
     : channel_(std::move(channel)),
       kv_(etcdserverpb::KV::NewStub(channel_)),
       lease_(etcdserverpb::Lease::NewStub(channel_)),
       endpoints_(std::move(endpoints)),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      total_timeout_(total_timeout) {}
+
+grpc::Status EtcdClient::Call(
+    const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const {
+  // etcd answers UNAVAILABLE or stalls past a deadline while it fails over
+  // (an endpoint gone, a leader election of a second or two): every call
+  // here is idempotent, so it is tried again until the total budget.
+  const absl::Time give_up = absl::Now() + total_timeout_;
+  while (true) {
+    grpc::ClientContext context;
+    const absl::Duration left = std::max(give_up - absl::Now(), absl::Milliseconds(1));
+    SetDeadline(&context, std::min(timeout_, left));
+    grpc::Status s = rpc(&context);
+    const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!transient || absl::Now() + absl::Milliseconds(100) >= give_up) return s;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
 
 absl::Status EtcdClient::Error(const grpc::Status& status, absl::string_view what) const {
   // Whatever went wrong between us and etcd, the cluster's coordination is
@@ -94,9 +114,9 @@ absl::StatusOr<std::optional<std::string>> EtcdClient::Get(const std::string& ke
   etcdserverpb::RangeRequest request;
   request.set_key(key);
   etcdserverpb::RangeResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout_);
-  grpc::Status s = kv_->Range(&context, request, &response);
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Range(context, request, &response);
+  });
   if (!s.ok()) return Error(s, absl::StrCat("get ", key));
   if (response.kvs_size() == 0) return std::optional<std::string>();
   return std::optional<std::string>(response.kvs(0).value());
@@ -110,9 +130,9 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::Get
   request.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
   request.set_sort_target(etcdserverpb::RangeRequest::KEY);
   etcdserverpb::RangeResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout_);
-  grpc::Status s = kv_->Range(&context, request, &response);
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Range(context, request, &response);
+  });
   if (!s.ok()) return Error(s, absl::StrCat("list ", prefix));
   std::vector<std::pair<std::string, std::string>> out;
   out.reserve(response.kvs_size());
@@ -126,9 +146,9 @@ absl::Status EtcdClient::Put(const std::string& key, const std::string& value, i
   request.set_value(value);
   request.set_lease(lease);
   etcdserverpb::PutResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout_);
-  grpc::Status s = kv_->Put(&context, request, &response);
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Put(context, request, &response);
+  });
   if (!s.ok()) return Error(s, absl::StrCat("put ", key));
   return absl::OkStatus();
 }
@@ -149,9 +169,9 @@ absl::StatusOr<std::string> EtcdClient::CreateIfAbsent(const std::string& key,
   put->set_lease(lease);
   request.add_failure()->mutable_request_range()->set_key(key);
   etcdserverpb::TxnResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout_);
-  grpc::Status s = kv_->Txn(&context, request, &response);
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Txn(context, request, &response);
+  });
   if (!s.ok()) return Error(s, absl::StrCat("create ", key));
   if (response.succeeded()) {
     *created = true;
@@ -169,9 +189,9 @@ absl::Status EtcdClient::Delete(const std::string& key) {
   etcdserverpb::DeleteRangeRequest request;
   request.set_key(key);
   etcdserverpb::DeleteRangeResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout_);
-  grpc::Status s = kv_->DeleteRange(&context, request, &response);
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->DeleteRange(context, request, &response);
+  });
   if (!s.ok()) return Error(s, absl::StrCat("delete ", key));
   return absl::OkStatus();
 }
@@ -180,9 +200,9 @@ absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
   etcdserverpb::LeaseGrantResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout_);
-  grpc::Status s = lease_->LeaseGrant(&context, request, &response);
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return lease_->LeaseGrant(context, request, &response);
+  });
   if (!s.ok()) return Error(s, "grant lease");
   if (!response.error().empty()) {
     return absl::UnavailableError(absl::StrCat("etcd: grant lease: ", response.error()));
@@ -191,19 +211,20 @@ absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {
 }
 
 absl::Status EtcdClient::KeepAlive(int64_t lease) {
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout_);
-  auto stream = lease_->LeaseKeepAlive(&context);
   etcdserverpb::LeaseKeepAliveRequest request;
   request.set_id(lease);
   etcdserverpb::LeaseKeepAliveResponse response;
-  const bool exchanged = stream->Write(request) && stream->Read(&response);
-  stream->WritesDone();
-  grpc::Status s = stream->Finish();
-  if (!exchanged || !s.ok()) {
-    return Error(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream closed") : s,
-                 "keep lease alive");
-  }
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    auto stream = lease_->LeaseKeepAlive(context);
+    const bool exchanged = stream->Write(request) && stream->Read(&response);
+    stream->WritesDone();
+    grpc::Status finished = stream->Finish();
+    if (finished.ok() && !exchanged) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "keep-alive stream closed");
+    }
+    return finished;
+  });
+  if (!s.ok()) return Error(s, "keep lease alive");
   if (response.ttl() <= 0) {
     return absl::NotFoundError(absl::StrCat("etcd: lease ", lease, " has expired"));
   }
@@ -214,9 +235,9 @@ absl::Status EtcdClient::RevokeLease(int64_t lease) {
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(lease);
   etcdserverpb::LeaseRevokeResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout_);
-  grpc::Status s = lease_->LeaseRevoke(&context, request, &response);
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return lease_->LeaseRevoke(context, request, &response);
+  });
   if (!s.ok()) return Error(s, "revoke lease");
   return absl::OkStatus();
 }

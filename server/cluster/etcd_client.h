@@ -1,10 +1,12 @@
 // A small client of etcd v3's gRPC API (KV, Lease), the cluster's store of
 // membership and cluster-wide facts (docs/cluster.md). Every call has a
-// deadline; an unreachable etcd is UNAVAILABLE naming the endpoints.
+// deadline and transient failures are retried within a total budget; an
+// unreachable etcd is UNAVAILABLE naming the endpoints.
 #ifndef ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_
 #define ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +19,7 @@
 #include "absl/time/time.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
 
 namespace rollpack {
 
@@ -24,8 +27,10 @@ struct EtcdOptions {
   // Client URLs ("http://127.0.0.1:2379") or host:port; the channel fails
   // over between them.
   std::vector<std::string> endpoints;
-  // Deadline of every call.
+  // Deadline of one attempt, and of a call with its retries: transient
+  // failures (an endpoint gone, a leader election) are retried within it.
   absl::Duration timeout = absl::Seconds(3);
+  absl::Duration total_timeout = absl::Seconds(8);
 };
 
 class EtcdClient {
@@ -60,7 +65,8 @@ class EtcdClient {
 
  private:
   EtcdClient(std::shared_ptr<grpc::Channel> channel, std::string endpoints,
-             absl::Duration timeout);
+             absl::Duration timeout, absl::Duration total_timeout);
+  grpc::Status Call(const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const;
   absl::Status Error(const grpc::Status& status, absl::string_view what) const;
 
   std::shared_ptr<grpc::Channel> channel_;
@@ -68,6 +74,7 @@ class EtcdClient {
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
   const std::string endpoints_;
   const absl::Duration timeout_;
+  const absl::Duration total_timeout_;
 };
 
 // The end of the key range that holds every key starting with `prefix`

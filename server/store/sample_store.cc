@@ -99,6 +99,33 @@ absl::StatusOr<ModelSpec> SampleStore::GetOrAdoptModel(const std::string& pool) 
   return *std::move(resolved);
 }
 
+void SampleStore::SetSchemaResolver(SchemaResolver resolver) {
+  schema_resolver_ = std::move(resolver);
+}
+
+absl::Status SampleStore::FixSchemaClusterWide(const std::string& pool_name,
+                                               const std::vector<StoredSample>& samples) {
+  if (!schema_resolver_ || samples.empty()) return absl::OkStatus();
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = pools_.find(pool_name);
+    // An unknown pool is refused by the put itself.
+    if (it == pools_.end() || it->second.schema_fixed) return absl::OkStatus();
+  }
+  std::map<std::string, FieldSchema> proposed;
+  for (const auto& [name, field] : samples.front().token_fields) {
+    proposed[name] = FieldSchema{field.dtype, field.trailing_shape};
+  }
+  ASSIGN_OR_RETURN(auto fixed, schema_resolver_(pool_name, proposed));
+  absl::MutexLock lock(&mu_);
+  Pool& pool = pools_.at(pool_name);
+  if (!pool.schema_fixed) {
+    pool.schema = std::move(fixed);
+    pool.schema_fixed = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SampleStore::CheckSchema(
     const Pool& pool, const StoredSample& sample,
     const std::map<std::string, FieldSchema>* batch_schema) const {
@@ -133,6 +160,7 @@ absl::Status SampleStore::CheckSchema(
 
 absl::StatusOr<PutResult> SampleStore::Put(const std::string& pool_name,
                                            std::vector<StoredSample> samples) {
+  RETURN_IF_ERROR(FixSchemaClusterWide(pool_name, samples));
   if (log_ == nullptr) {
     int64_t unused = 0;
     return PutLocked(pool_name, std::move(samples), std::string(), &unused);

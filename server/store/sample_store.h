@@ -77,6 +77,14 @@ class SampleStore {
   // first (a pool registered on another member takes samples on this one).
   absl::StatusOr<ModelSpec> GetOrAdoptModel(const std::string& pool);
 
+  // Cluster mode: fixes a pool's token-field schema for the whole cluster
+  // (`proposed`, from the first sample of the first batch this member
+  // stores for the pool) and returns the one that holds (`proposed`, or the
+  // one another member fixed first).
+  using SchemaResolver = std::function<absl::StatusOr<std::map<std::string, FieldSchema>>(
+      const std::string& pool, const std::map<std::string, FieldSchema>& proposed)>;
+  void SetSchemaResolver(SchemaResolver resolver);
+
   // Commits already-validated samples all or nothing: INVALID_ARGUMENT when
   // a sample's token fields differ from the pool's (fixed by the first
   // accepted sample) or the batch repeats an id with other content;
@@ -143,11 +151,15 @@ class SampleStore {
                                       std::vector<StoredSample> samples,
                                       std::string encoded, int64_t* ticket);
   absl::StatusOr<ReleaseResult> ReleaseStepLocked(const std::string& step_id, int64_t* ticket);
+  // Before a pool's first batch here: the cluster's schema becomes the pool's.
+  absl::Status FixSchemaClusterWide(const std::string& pool,
+                                    const std::vector<StoredSample>& samples);
 
   const int64_t max_memory_bytes_;
   DurableLog* log_ = nullptr;
   // Set once before serving (cluster mode), read without the lock.
   PoolResolver pool_resolver_;
+  SchemaResolver schema_resolver_;
   mutable absl::Mutex mu_;
   std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Step>> steps_ ABSL_GUARDED_BY(mu_);
