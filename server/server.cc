@@ -1,7 +1,12 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -76,6 +81,32 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+namespace {
+
+// gRPC reports a failed bind without its reason; binding the same IPv4
+// address once more here finds it (": address in use", say). Empty when
+// the address is not an IPv4 host:port or binds now.
+std::string WhyCannotBind(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port)) return "";
+  std::string host = listen.substr(0, colon);
+  if (host == "localhost") host = "127.0.0.1";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return "";
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  const int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  close(fd);
+  if (rc == 0) return "";
+  return err == EADDRINUSE ? ": address in use" : absl::StrCat(": ", std::strerror(err));
+}
+
+}  // namespace
+
 int RollpackServer::metrics_port() const {
   return exporter_ != nullptr ? exporter_->port() : 0;
 }
@@ -136,6 +167,9 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   // keepalive_time): more often than gRPC's default of one per 5 minutes
   // without data, which a client-streaming call (ingest) never sends.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  // gRPC sets SO_REUSEPORT by default: a second rollpackd on a port in use
+  // would start and the kernel would split clients between two stores.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (const auto& [name, value] : options.grpc_int_args) builder.AddChannelArgument(name, value);
   builder.RegisterService(server->rollouts_.get());
   builder.RegisterService(server->scheduler_.get());
@@ -149,7 +183,8 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   builder.RegisterService(server->telemetry_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen, WhyCannotBind(options.listen)));
   }
   server->port_ = port;
   if (!options.metrics_listen.empty()) {

@@ -64,6 +64,20 @@ TEST(GrpcArgTest, ServerServesWithThem) {
   (*server)->Shutdown(absl::Seconds(1));
 }
 
+TEST(ListenTest, APortInUseIsRefusedNamingWhy) {
+  absl::StatusOr<std::unique_ptr<RollpackServer>> first = RollpackServer::Start({});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ServerOptions second;
+  second.listen = (*first)->address();
+  absl::StatusOr<std::unique_ptr<RollpackServer>> refused = RollpackServer::Start(second);
+  ASSERT_FALSE(refused.ok()) << "a second server on " << second.listen
+                             << " would split clients between two stores";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("cannot listen on " + second.listen + ": address in use"));
+  (*first)->Shutdown(absl::Seconds(1));
+}
+
 // --------------------------------------------------------- per-pool memory
 
 TEST(PoolMemoryTest, OnePoolCannotTakeTheWholeStore) {

@@ -2,13 +2,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "server/store/crc32c.h"
 #include "server/store/little_endian.h"
 
@@ -119,6 +122,7 @@ absl::StatusOr<std::unique_ptr<DurableLog>> DurableLog::Open(const DurableLogOpt
     return IoError("cannot create directory", options.dir, errno);
   }
   std::unique_ptr<DurableLog> log(new DurableLog(options));
+  RETURN_IF_ERROR(log->LockDir());
   const std::string path = log->path();
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return IoError("cannot open", path, errno);
@@ -208,6 +212,30 @@ absl::StatusOr<std::unique_ptr<DurableLog>> DurableLog::Open(const DurableLogOpt
   return log;
 }
 
+absl::Status DurableLog::LockDir() {
+  // A lock file of its own: compaction renames the log over itself, which
+  // would drop a lock held on the log's inode. The kernel releases the lock
+  // when the process dies, so a kill -9 leaves nothing to clean up.
+  const std::string path = options_.dir + "/rollpack.lock";
+  lock_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) return IoError("cannot open", path, errno);
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) return IoError("cannot lock", path, err);
+    char pid[32] = {};
+    const ssize_t n = pread(lock_fd_, pid, sizeof(pid) - 1, 0);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--data-dir ", options_.dir, " is in use by another rollpackd (pid ",
+        n > 0 ? absl::StripAsciiWhitespace(absl::string_view(pid, n)) : "unknown",
+        "): two processes appending to one log lose acknowledged data"));
+  }
+  const std::string self = absl::StrCat(getpid(), "\n");
+  if (ftruncate(lock_fd_, 0) != 0 || pwrite(lock_fd_, self.data(), self.size(), 0) < 0) {
+    return IoError("cannot write", path, errno);
+  }
+  return absl::OkStatus();
+}
+
 DurableLog::~DurableLog() {
   {
     absl::MutexLock lock(&mu_);
@@ -219,6 +247,7 @@ DurableLog::~DurableLog() {
     fdatasync(fd_);
     close(fd_);
   }
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the directory's lock
 }
 
 void DurableLog::BatchSyncLoop() {

@@ -84,8 +84,10 @@ struct RecoveryInfo {
 class DurableLog {
  public:
   // Opens (creating the directory and file) and reads every valid record
-  // into `records`, dropping a torn tail. DATA_LOSS for corruption before
-  // the tail or a foreign file; INTERNAL for I/O errors.
+  // into `records`, dropping a torn tail. Holds an exclusive lock on the
+  // directory for the log's life: FAILED_PRECONDITION naming the other
+  // process's pid when another rollpackd holds it. DATA_LOSS for corruption
+  // before the tail or a foreign file; INTERNAL for I/O errors.
   static absl::StatusOr<std::unique_ptr<DurableLog>> Open(const DurableLogOptions& options,
                                                           std::vector<LogRecord>* records,
                                                           RecoveryInfo* info);
@@ -128,12 +130,14 @@ class DurableLog {
  private:
   explicit DurableLog(DurableLogOptions options) : options_(std::move(options)) {}
   void BatchSyncLoop();
+  absl::Status LockDir();
 
   const DurableLogOptions options_;
   // Lock order: sync_mu_ before mu_.
   absl::Mutex sync_mu_;
   mutable absl::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  int lock_fd_ = -1;  // DIR/rollpack.lock, flock'ed while the log is open
   int64_t file_size_ ABSL_GUARDED_BY(mu_) = 0;
   // Logical bytes: monotonic over rewrites, the unit of tickets.
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;

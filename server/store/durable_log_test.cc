@@ -183,6 +183,29 @@ std::vector<int64_t> WriteRecords(const std::string& dir, int n) {
   return ends;
 }
 
+TEST(DurableLogTest, ADataDirServesOneProcessAtATime) {
+  TempDir dir;
+  DurableLogOptions options;
+  options.dir = dir.path();
+  std::vector<LogRecord> records;
+  RecoveryInfo info;
+  absl::StatusOr<std::unique_ptr<DurableLog>> first = DurableLog::Open(options, &records, &info);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Another open of the same directory (another rollpackd, or this one by
+  // mistake) is refused while the first holds it, naming the holder.
+  absl::StatusOr<std::unique_ptr<DurableLog>> second = DurableLog::Open(options, &records, &info);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr(absl::StrCat("in use by another rollpackd (pid ", getpid(), ")")));
+  // Compaction renames the log: the lock stays with the directory.
+  ASSERT_TRUE((*first)->Rewrite([](DurableLog::Rewriter*) { return absl::OkStatus(); }).ok());
+  EXPECT_FALSE(DurableLog::Open(options, &records, &info).ok());
+  first->reset();
+  absl::StatusOr<std::unique_ptr<DurableLog>> after = DurableLog::Open(options, &records, &info);
+  EXPECT_TRUE(after.ok()) << after.status();
+}
+
 TEST(DurableLogTest, TornTailIsDroppedAtEveryCutPoint) {
   TempDir dir;
   const std::vector<int64_t> ends = WriteRecords(dir.path(), 3);
