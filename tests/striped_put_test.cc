@@ -17,7 +17,6 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "grpcpp/support/proto_buffer_writer.h"
 #include "gtest/gtest.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "proto/wire/byte_buffer.h"
@@ -51,7 +50,18 @@ class StandInRollouts final : public grpc::CallbackGenericService {
     }
     const Answer answer =
         stripe < static_cast<int>(answers_.size()) ? answers_[stripe] : Answer::kCountMessages;
-    return new Stream(this, answer);
+    Stream* stream = new Stream(this, answer);
+    // A failing stream fails once every stripe of the call has reached the
+    // server: a stream the client cancels before the server saw it would
+    // never be cancelled here, and whether it was seen is a race.
+    std::vector<Stream*> fail_now;
+    {
+      absl::MutexLock lock(&mu_);
+      if (answer == Answer::kFailAtOnce) waiting_to_fail_.push_back(stream);
+      if (++created_ >= static_cast<int>(answers_.size())) fail_now.swap(waiting_to_fail_);
+    }
+    for (Stream* s : fail_now) s->Fail();
+    return stream;
   }
 
   std::vector<std::string> stripe_metadata() {
@@ -67,12 +77,9 @@ class StandInRollouts final : public grpc::CallbackGenericService {
   class Stream final : public grpc::ServerGenericBidiReactor {
    public:
     Stream(StandInRollouts* service, Answer answer) : service_(service), answer_(answer) {
-      if (answer_ == Answer::kFailAtOnce) {
-        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stand-in: this stream fails"));
-        return;
-      }
-      StartRead(&incoming_);
+      if (answer_ != Answer::kFailAtOnce) StartRead(&incoming_);
     }
+    void Fail() { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stand-in: this stream fails")); }
     void OnReadDone(bool ok) override {
       if (ok) {
         ++messages_;
@@ -104,6 +111,8 @@ class StandInRollouts final : public grpc::CallbackGenericService {
   absl::Mutex mu_;
   std::vector<std::string> stripe_metadata_ ABSL_GUARDED_BY(mu_);
   int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  int created_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Stream*> waiting_to_fail_ ABSL_GUARDED_BY(mu_);
 };
 
 class StripedPutTest : public ::testing::Test {
