@@ -175,9 +175,18 @@ int main(int argc, char** argv) {
     const rollpack::RecoveryInfo& r = (*server)->recovery();
     const rollpack::StoreStats stats = (*server)->store().Stats();
     spdlog::info("rollpackd: durable log {} (fsync {}): replayed {} records, {} bytes; "
-                 "dropped a torn tail of {} bytes; {} samples, {} live steps recovered",
+                 "{} samples, {} live steps recovered",
                  log->path(), rollpack::FsyncPolicyName(log->options().fsync), r.records, r.bytes,
-                 r.torn_tail_bytes, stats.num_samples, stats.num_live_steps);
+                 stats.num_samples, stats.num_live_steps);
+    if (r.torn_tail_bytes > 0) {
+      spdlog::warn("rollpackd: durable log: cut {} bytes off the end ({}); they are kept in {}",
+                   r.torn_tail_bytes, r.cut_reason,
+                   r.cut_file.empty() ? "no file (an incomplete file header)" : r.cut_file);
+    }
+    if (r.converted_from_v1) spdlog::info("rollpackd: durable log rewritten in format version 2");
+    if (r.removed_compaction_file) {
+      spdlog::warn("rollpackd: durable log: removed a half-written compaction (killed during it)");
+    }
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {

@@ -131,6 +131,14 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   }
   server->registry_ = std::make_unique<metrics::Registry>();
   server->metrics_ = std::make_unique<ServerMetrics>(server->registry_.get(), server->store_.get());
+  if (server->log_ != nullptr) {
+    server->registry_
+        ->AddGauge("rollpack_durable_log_cut_bytes",
+                   "Bytes cut off the end of the durable log at start (an unfinished last write; "
+                   "kept in DIR/rollpack.log.cut-OFFSET)")
+        .Add({})
+        .Set(static_cast<double>(server->recovery_.torn_tail_bytes));
+  }
   if (!options.auth_tokens_file.empty()) {
     ASSIGN_OR_RETURN(Authorizer auth, Authorizer::FromFile(options.auth_tokens_file));
     server->auth_ = std::make_unique<Authorizer>(std::move(auth));

@@ -18,8 +18,13 @@
 namespace rollpack {
 namespace {
 
-constexpr char kFileHeader[8] = {'R', 'P', 'L', 'O', 'G', '0', '0', '1'};
+// Version 2 checksums each record's header apart from its payload, so a
+// damaged length is told from a write cut short. Version 1 files are read
+// (with version 1's rules) and rewritten as version 2 when opened.
+constexpr char kFileHeader[8] = {'R', 'P', 'L', 'O', 'G', '0', '0', '2'};
+constexpr char kFileHeaderV1[8] = {'R', 'P', 'L', 'O', 'G', '0', '0', '1'};
 constexpr int kRecordHeader = kLogRecordHeaderBytes;
+constexpr int kRecordHeaderV1 = 9;  // no header checksum
 // A record larger than this is not something we wrote: corruption.
 constexpr uint32_t kMaxRecordBytes = 1u << 31;
 
@@ -32,7 +37,74 @@ std::string RecordHeader(RecordType type, absl::string_view payload) {
   PutU32(&header, static_cast<uint32_t>(payload.size()));
   PutU32(&header, RecordCrc(static_cast<uint8_t>(type), payload));
   header.push_back(static_cast<char>(type));
+  PutU32(&header, Crc32c(header));
   return header;
+}
+
+bool AllZero(absl::string_view bytes) {
+  return bytes.find_first_not_of('\0') == absl::string_view::npos;
+}
+
+// Reads the records of `data` (a whole log file) into `records`; returns
+// where the good records end. What follows them, if anything, is a tail to
+// cut (its reason in *why): only a write that was provably the last and
+// unfinished, or zeros a crash left past the end. DATA_LOSS for anything
+// else: damage with records after it, or a header that fails its checksum.
+absl::StatusOr<size_t> ScanRecords(absl::string_view data, bool v1, const std::string& path,
+                                   std::vector<LogRecord>* records, std::string* why) {
+  const size_t header_bytes = v1 ? kRecordHeaderV1 : kRecordHeader;
+  size_t pos = sizeof(kFileHeader);
+  auto corrupt = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat(
+        "durable log: ", path, ": record at offset ", pos, " ", what, " and ", data.size() - pos,
+        " bytes from there on cannot be read; refusing to start (the file is unchanged: move it "
+        "away to start empty, or keep it for inspection)"));
+  };
+  while (pos < data.size()) {
+    const absl::string_view rest = data.substr(pos);
+    if (!v1 && rest.size() >= kRecordHeader && !AllZero(rest)) {
+      if (Crc32c(rest.substr(0, 9)) != GetU32(rest.data() + 9)) {
+        return corrupt("has a header that fails its checksum");
+      }
+    }
+    if (rest.size() < header_bytes) {
+      *why = "a partial record header at the end of the file (a write cut short)";
+      return pos;
+    }
+    if (!v1 && AllZero(rest)) {
+      *why = "zeros past the last record (a crash after the file grew)";
+      return pos;
+    }
+    const uint32_t length = GetU32(rest.data());
+    const uint32_t crc = GetU32(rest.data() + 4);
+    const uint8_t type = static_cast<uint8_t>(rest[8]);
+    if (length >= kMaxRecordBytes) {
+      if (!v1) return corrupt(absl::StrCat("declares ", length, " bytes"));
+      *why = "a version 1 record that runs past the end of the file";
+      return pos;
+    }
+    if (header_bytes + static_cast<size_t>(length) > rest.size()) {
+      // Version 2: the header is intact, so the length is what was written.
+      *why = "a last record that runs past the end of the file (a write cut short)";
+      return pos;
+    }
+    const absl::string_view payload = rest.substr(header_bytes, length);
+    const bool last = header_bytes + length == rest.size();
+    if (type < 1 || type > 4) {
+      if (!v1) return corrupt(absl::StrCat("has unknown type ", type));
+      if (!last) return corrupt("fails its checksum");
+      *why = "a last version 1 record of unknown type";
+      return pos;
+    }
+    if (RecordCrc(type, payload) != crc) {
+      if (!last) return corrupt("fails its checksum");
+      *why = "a last record whose payload fails its checksum (a write cut short)";
+      return pos;
+    }
+    records->push_back({static_cast<RecordType>(type), std::string(payload)});
+    pos += header_bytes + length;
+  }
+  return pos;
 }
 
 absl::Status IoError(absl::string_view what, const std::string& path, int err) {
@@ -122,92 +194,92 @@ absl::StatusOr<std::unique_ptr<DurableLog>> DurableLog::Open(const DurableLogOpt
     return IoError("cannot create directory", options.dir, errno);
   }
   std::unique_ptr<DurableLog> log(new DurableLog(options));
+  *info = RecoveryInfo{};
   RETURN_IF_ERROR(log->LockDir());
   const std::string path = log->path();
+  // A compaction killed before its rename: the log it was replacing is
+  // still the log, and the half-written copy is of no use.
+  const std::string leftover = path + ".compact";
+  if (unlink(leftover.c_str()) == 0) {
+    info->removed_compaction_file = true;
+  } else if (errno != ENOENT) {
+    return IoError("cannot remove", leftover, errno);
+  }
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return IoError("cannot open", path, errno);
-  absl::MutexLock lock(&log->mu_);
-  log->fd_ = fd;
-
-  // Read the whole file (it holds at most the live data plus dead bytes
-  // below the compaction threshold).
-  std::string data;
+  bool convert_v1 = false;
+  std::vector<LogRecord>* const read = records;
   {
-    struct stat st;
-    if (fstat(fd, &st) != 0) return IoError("cannot stat", path, errno);
-    data.resize(static_cast<size_t>(st.st_size));
-    size_t got = 0;
-    while (got < data.size()) {
-      const ssize_t n = pread(fd, data.data() + got, data.size() - got, static_cast<off_t>(got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return IoError("cannot read", path, n < 0 ? errno : EIO);
-      got += static_cast<size_t>(n);
-    }
-  }
-  *info = RecoveryInfo{};
-  int64_t good_end = sizeof(kFileHeader);
-  if (data.size() < sizeof(kFileHeader)) {
-    // New file, or a crash while writing the header: start over.
-    info->torn_tail_bytes = static_cast<int64_t>(data.size());
-    if (ftruncate(fd, 0) != 0 ||
-        WriteAllAt(fd, 0, {absl::string_view(kFileHeader, sizeof(kFileHeader))}) != 0 ||
-        fdatasync(fd) != 0) {
-      return IoError("cannot initialise", path, errno);
-    }
-    if (FsyncDir(options.dir) != 0) return IoError("cannot fsync directory", options.dir, errno);
-  } else {
-    if (std::memcmp(data.data(), kFileHeader, sizeof(kFileHeader)) != 0) {
-      return absl::DataLossError(absl::StrCat("durable log: ", path, " is not a rollpack log"));
-    }
-    size_t pos = sizeof(kFileHeader);
-    while (pos < data.size()) {
-      const size_t left = data.size() - pos;
-      bool torn = false;
-      if (left < kRecordHeader) {
-        torn = true;
-      } else {
-        const uint32_t length = GetU32(data.data() + pos);
-        const uint32_t crc = GetU32(data.data() + pos + 4);
-        const uint8_t type = static_cast<uint8_t>(data[pos + 8]);
-        if (length >= kMaxRecordBytes || kRecordHeader + static_cast<size_t>(length) > left) {
-          // Runs past the end of the file: a write cut short.
-          torn = true;
-        } else {
-          absl::string_view payload(data.data() + pos + kRecordHeader, length);
-          const bool type_ok = type >= 1 && type <= 4;
-          if (!type_ok || RecordCrc(type, payload) != crc) {
-            if (pos + kRecordHeader + length == data.size()) {
-              torn = true;  // the last record: a torn write
-            } else {
-              return absl::DataLossError(absl::StrCat(
-                  "durable log: ", path, ": record at offset ", pos, " fails its checksum and ",
-                  data.size() - pos - kRecordHeader - length,
-                  " bytes follow it; refusing to start (move the file away to start empty)"));
-            }
-          } else {
-            records->push_back({static_cast<RecordType>(type), std::string(payload)});
-            pos += kRecordHeader + length;
-            info->records++;
-            continue;
-          }
-        }
-      }
-      if (torn) {
-        info->torn_tail_bytes = static_cast<int64_t>(left);
-        if (ftruncate(fd, static_cast<off_t>(pos)) != 0 || fdatasync(fd) != 0) {
-          return IoError("cannot drop the torn tail of", path, errno);
-        }
-        break;
+    absl::MutexLock lock(&log->mu_);
+    log->fd_ = fd;
+
+    // Read the whole file (it holds at most the live data plus dead bytes
+    // below the compaction threshold).
+    std::string data;
+    {
+      struct stat st;
+      if (fstat(fd, &st) != 0) return IoError("cannot stat", path, errno);
+      data.resize(static_cast<size_t>(st.st_size));
+      size_t got = 0;
+      while (got < data.size()) {
+        const ssize_t n = pread(fd, data.data() + got, data.size() - got, static_cast<off_t>(got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return IoError("cannot read", path, n < 0 ? errno : EIO);
+        got += static_cast<size_t>(n);
       }
     }
-    good_end = static_cast<int64_t>(pos);
+    int64_t good_end = sizeof(kFileHeader);
+    if (data.size() < sizeof(kFileHeader)) {
+      // New file, or a crash while writing the header: start over.
+      info->torn_tail_bytes = static_cast<int64_t>(data.size());
+      if (ftruncate(fd, 0) != 0 ||
+          WriteAllAt(fd, 0, {absl::string_view(kFileHeader, sizeof(kFileHeader))}) != 0 ||
+          fdatasync(fd) != 0) {
+        return IoError("cannot initialise", path, errno);
+      }
+      if (FsyncDir(options.dir) != 0) return IoError("cannot fsync directory", options.dir, errno);
+    } else {
+      convert_v1 = std::memcmp(data.data(), kFileHeaderV1, sizeof(kFileHeaderV1)) == 0;
+      if (!convert_v1 && std::memcmp(data.data(), kFileHeader, sizeof(kFileHeader)) != 0) {
+        return absl::DataLossError(absl::StrCat("durable log: ", path, " is not a rollpack log"));
+      }
+      std::string why;
+      ASSIGN_OR_RETURN(const size_t end, ScanRecords(data, convert_v1, path, records, &why));
+      info->records = static_cast<int64_t>(records->size());
+      if (end < data.size()) {
+        // Nothing is thrown away: the cut bytes go to a side file first.
+        const std::string side = absl::StrCat(path, ".cut-", end);
+        const int side_fd = open(side.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (side_fd < 0) return IoError("cannot create", side, errno);
+        const int err = WriteAllAt(side_fd, 0, {absl::string_view(data).substr(end)});
+        const int synced = err == 0 ? fdatasync(side_fd) : 0;
+        close(side_fd);
+        if (err != 0 || synced != 0) return IoError("cannot write", side, err != 0 ? err : errno);
+        if (FsyncDir(options.dir) != 0) return IoError("cannot fsync directory", options.dir, errno);
+        if (ftruncate(fd, static_cast<off_t>(end)) != 0 || fdatasync(fd) != 0) {
+          return IoError("cannot cut the tail of", path, errno);
+        }
+        info->torn_tail_bytes = static_cast<int64_t>(data.size() - end);
+        info->cut_file = side;
+        info->cut_reason = why;
+      }
+      good_end = static_cast<int64_t>(end);
+    }
+    info->bytes = good_end;
+    log->file_size_ = good_end;
+    log->written_ = good_end;
+    log->durable_ = good_end;
+    if (options.fsync == FsyncPolicy::kBatch) {
+      log->batch_thread_ = std::thread([raw = log.get()] { raw->BatchSyncLoop(); });
+    }
   }
-  info->bytes = good_end;
-  log->file_size_ = good_end;
-  log->written_ = good_end;
-  log->durable_ = good_end;
-  if (options.fsync == FsyncPolicy::kBatch) {
-    log->batch_thread_ = std::thread([raw = log.get()] { raw->BatchSyncLoop(); });
+  if (convert_v1) {
+    // Rewritten at once in version 2, the same way compaction does.
+    RETURN_IF_ERROR(log->Rewrite([read](Rewriter* out) -> absl::Status {
+      for (const LogRecord& record : *read) RETURN_IF_ERROR(out->Add(record.type, record.payload));
+      return absl::OkStatus();
+    }));
+    info->converted_from_v1 = true;
   }
   return log;
 }

@@ -6,12 +6,15 @@
 // acknowledged. The log frames typed records; it knows nothing of their
 // payloads (log_records.h) or of the store.
 //
-// File: DIR/rollpack.log = 8-byte header "RPLOG001", then records
-//   u32 payload_length | u32 crc32c(type, payload) | u8 type | payload
-// (little endian). A record that runs past the end of the file or whose
-// checksum fails and is the last record is a torn tail (a crash during the
-// write): it is dropped and the file truncated. A bad record followed by
-// further data is corruption: Open fails with DATA_LOSS naming the offset.
+// File: DIR/rollpack.log = 8-byte header "RPLOG002", then records
+//   u32 payload_length | u32 crc32c(type, payload) | u8 type | u32 crc32c(header)
+// (little endian). The header's own checksum tells a damaged length from a
+// write cut short. Only a provably unfinished last write is cut at start (a
+// partial header, a last record running past the end or failing its payload
+// checksum, zeros past the last record), and the cut bytes are kept in a
+// side file; anything else that does not verify is corruption: Open fails
+// with DATA_LOSS naming the offset and leaves the file as it is. A version 1
+// file ("RPLOG001", no header checksum) is read and rewritten as version 2.
 //
 // Compaction rewrites the file from a snapshot of the live state (new file,
 // fsync, rename over the old one, fsync the directory), so released steps'
@@ -66,8 +69,9 @@ enum class RecordType : uint8_t {
   kReleaseStep = 4,    // v1::ReleaseStepRequest
 };
 
-// u32 payload length, u32 crc32c(type, payload), u8 type.
-inline constexpr int kLogRecordHeaderBytes = 9;
+// u32 payload length, u32 crc32c(type, payload), u8 type, u32 crc32c of
+// these 9 bytes (format version 2).
+inline constexpr int kLogRecordHeaderBytes = 13;
 
 struct LogRecord {
   RecordType type;
@@ -77,8 +81,16 @@ struct LogRecord {
 struct RecoveryInfo {
   int64_t records = 0;
   int64_t bytes = 0;
-  // Bytes of a torn last record that were dropped (0 when the file was clean).
+  // Bytes cut off the end of the log (0 when the file was clean): only a
+  // last write left unfinished, or zeros past the last record. They are
+  // kept in `cut_file` (DIR/rollpack.log.cut-OFFSET); `cut_reason` says why.
   int64_t torn_tail_bytes = 0;
+  std::string cut_file;
+  std::string cut_reason;
+  // The log was in format version 1 and was rewritten as version 2.
+  bool converted_from_v1 = false;
+  // A compaction's half-written copy (a kill during compaction) was removed.
+  bool removed_compaction_file = false;
 };
 
 class DurableLog {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <memory>
 #include <string>
 #include <vector>
@@ -243,6 +244,110 @@ TEST(DurableLogTest, TornTailIsDroppedAtEveryCutPoint) {
     EXPECT_EQ(d->info.torn_tail_bytes, 0);
     EXPECT_EQ(d->store->GetPool("p")->num_samples, 5);
   }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());
+}
+
+TEST(DurableLogTest, ADamagedLengthIsRefusedNotTakenForATornTail) {
+  TempDir dir;
+  const std::vector<int64_t> ends = WriteRecords(dir.path(), 4);
+  const std::string path = dir.path() + "/rollpack.log";
+  std::string damaged = ReadFile(path);
+  // The high byte of a mid-log record's length: version 1 read the record
+  // as running past the end of the file and cut half the log away.
+  damaged[ends[1] + 3] ^= 0x40;
+  WriteFile(path, damaged);
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << d.status();
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr("offset " + std::to_string(ends[1]) + " has a header that fails"));
+  EXPECT_EQ(ReadFile(path), damaged) << "a refused log is left exactly as it was";
+}
+
+TEST(DurableLogTest, EveryBitFlipIsRefusedOrCutIntoASideFile) {
+  TempDir dir;
+  const std::vector<int64_t> ends = WriteRecords(dir.path(), 3);
+  const std::string path = dir.path() + "/rollpack.log";
+  const std::string full = ReadFile(path);
+  const int64_t last_start = ends[ends.size() - 2];
+  std::mt19937 rng(7);
+  int refused = 0, cut = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    // Every bit of the first 64 bytes (file header, first record header),
+    // then random bits over the whole file.
+    const size_t byte = trial < 64 * 8 / 2 ? trial / 4 : rng() % full.size();
+    std::string damaged = full;
+    damaged[byte] ^= static_cast<char>(1 << (trial < 128 ? trial % 8 : rng() % 8));
+    WriteFile(path, damaged);
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+      if (entry.path().filename().string().rfind("rollpack.log.cut-", 0) == 0) {
+        std::filesystem::remove(entry.path());
+      }
+    }
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    if (!d.ok()) {
+      ++refused;
+      EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << "byte " << byte;
+      EXPECT_EQ(ReadFile(path), damaged) << "byte " << byte << ": a refused log is left as it was";
+      continue;
+    }
+    // Recovered: only the last record's payload can be cut, and the cut
+    // bytes are kept, never just dropped.
+    ++cut;
+    EXPECT_GE(static_cast<int64_t>(byte), last_start + kLogRecordHeaderBytes) << "byte " << byte;
+    EXPECT_EQ(d->info.torn_tail_bytes, ends.back() - last_start) << "byte " << byte;
+    EXPECT_EQ(ReadFile(d->info.cut_file), damaged.substr(last_start)) << "byte " << byte;
+    EXPECT_FALSE(d->info.cut_reason.empty());
+    EXPECT_EQ(d->store->GetPool("p")->num_samples, 4) << "byte " << byte;
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(cut, 0);
+}
+
+TEST(DurableLogTest, AVersionOneLogIsReadAndRewrittenAsVersionTwo) {
+  TempDir dir;
+  WriteRecords(dir.path(), 3);
+  const std::string path = dir.path() + "/rollpack.log";
+  // The same records in version 1's framing: no header checksum.
+  const std::string v2 = ReadFile(path);
+  std::string v1 = "RPLOG001";
+  for (size_t pos = 8; pos < v2.size();) {
+    uint32_t length = 0;
+    for (int i = 0; i < 4; ++i) length |= uint32_t{static_cast<unsigned char>(v2[pos + i])} << (8 * i);
+    v1 += v2.substr(pos, 9) + v2.substr(pos + kLogRecordHeaderBytes, length);
+    pos += kLogRecordHeaderBytes + length;
+  }
+  WriteFile(path, v1);
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->info.converted_from_v1);
+    EXPECT_EQ(d->store->GetPool("p")->num_samples, 6);
+  }
+  EXPECT_EQ(ReadFile(path), v2) << "rewritten byte for byte in version 2";
+  absl::StatusOr<Durable> again = OpenDurable(dir.path());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->info.converted_from_v1);
+  EXPECT_EQ(again->store->GetPool("p")->num_samples, 6);
+}
+
+TEST(DurableLogTest, AHalfWrittenCompactionIsRemovedAtStart) {
+  TempDir dir;
+  WriteRecords(dir.path(), 2);
+  const std::string leftover = dir.path() + "/rollpack.log.compact";
+  WriteFile(leftover, "RPLOG002 half a compaction");
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->info.removed_compaction_file);
+  EXPECT_FALSE(std::filesystem::exists(leftover));
+  EXPECT_EQ(d->store->GetPool("p")->num_samples, 4);
 }
 
 TEST(DurableLogTest, CorruptionBeforeTheTailIsRefused) {
