@@ -138,6 +138,17 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
                    "kept in DIR/rollpack.log.cut-OFFSET)")
         .Add({})
         .Set(static_cast<double>(server->recovery_.torn_tail_bytes));
+    // Read through the server, as the log may be gone at shutdown.
+    server->registry_->AddCollectCallback(
+        [s = server.get(),
+         failures = &server->registry_->AddGauge(
+             "rollpack_durable_log_compaction_failures",
+             "Compactions of the durable log that failed since start (full disk, I/O error); the "
+             "old log stays and the next release retries")] {
+          if (s->log_ != nullptr) {
+            failures->Add({}).Set(static_cast<double>(s->log_->compaction_failures()));
+          }
+        });
   }
   if (!options.auth_tokens_file.empty()) {
     ASSIGN_OR_RETURN(Authorizer auth, Authorizer::FromFile(options.auth_tokens_file));

@@ -408,6 +408,26 @@ bool DurableLog::ShouldCompact() const {
 }
 
 absl::Status DurableLog::Rewrite(const std::function<absl::Status(Rewriter*)>& write) {
+  absl::Status s = RewriteOnce(write);
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    compaction_failures_++;
+    last_compaction_error_ = s;
+  }
+  return s;
+}
+
+int64_t DurableLog::compaction_failures() const {
+  absl::MutexLock lock(&mu_);
+  return compaction_failures_;
+}
+
+absl::Status DurableLog::last_compaction_error() const {
+  absl::MutexLock lock(&mu_);
+  return last_compaction_error_;
+}
+
+absl::Status DurableLog::RewriteOnce(const std::function<absl::Status(Rewriter*)>& write) {
   absl::MutexLock sync_lock(&sync_mu_);
   const std::string tmp = path() + ".compact";
   const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

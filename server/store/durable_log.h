@@ -136,12 +136,17 @@ class DurableLog {
   int64_t file_bytes() const;
   int64_t dead_bytes() const;
   int64_t compactions() const;
+  // Compactions that failed (the old log stays; the next release retries),
+  // and why the last one did.
+  int64_t compaction_failures() const;
+  absl::Status last_compaction_error() const;
   const DurableLogOptions& options() const { return options_; }
   std::string path() const;
 
  private:
   explicit DurableLog(DurableLogOptions options) : options_(std::move(options)) {}
   void BatchSyncLoop();
+  absl::Status RewriteOnce(const std::function<absl::Status(Rewriter*)>& write);
   absl::Status LockDir();
 
   const DurableLogOptions options_;
@@ -156,6 +161,8 @@ class DurableLog {
   int64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dead_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t compactions_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t compaction_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status last_compaction_error_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread batch_thread_;

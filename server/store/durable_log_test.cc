@@ -338,6 +338,25 @@ TEST(DurableLogTest, AVersionOneLogIsReadAndRewrittenAsVersionTwo) {
   EXPECT_EQ(again->store->GetPool("p")->num_samples, 6);
 }
 
+TEST(DurableLogTest, AFailedCompactionIsCountedAndLeavesTheLog) {
+  TempDir dir;
+  WriteRecords(dir.path(), 2);
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  const int64_t before = d->log->file_bytes();
+  const absl::Status failed =
+      d->log->Rewrite([](DurableLog::Rewriter*) { return absl::UnavailableError("disk gone"); });
+  EXPECT_FALSE(failed.ok());
+  EXPECT_EQ(d->log->compaction_failures(), 1);
+  EXPECT_EQ(d->log->last_compaction_error().message(), "disk gone");
+  EXPECT_EQ(d->log->file_bytes(), before);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/rollpack.log.compact"));
+  // The log goes on, and a later compaction succeeds.
+  ASSERT_TRUE(d->store->Put("p", Samples(1, 77, "later-")).ok());
+  EXPECT_TRUE(d->store->CompactLog().ok());
+  EXPECT_EQ(d->log->compaction_failures(), 1);
+}
+
 TEST(DurableLogTest, AHalfWrittenCompactionIsRemovedAtStart) {
   TempDir dir;
   WriteRecords(dir.path(), 2);

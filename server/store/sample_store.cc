@@ -414,7 +414,8 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_i
   RETURN_IF_ERROR(log_->Sync(ticket));
   if (log_->ShouldCompact()) {
     // The release is durable whatever compaction does; a failed compaction
-    // leaves the old log in place and is retried at the next release.
+    // leaves the old log in place, is counted by the log (its metric and
+    // last error) and is retried at the next release.
     CompactLog().IgnoreError();
   }
   return released;
