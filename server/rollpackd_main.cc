@@ -211,7 +211,10 @@ int main(int argc, char** argv) {
     spdlog::info("rollpackd: member {} of cluster \"{}\" (etcd {})", cluster->self().address,
                  cluster->options().name, absl::StrJoin(options.cluster_etcd, ","));
   }
-  spdlog::info("rollpackd listening on {} (max memory {} bytes)", (*server)->address(),
+  spdlog::info("rollpackd listening on {} ({} on this host; max memory {} bytes)",
+               absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":",
+                            (*server)->port()),
+               (*server)->address(),
                (*server)->store().Stats().max_memory_bytes);
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

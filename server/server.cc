@@ -111,8 +111,33 @@ int RollpackServer::metrics_port() const {
   return exporter_ != nullptr ? exporter_->port() : 0;
 }
 
+absl::Status ValidateServerOptions(const ServerOptions& options) {
+  const size_t colon = options.listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    // gRPC would take "127.0.0.1" as 127.0.0.1:443.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen \"", options.listen, "\": expected HOST:PORT (port 0 picks a free one)"));
+  }
+  if (options.max_memory_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-memory is ", options.max_memory_bytes, ": bytes, >= 0 (0 = half the RAM)"));
+  }
+  if (options.max_pool_memory_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-pool-memory is ", options.max_pool_memory_bytes, ": bytes, >= 0 (0 = off)"));
+  }
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-message-bytes is ", options.max_message_bytes, ": must be > 0"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     const ServerOptions& options) {
+  RETURN_IF_ERROR(ValidateServerOptions(options));
   std::unique_ptr<RollpackServer> server(new RollpackServer());
   server->store_ = std::make_unique<SampleStore>(
       options.max_memory_bytes > 0 ? options.max_memory_bytes : DefaultMaxMemoryBytes());

@@ -89,6 +89,10 @@ struct ServerOptions {
 // naming the text when VALUE is not an int or NAME is empty.
 absl::StatusOr<std::pair<std::string, int>> ParseGrpcIntArg(absl::string_view text);
 
+// INVALID_ARGUMENT naming the flag and value: a listen address that is not
+// HOST:PORT, negative memory limits, a non-positive message size.
+absl::Status ValidateServerOptions(const ServerOptions& options);
+
 // Half of physical memory: the default --max-memory.
 int64_t DefaultMaxMemoryBytes();
 

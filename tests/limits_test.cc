@@ -78,6 +78,26 @@ TEST(ListenTest, APortInUseIsRefusedNamingWhy) {
   (*first)->Shutdown(absl::Seconds(1));
 }
 
+TEST(ListenTest, MalformedOptionsAreRefusedNamingTheFlag) {
+  struct Case {
+    std::string listen;
+    int64_t max_memory;
+    std::string names;
+  };
+  for (const Case& c : std::vector<Case>{{"127.0.0.1", 0, "--listen \"127.0.0.1\""},
+                                         {"127.0.0.1:70000", 0, "--listen"},
+                                         {":50051", 0, "--listen"},
+                                         {"127.0.0.1:0", -5, "--max-memory is -5"}}) {
+    ServerOptions options;
+    options.listen = c.listen;
+    options.max_memory_bytes = c.max_memory;
+    absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+    ASSERT_FALSE(server.ok()) << c.listen << " " << c.max_memory;
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(server.status().message()), HasSubstr(c.names));
+  }
+}
+
 // --------------------------------------------------------- per-pool memory
 
 TEST(PoolMemoryTest, OnePoolCannotTakeTheWholeStore) {
