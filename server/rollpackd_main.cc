@@ -69,6 +69,8 @@ ABSL_FLAG(int, ingest_threads, 0, "ingest worker threads; 0 = one per core, at m
 ABSL_FLAG(int64_t, max_pool_memory, 0,
           "bytes one pool may hold before its PutSamples get RESOURCE_EXHAUSTED; 0 = only "
           "--max-memory applies");
+ABSL_FLAG(int64_t, max_pools, 64,
+          "pools the server may hold (0 = no limit); each has its own metric series");
 ABSL_FLAG(std::vector<std::string>, cluster_etcd, {},
           "cluster mode (docs/cluster.md): etcd client URLs, comma-separated "
           "(http://HOST:PORT or HOST:PORT); unset = a single server");
@@ -148,6 +150,7 @@ int main(int argc, char** argv) {
   options.ingest.messages_in_flight =
       std::clamp(absl::GetFlag(FLAGS_ingest_messages_in_flight), 1, 64);
   options.ingest.threads = std::max(0, absl::GetFlag(FLAGS_ingest_threads));
+  options.max_pools = absl::GetFlag(FLAGS_max_pools);
   options.cluster_etcd = absl::GetFlag(FLAGS_cluster_etcd);
   options.cluster_advertise = absl::GetFlag(FLAGS_cluster_advertise);
   options.cluster_name = absl::GetFlag(FLAGS_cluster_name);

@@ -128,6 +128,10 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-pool-memory is ", options.max_pool_memory_bytes, ": bytes, >= 0 (0 = off)"));
   }
+  if (options.max_pools < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-pools is ", options.max_pools, ": >= 0 (0 = no limit)"));
+  }
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-message-bytes is ", options.max_message_bytes, ": must be > 0"));
@@ -142,6 +146,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->store_ = std::make_unique<SampleStore>(
       options.max_memory_bytes > 0 ? options.max_memory_bytes : DefaultMaxMemoryBytes());
   server->store_->set_max_pool_bytes(options.max_pool_memory_bytes);
+  server->store_->set_max_pools(options.max_pools);
   if (!options.data_dir.empty()) {
     DurableLogOptions log_options;
     log_options.dir = options.data_dir;

@@ -71,6 +71,8 @@ struct ServerOptions {
   std::string auth_tokens_file;
   // Bytes one pool may hold; 0 = only max_memory_bytes applies.
   int64_t max_pool_memory_bytes = 0;
+  // Pools the server may hold (0 = no limit): each has its own metric series.
+  int64_t max_pools = 64;
   // Delivery (server/delivery/trainer_service.h).
   FetchOptions fetch;
   // Ingest (server/ingest/put_samples_reactor.h).

@@ -187,7 +187,7 @@ TEST_F(RoutingReportTest, BadReportsAreRefusedNamingFieldAndValue) {
   };
   std::vector<Case> cases = {
       {Report("nope", 0, {{0, 1, 0, 4}}), absl::StatusCode::kNotFound, "step \"nope\""},
-      {Report("", 0, {{0, 1, 0, 4}}), absl::StatusCode::kNotFound, "step \"\""},
+      {Report("", 0, {{0, 1, 0, 4}}), absl::StatusCode::kInvalidArgument, "step_id is empty"},
       {Report("s", 2, {{2, 1, 0, 4}}), absl::StatusCode::kInvalidArgument,
        "pp coordinate 2 is outside [0, pp = 2)"},
       {Report("s", 0, {{0, 1, 0, 3}}, 3), absl::StatusCode::kInvalidArgument,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/ingest/expert_id_check.h"
+#include "server/store/names.h"
 #include "server/store/ndarray.h"
 
 namespace rollpack {
@@ -40,14 +41,7 @@ class SampleValidator {
         who_(absl::StrCat("sample \"", sample.sample_id(), "\": ")) {}
 
   absl::StatusOr<StoredSample> Run() {
-    if (sample_.sample_id().empty()) {
-      return absl::InvalidArgumentError("sample_id is empty");
-    }
-    if (sample_.sample_id().size() > kMaxSampleIdBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sample_id of ", sample_.sample_id().size(), " bytes is longer than ",
-          kMaxSampleIdBytes));
-    }
+    RETURN_IF_ERROR(ValidateName("sample_id", sample_.sample_id(), kMaxSampleIdBytes));
     StoredSample out;
     out.sample_id = sample_.sample_id();
     out.group_id = sample_.group_id();

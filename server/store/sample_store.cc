@@ -9,6 +9,7 @@
 #include "base/status_macros.h"
 #include "server/store/durable_log.h"
 #include "server/store/log_records.h"
+#include "server/store/names.h"
 #include "server/store/ndarray.h"
 #include "server/store/step_builder.h"
 
@@ -43,12 +44,19 @@ int64_t SampleStore::max_pool_bytes() const {
 
 absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
                                                 const ModelSpec& model) {
-  if (pool_name.empty()) return absl::InvalidArgumentError("pool name is empty");
+  RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
   RETURN_IF_ERROR(ValidateModelSpec(model));
   int64_t ticket = 0;
   bool inserted = false;
   {
     absl::MutexLock lock(&mu_);
+    if (max_pools_ > 0 && pools_.count(pool_name) == 0 &&
+        static_cast<int64_t>(pools_.size()) >= max_pools_) {
+      // Each pool has its own metric series: the bound keeps /metrics bounded.
+      return absl::ResourceExhaustedError(absl::StrCat("pool \"", pool_name, "\" would be pool ",
+                                                       pools_.size() + 1,
+                                                       " of this server; --max-pools is ", max_pools_));
+    }
     auto emplaced = pools_.try_emplace(pool_name);
     auto it = emplaced.first;
     inserted = emplaced.second;
@@ -77,12 +85,18 @@ absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
 }
 
 absl::StatusOr<ModelSpec> SampleStore::GetModel(const std::string& pool) const {
+  RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
   absl::ReaderMutexLock lock(&mu_);
   auto it = pools_.find(pool);
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("pool \"", pool, "\" has no registered model"));
   }
   return it->second.model;
+}
+
+void SampleStore::set_max_pools(int64_t pools) {
+  absl::MutexLock lock(&mu_);
+  max_pools_ = pools;
 }
 
 void SampleStore::SetPoolResolver(PoolResolver resolver) {
@@ -276,6 +290,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
 }
 
 absl::StatusOr<PoolStats> SampleStore::GetPool(const std::string& pool_name) const {
+  RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
   absl::ReaderMutexLock lock(&mu_);
   auto it = pools_.find(pool_name);
   if (it == pools_.end()) {
@@ -306,7 +321,8 @@ StoreStats SampleStore::Stats() const {
 absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
     const std::string& step_id, const std::string& pool_name,
     absl::Span<const std::string> sample_ids, int num_samples, const Topology& topology) {
-  if (step_id.empty()) return absl::InvalidArgumentError("step_id is empty");
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
+  RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
   if (sample_ids.empty() && num_samples <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step \"", step_id, "\": give sample_ids or num_samples > 0 (num_samples is ",
@@ -399,6 +415,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
 
 absl::StatusOr<std::shared_ptr<const Step>> SampleStore::GetStep(
     const std::string& step_id) const {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
   absl::ReaderMutexLock lock(&mu_);
   auto it = steps_.find(step_id);
   if (it == steps_.end()) {
@@ -408,6 +425,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::GetStep(
 }
 
 absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_id) {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
   int64_t ticket = 0;
   absl::StatusOr<ReleaseResult> released = ReleaseStepLocked(step_id, &ticket);
   if (!released.ok() || log_ == nullptr) return released;

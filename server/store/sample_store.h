@@ -101,6 +101,9 @@ class SampleStore {
   // Bytes one pool may hold (--max-pool-memory); 0 = only the server-wide
   // limit. Past it Put returns RESOURCE_EXHAUSTED naming the pool.
   void set_max_pool_bytes(int64_t bytes);
+  // Pools this store may hold (0 = no limit); RegisterModel of one more is
+  // RESOURCE_EXHAUSTED. Pool names are bounded too (names.h).
+  void set_max_pools(int64_t pools);
   int64_t max_pool_bytes() const;
   StoreStats Stats() const;
 
@@ -167,6 +170,7 @@ class SampleStore {
   absl::flat_hash_map<std::string, bool> pending_steps_ ABSL_GUARDED_BY(mu_);
   int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_pools_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -51,6 +51,26 @@ TEST(SampleStoreTest, RegisterIsIdempotentAndRefusesAnotherSpec) {
   EXPECT_THAT(r.status().message(), HasSubstr("pool \"p\" already holds model"));
 }
 
+TEST(SampleStoreTest, PoolsAndNamesAreBounded) {
+  SampleStore store(1 << 20);
+  store.set_max_pools(2);
+  ASSERT_TRUE(store.RegisterModel("a", Model()).ok());
+  ASSERT_TRUE(store.RegisterModel("b", Model()).ok());
+  absl::StatusOr<bool> third = store.RegisterModel("c", Model());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(third.status().message()).find("--max-pools is 2"), std::string::npos);
+  EXPECT_TRUE(store.RegisterModel("a", Model()).ok()) << "an existing pool is no new pool";
+  // An unknown 10 MB name is refused as a name, not echoed in a NOT_FOUND.
+  const std::string huge(10 << 20, 'p');
+  absl::StatusOr<PoolStats> pool = store.GetPool(huge);
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(pool.status().message().size(), 200u);
+  EXPECT_EQ(store.RegisterModel("tab\tname", Model()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.ReleaseStep(std::string(200, 's')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SampleStoreTest, PutToUnknownPoolIsNotFound) {
   SampleStore store(1 << 20);
   std::vector<StoredSample> batch;
