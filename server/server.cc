@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -165,7 +167,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     server->registry_
         ->AddGauge("rollpack_durable_log_cut_bytes",
                    "Bytes cut off the end of the durable log at start (an unfinished last write; "
-                   "kept in DIR/rollpack.log.cut-OFFSET)")
+                   "kept in DIR/rollpack.log.cut-OFFSET-NANOS)")
         .Add({})
         .Set(static_cast<double>(server->recovery_.torn_tail_bytes));
     // Read through the server, as the log may be gone at shutdown.
@@ -230,6 +232,24 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->telemetry_ = std::make_unique<TelemetryService>(
       server->store_.get(), server->routing_agreement_.get(), server->auth_.get());
   builder.RegisterService(server->telemetry_.get());
+  if (cluster_mode) {
+    // Set before serving (the store reads them without a lock); until the
+    // join below completes they answer UNAVAILABLE, a retryable code.
+    RollpackServer* const s = server.get();
+    server->store_->SetPoolResolver(
+        [s](const std::string& pool) -> absl::StatusOr<std::optional<ModelSpec>> {
+          Cluster* cluster = s->joined_cluster_.load();
+          if (cluster == nullptr) return absl::UnavailableError("this member is not in its cluster");
+          return cluster->LookupPool(pool);
+        });
+    server->store_->SetSchemaResolver(
+        [s](const std::string& pool, const std::map<std::string, FieldSchema>& proposed)
+            -> absl::StatusOr<std::map<std::string, FieldSchema>> {
+          Cluster* cluster = s->joined_cluster_.load();
+          if (cluster == nullptr) return absl::UnavailableError("this member is not in its cluster");
+          return cluster->FixSchema(pool, proposed);
+        });
+  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -263,12 +283,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     }
     server->cluster_ = *std::move(joined);
     Cluster* const c = server->cluster_.get();
-    server->store_->SetPoolResolver(
-        [c](const std::string& pool) { return c->LookupPool(pool); });
-    server->store_->SetSchemaResolver(
-        [c](const std::string& pool, const std::map<std::string, FieldSchema>& proposed) {
-          return c->FixSchema(pool, proposed);
-        });
+    server->joined_cluster_.store(c);
     server->rollouts_->AttachCluster(c);
     // Read through the server: the cluster goes away at shutdown.
     server->registry_->AddCollectCallback(
@@ -306,6 +321,7 @@ void RollpackServer::Shutdown(absl::Duration grace) {
   server_->Wait();
   if (exporter_ != nullptr) exporter_->Stop();
   if (cluster_ != nullptr) {
+    joined_cluster_.store(nullptr);
     rollouts_->AttachCluster(nullptr);
     cluster_.reset();
   }

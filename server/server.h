@@ -4,6 +4,7 @@
 #ifndef ROLLPACK_SERVER_SERVER_H_
 #define ROLLPACK_SERVER_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -150,6 +151,8 @@ class RollpackServer {
   // Joined once the port is known; leaves (revokes its lease) at shutdown,
   // after the calls in flight that may use it.
   std::unique_ptr<Cluster> cluster_;
+  // cluster_ once joined, for the store's resolvers; null before and after.
+  std::atomic<Cluster*> joined_cluster_{nullptr};
   bool shut_down_ = false;
 };
 

@@ -104,7 +104,8 @@ class ClusterTest : public ::testing::Test {
     absl::StatusOr<std::vector<std::pair<std::string, std::string>>> kvs =
         etcd_client_->GetPrefix("/" + name_ + "/members/");
     if (kvs.ok()) {
-      for (const auto& kv : *kvs) out.insert(kv.second);
+      // A member's key holds its address, then a line naming the process.
+      for (const auto& kv : *kvs) out.insert(kv.second.substr(0, kv.second.find('\n')));
     }
     return out;
   }
@@ -337,6 +338,23 @@ TEST(ClusterEtcdTest, AThreeMemberEtcdLosingOneMemberCausesNoError) {
   EXPECT_EQ(pool->members_size(), 2);
   members.clear();
   std::filesystem::remove_all(dir);
+}
+
+TEST_F(ClusterTest, ALiveMemberIdCannotBeTakenTwice) {
+  StartMember(0);
+  // A second process advertising the same address: refused once the first
+  // member's lease has been renewed past the TTL it waited.
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> twin = DaemonProcess::Start(
+      ROLLPACKD_PATH,
+      {"--cluster-etcd=" + etcd_->client_url(), "--cluster-name=" + name_,
+       absl::StrCat("--cluster-lease-seconds=", kLeaseSeconds),
+       "--cluster-advertise=" + members_[0]->address()},
+      dir_ + "/port-twin", absl::Seconds(30));
+  EXPECT_FALSE(twin.ok()) << "two members with one id would hide each other";
+  EXPECT_EQ(MemberKeys(), std::set<std::string>{members_[0]->address()});
+  // A member whose key is deleted by hand puts it back at its next renewal.
+  ASSERT_TRUE(etcd_client_->Delete("/" + name_ + "/members/" + members_[0]->address()).ok());
+  EXPECT_TRUE(Eventually([&] { return MemberKeys().size() == 1; }, absl::Seconds(5)));
 }
 
 TEST_F(ClusterTest, BadClusterFlagsAreRefusedAtStart) {

@@ -1,5 +1,7 @@
 #include "server/cluster/cluster.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -7,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -70,18 +73,27 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& opt
 Cluster::Cluster(ClusterOptions options, std::unique_ptr<EtcdClient> etcd)
     : options_(std::move(options)),
       self_{options_.advertise, options_.advertise},
+      // The address, and what tells this process from another with the
+      // same id (a restarted one, or a misconfigured duplicate).
+      registration_(absl::StrCat(options_.advertise, "\n", getpid(), "@",
+                                 absl::GetCurrentTimeNanos())),
       etcd_(std::move(etcd)),
       peers_(std::make_unique<Peers>()) {}
 
 Cluster::~Cluster() {
-  int64_t lease = 0;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    lease = lease_;
   }
   if (keep_alive_.joinable()) keep_alive_.join();
-  if (lease != 0) etcd_->RevokeLease(lease).IgnoreError();  // else it expires by itself
+  // Read after the join: the keep-alive thread may have re-joined with a
+  // new lease. A failed revoke is fine: the lease expires after its TTL.
+  int64_t lease = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    lease = lease_;
+  }
+  if (lease != 0) etcd_->RevokeLease(lease).IgnoreError();
 }
 
 std::string Cluster::MemberKey(const std::string& id) const {
@@ -98,7 +110,23 @@ std::string Cluster::SchemaKey(const std::string& pool) const {
 
 absl::Status Cluster::Register() {
   ASSIGN_OR_RETURN(int64_t lease, etcd_->GrantLease(options_.lease_ttl));
-  RETURN_IF_ERROR(etcd_->Put(MemberKey(self_.id), self_.address, lease));
+  // The key is created, never overwritten: another live member with this
+  // id keeps it renewed, while a crashed predecessor's lease runs out
+  // within the TTL, so a restart waits for that and a duplicate is refused.
+  const absl::Time give_up = absl::Now() + options_.lease_ttl + absl::Seconds(1);
+  while (true) {
+    bool created = false;
+    ASSIGN_OR_RETURN(std::string held,
+                     etcd_->CreateIfAbsent(MemberKey(self_.id), registration_, &created, lease));
+    if (created || held == registration_) break;
+    if (absl::Now() >= give_up) {
+      etcd_->RevokeLease(lease).IgnoreError();
+      return absl::AlreadyExistsError(absl::StrCat(
+          "cluster member id ", self_.id, " is held by another live member (",
+          held.substr(0, held.find('\n')), "): give each member its own --cluster-advertise"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
   absl::MutexLock lock(&mu_);
   lease_ = lease;
   return absl::OkStatus();
@@ -115,6 +143,14 @@ void Cluster::KeepAliveLoop() {
     mu_.Unlock();
     absl::Status s = etcd_->KeepAlive(lease);
     if (absl::IsNotFound(s)) s = Register();  // etcd forgot us: join again
+    if (s.ok()) {
+      // Our key deleted by hand while the lease lives: put it back.
+      absl::StatusOr<std::optional<std::string>> held = etcd_->Get(MemberKey(self_.id));
+      if (held.ok() && !held->has_value()) {
+        bool created = false;
+        s = etcd_->CreateIfAbsent(MemberKey(self_.id), registration_, &created, lease).status();
+      }
+    }
     absl::StatusOr<std::vector<ClusterMember>> members =
         s.ok() ? Members() : absl::StatusOr<std::vector<ClusterMember>>(s);
     mu_.Lock();
@@ -127,7 +163,9 @@ absl::StatusOr<std::vector<ClusterMember>> Cluster::Members() {
   std::vector<ClusterMember> members;
   members.reserve(kvs.size());
   const size_t prefix = MemberKey("").size();
-  for (auto& [key, value] : kvs) members.push_back({key.substr(prefix), std::move(value)});
+  for (auto& [key, value] : kvs) {
+    members.push_back({key.substr(prefix), value.substr(0, value.find('\n'))});
+  }
   return members;
 }
 

@@ -89,6 +89,7 @@ class Cluster {
 
   const ClusterOptions options_;
   const ClusterMember self_;
+  const std::string registration_;  // the value of this member's key
   std::unique_ptr<EtcdClient> etcd_;
 
   mutable absl::Mutex mu_;

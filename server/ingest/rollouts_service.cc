@@ -7,6 +7,7 @@
 #include "base/status_macros.h"
 #include "scheduler/model_spec.h"
 #include "server/store/convert.h"
+#include "server/store/names.h"
 
 namespace rollpack {
 namespace {
@@ -54,8 +55,8 @@ absl::StatusOr<bool> RolloutsService::RegisterHere(const std::string& pool,
   Cluster* const cluster = cluster_.load();
   if (!cluster_mode_) return store_->RegisterModel(pool, model);
   if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
-  if (pool.empty()) return absl::InvalidArgumentError("pool name is empty");
-  // Checked before it is fixed for the whole cluster.
+  // Checked before anything is fixed for the whole cluster.
+  RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
   RETURN_IF_ERROR(ValidateModelSpec(model));
   bool created = false;
   ASSIGN_OR_RETURN(ModelSpec held, cluster->RegisterPool(pool, model, &created));
@@ -130,6 +131,7 @@ absl::StatusOr<v1::PoolInfo> RolloutsService::LocalPool(const std::string& pool)
 }
 
 absl::Status RolloutsService::ClusterPool(const std::string& pool, v1::PoolInfo* response) {
+  RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
   Cluster* const cluster = cluster_.load();
   if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
   ASSIGN_OR_RETURN(std::optional<ModelSpec> model, cluster->LookupPool(pool));

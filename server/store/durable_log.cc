@@ -11,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "server/store/crc32c.h"
 #include "server/store/little_endian.h"
@@ -230,8 +231,15 @@ absl::StatusOr<std::unique_ptr<DurableLog>> DurableLog::Open(const DurableLogOpt
     }
     int64_t good_end = sizeof(kFileHeader);
     if (data.size() < sizeof(kFileHeader)) {
-      // New file, or a crash while writing the header: start over.
+      // New file, or a crash while writing the header: start over. Anything
+      // else this short is not ours to overwrite.
+      const absl::string_view head(data);
+      if (absl::string_view(kFileHeader, sizeof(kFileHeader)).substr(0, head.size()) != head &&
+          absl::string_view(kFileHeaderV1, sizeof(kFileHeaderV1)).substr(0, head.size()) != head) {
+        return absl::DataLossError(absl::StrCat("durable log: ", path, " is not a rollpack log"));
+      }
       info->torn_tail_bytes = static_cast<int64_t>(data.size());
+      if (!data.empty()) info->cut_reason = "a file header cut short (a crash while creating it)";
       if (ftruncate(fd, 0) != 0 ||
           WriteAllAt(fd, 0, {absl::string_view(kFileHeader, sizeof(kFileHeader))}) != 0 ||
           fdatasync(fd) != 0) {
@@ -248,8 +256,11 @@ absl::StatusOr<std::unique_ptr<DurableLog>> DurableLog::Open(const DurableLogOpt
       info->records = static_cast<int64_t>(records->size());
       if (end < data.size()) {
         // Nothing is thrown away: the cut bytes go to a side file first.
-        const std::string side = absl::StrCat(path, ".cut-", end);
-        const int side_fd = open(side.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        // Named by offset and time: a later cut at the same offset (a crash
+        // loop) must not replace this one.
+        const std::string side =
+            absl::StrCat(path, ".cut-", end, "-", absl::GetCurrentTimeNanos());
+        const int side_fd = open(side.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (side_fd < 0) return IoError("cannot create", side, errno);
         const int err = WriteAllAt(side_fd, 0, {absl::string_view(data).substr(end)});
         const int synced = err == 0 ? fdatasync(side_fd) : 0;

@@ -83,7 +83,7 @@ struct RecoveryInfo {
   int64_t bytes = 0;
   // Bytes cut off the end of the log (0 when the file was clean): only a
   // last write left unfinished, or zeros past the last record. They are
-  // kept in `cut_file` (DIR/rollpack.log.cut-OFFSET); `cut_reason` says why.
+  // kept in `cut_file` (DIR/rollpack.log.cut-OFFSET-NANOS); `cut_reason` says why.
   int64_t torn_tail_bytes = 0;
   std::string cut_file;
   std::string cut_reason;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -279,12 +280,13 @@ TEST(DurableLogTest, EveryBitFlipIsRefusedOrCutIntoASideFile) {
   const int64_t last_start = ends[ends.size() - 2];
   std::mt19937 rng(7);
   int refused = 0, cut = 0;
-  for (int trial = 0; trial < 400; ++trial) {
+  for (int trial = 0; trial < 900; ++trial) {
     // Every bit of the first 64 bytes (file header, first record header),
     // then random bits over the whole file.
-    const size_t byte = trial < 64 * 8 / 2 ? trial / 4 : rng() % full.size();
+    const bool exhaustive = trial < 64 * 8;
+    const size_t byte = exhaustive ? trial / 8 : rng() % full.size();
     std::string damaged = full;
-    damaged[byte] ^= static_cast<char>(1 << (trial < 128 ? trial % 8 : rng() % 8));
+    damaged[byte] ^= static_cast<char>(1 << (exhaustive ? trial % 8 : rng() % 8));
     WriteFile(path, damaged);
     for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
       if (entry.path().filename().string().rfind("rollpack.log.cut-", 0) == 0) {
@@ -355,6 +357,34 @@ TEST(DurableLogTest, AFailedCompactionIsCountedAndLeavesTheLog) {
   ASSERT_TRUE(d->store->Put("p", Samples(1, 77, "later-")).ok());
   EXPECT_TRUE(d->store->CompactLog().ok());
   EXPECT_EQ(d->log->compaction_failures(), 1);
+}
+
+TEST(DurableLogTest, ASecondCutAtTheSameOffsetKeepsTheFirst) {
+  TempDir dir;
+  const std::vector<int64_t> ends = WriteRecords(dir.path(), 2);
+  const std::string path = dir.path() + "/rollpack.log";
+  const std::string full = ReadFile(path);
+  std::set<std::string> cut_files;
+  for (int i = 0; i < 2; ++i) {
+    WriteFile(path, full.substr(0, ends.back() - 5));  // the last record cut short, twice
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    cut_files.insert(d->info.cut_file);
+  }
+  EXPECT_EQ(cut_files.size(), 2u) << "each cut kept in a file of its own";
+  for (const std::string& f : cut_files) EXPECT_TRUE(std::filesystem::exists(f)) << f;
+}
+
+TEST(DurableLogTest, AShortFileThatIsNotALogIsRefused) {
+  TempDir dir;
+  const std::string path = dir.path() + "/rollpack.log";
+  WriteFile(path, "hello");
+  EXPECT_EQ(OpenDurable(dir.path()).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadFile(path), "hello");
+  WriteFile(path, "RPLO");  // a crash while the header was written
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->info.torn_tail_bytes, 4);
 }
 
 TEST(DurableLogTest, AHalfWrittenCompactionIsRemovedAtStart) {
