@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "cli/bench_cluster_command.h"
 #include "cli/bench_layout_command.h"
 #include "cli/bench_load_command.h"
 #include "cli/bench_transport_command.h"
@@ -61,6 +62,8 @@ const Command kBenchmarks[] = {
      rollpack::RunBenchTransportCommand},
     {"load", "producers + trainer streams for D seconds: throughput, latencies, peak RSS",
      rollpack::RunBenchLoadCommand},
+    {"cluster", "CreateStep over M members vs one server, bytes to plan, fetch via any member",
+     rollpack::RunBenchClusterCommand},
     // Started by bench transport; listed so that its --help can be found.
     {"grpc-sink", "the server half of bench transport's gRPC-alone rows (internal)",
      rollpack::RunGrpcSinkCommand},

@@ -23,6 +23,8 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/cluster/cluster.h"
+#include "server/cluster/cluster_steps.h"
+#include "server/cluster/member_service.h"
 #include "server/control/rendezvous_service.h"
 #include "server/control/routing_agreement.h"
 #include "server/control/scheduler_service.h"
@@ -35,6 +37,7 @@
 #include "server/ops/server_metrics.h"
 #include "server/store/log_replay.h"
 #include "server/store/sample_store.h"
+#include "server/store/step_directory.h"
 
 namespace rollpack {
 
@@ -196,9 +199,17 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->rollouts_ = std::make_unique<RolloutsService>(server->store_.get(), server->metrics_.get(),
                                                         server->auth_.get(), options.ingest,
                                                         cluster_mode);
+  if (cluster_mode) {
+    auto cluster_steps = std::make_unique<ClusterSteps>(server->store_.get());
+    server->cluster_steps_ = cluster_steps.get();
+    server->steps_ = std::move(cluster_steps);
+    server->member_ = std::make_unique<MemberService>(server->store_.get());
+  } else {
+    server->steps_ = std::make_unique<LocalSteps>(server->store_.get());
+  }
   server->scheduler_ = std::make_unique<SchedulerService>(
-      server->store_.get(), server->metrics_.get(), server->auth_.get());
-  server->trainer_ = std::make_unique<TrainerService>(server->store_.get(), server->metrics_.get(),
+      server->steps_.get(), server->metrics_.get(), server->auth_.get());
+  server->trainer_ = std::make_unique<TrainerService>(server->steps_.get(), server->metrics_.get(),
                                                       server->auth_.get(), options.fetch);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -225,6 +236,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   builder.RegisterService(server->rollouts_.get());
   builder.RegisterService(server->scheduler_.get());
   builder.RegisterService(server->trainer_.get());
+  if (server->member_ != nullptr) builder.RegisterService(server->member_.get());
   server->rendezvous_ = std::make_unique<RendezvousService>();
   server->rendezvous_->set_authorizer(server->auth_.get());
   builder.RegisterService(server->rendezvous_.get());
@@ -285,6 +297,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     Cluster* const c = server->cluster_.get();
     server->joined_cluster_.store(c);
     server->rollouts_->AttachCluster(c);
+    server->cluster_steps_->Attach(c);
     // Read through the server: the cluster goes away at shutdown.
     server->registry_->AddCollectCallback(
         [s = server.get(), gauge = &server->registry_->AddGauge(
@@ -293,6 +306,21 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
                                "renewal saw them.")] {
           const Cluster* cluster = s->cluster_.get();
           gauge->Add({}).Set(cluster != nullptr ? cluster->last_member_count() : 0);
+        });
+    server->registry_->AddCollectCallback(
+        [steps = server->cluster_steps_,
+         planning = &server->registry_->AddCounter(
+             "rollpack_cluster_planning_bytes_total",
+             "Bytes this member exchanged with the others to plan steps (sample listings "
+             "and holds: metadata only)."),
+         pulled = &server->registry_->AddCounter(
+             "rollpack_cluster_pulled_bytes_total",
+             "Bytes of samples this member pulled from the members holding them to serve "
+             "trainer ranks.")] {
+          metrics::Counter& p = planning->Add({});
+          p.Increment(static_cast<double>(steps->planning_bytes()) - p.Value());
+          metrics::Counter& q = pulled->Add({});
+          q.Increment(static_cast<double>(steps->pulled_bytes()) - q.Value());
         });
   }
   return server;
@@ -323,6 +351,7 @@ void RollpackServer::Shutdown(absl::Duration grace) {
   if (cluster_ != nullptr) {
     joined_cluster_.store(nullptr);
     rollouts_->AttachCluster(nullptr);
+    cluster_steps_->Detach();
     cluster_.reset();
   }
 }

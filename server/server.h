@@ -26,11 +26,14 @@ namespace rollpack {
 // tool that only starts a server.
 class Authorizer;
 class Cluster;
+class ClusterSteps;
+class MemberService;
 class RendezvousService;
 class RolloutsService;
 class RoutingAgreementBook;
 class SampleStore;
 class SchedulerService;
+class StepDirectory;
 class ServerMetrics;
 class TelemetryService;
 class TrainerService;
@@ -122,6 +125,7 @@ class RollpackServer {
   metrics::Registry& metrics_registry() { return *registry_; }
   // Null unless cluster mode.
   Cluster* cluster() { return cluster_.get(); }
+  ClusterSteps* cluster_steps() { return cluster_steps_; }
 
   // Stops accepting calls, lets streams in flight finish within `grace`,
   // then cancels what is left. Idempotent.
@@ -142,6 +146,11 @@ class RollpackServer {
   std::unique_ptr<metrics::HttpExporter> exporter_;
   std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<RolloutsService> rollouts_;
+  // Where steps live: the store's own, or the cluster's (then cluster_steps_
+  // too, and the Member service other members call).
+  std::unique_ptr<StepDirectory> steps_;
+  ClusterSteps* cluster_steps_ = nullptr;
+  std::unique_ptr<MemberService> member_;
   std::unique_ptr<SchedulerService> scheduler_;
   std::unique_ptr<TrainerService> trainer_;
   std::unique_ptr<RendezvousService> rendezvous_;

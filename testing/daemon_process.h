@@ -4,6 +4,7 @@
 #define ROLLPACK_TESTING_DAEMON_PROCESS_H_
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,14 +24,19 @@ namespace rollpack {
 
 class DaemonProcess {
  public:
-  // Starts `binary` with `args` plus --listen 127.0.0.1:0 --port-file and
+  // Starts `binary` with `args` plus --listen 127.0.0.1:0 (unless `args`
+  // has a --listen) and --port-file, and
   // waits until it serves (the port file appears) or exits.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
       const std::string& binary, std::vector<std::string> args, const std::string& port_file,
       absl::Duration timeout = absl::Seconds(60)) {
     std::remove(port_file.c_str());
     args.insert(args.begin(), binary);
-    args.push_back("--listen=127.0.0.1:0");
+    // An ephemeral port unless the caller fixed one (a member restarted
+    // at the address it is known by).
+    bool listen_given = false;
+    for (const std::string& a : args) listen_given = listen_given || a.rfind("--listen=", 0) == 0;
+    if (!listen_given) args.push_back("--listen=127.0.0.1:0");
     args.push_back("--port-file=" + port_file);
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -38,6 +44,8 @@ class DaemonProcess {
     const pid_t pid = fork();
     if (pid < 0) return absl::InternalError("fork failed");
     if (pid == 0) {
+      // A test that dies (an abort, a signal) takes its servers with it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       execv(binary.c_str(), argv.data());
       _exit(127);
     }

@@ -228,6 +228,8 @@ TEST_F(AuthTest, EveryMethodByRole) {
 // and with an unknown one: the handler checks before doing anything.
 TEST_F(AuthTest, EveryServedMethodRequiresAToken) {
   for (const std::string& method : ProtoMethods()) {
+    // Served only by cluster members, which refuse --auth-tokens.
+    if (method.rfind("/rollpack.v1.Member/", 0) == 0) continue;
     for (const std::string& header : {std::string(), std::string("Bearer nope-nope-nope-nope")}) {
       SCOPED_TRACE(method + " with '" + header + "'");
       grpc::ClientContext ctx;

@@ -20,102 +20,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/cluster/etcd_client.h"
+#include "testing/cluster_fixture.h"
 #include "testing/daemon_process.h"
 #include "testing/etcd_process.h"
-#include "testing/synthetic_rollouts.h"
-
-#ifndef ROLLPACKD_PATH
-#error "ROLLPACKD_PATH must name the rollpackd binary"
-#endif
 
 namespace rollpack {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr int kLeaseSeconds = 2;
-
-v1::ModelSpec Model(int num_experts = 16) {
-  v1::ModelSpec m;
-  m.set_name("moe");
-  m.set_num_layers(4);
-  m.set_num_experts(num_experts);
-  m.set_topk(2);
-  return m;
-}
-
-std::vector<v1::Sample> Samples(int num, uint64_t seed, const std::string& prefix) {
-  SyntheticOptions options;
-  options.num_samples = num;
-  options.median_length = 64;
-  options.max_length = 256;
-  options.seed = seed;
-  std::vector<v1::Sample> samples = MakeSyntheticRollouts(Model(), options);
-  for (v1::Sample& s : samples) s.set_sample_id(prefix + s.sample_id());
-  return samples;
-}
-
-// Polls `condition` every 50 ms until it holds or `timeout` passes.
-template <typename F>
-bool Eventually(F condition, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (condition()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return condition();
-}
-
-class ClusterTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-    absl::StatusOr<std::unique_ptr<EtcdClient>> client =
-        EtcdClient::Create({{etcd_->client_url()}, absl::Seconds(3)});
-    ASSERT_TRUE(client.ok()) << client.status();
-    etcd_client_ = *std::move(client);
-    dir_ = (std::filesystem::temp_directory_path() / "rollpack-cluster-XXXXXX").string();
-    ASSERT_NE(mkdtemp(dir_.data()), nullptr);
-  }
-  void TearDown() override {
-    members_.clear();
-    std::filesystem::remove_all(dir_);
-  }
-
-  // Starts member `i` (or restarts it in its slot).
-  DaemonProcess& StartMember(size_t i) {
-    if (members_.size() <= i) members_.resize(i + 1);
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
-        ROLLPACKD_PATH,
-        {"--cluster-etcd=" + etcd_->client_url(), "--cluster-name=" + name_,
-         absl::StrCat("--cluster-lease-seconds=", kLeaseSeconds), "--max-memory=200000000"},
-        absl::StrCat(dir_, "/port", i));
-    EXPECT_TRUE(d.ok()) << d.status();
-    members_[i] = *std::move(d);
-    return *members_[i];
-  }
-
-  RollpackClient Client(size_t i) { return RollpackClient(MakeChannel(members_[i]->address())); }
-
-  std::set<std::string> MemberKeys() {
-    std::set<std::string> out;
-    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> kvs =
-        etcd_client_->GetPrefix("/" + name_ + "/members/");
-    if (kvs.ok()) {
-      // A member's key holds its address, then a line naming the process.
-      for (const auto& kv : *kvs) out.insert(kv.second.substr(0, kv.second.find('\n')));
-    }
-    return out;
-  }
-
-  const std::string name_ = "test-cluster";
-  std::unique_ptr<EtcdProcess> etcd_;
-  std::unique_ptr<EtcdClient> etcd_client_;
-  std::string dir_;
-  std::vector<std::unique_ptr<DaemonProcess>> members_;
-};
+using ClusterTest = ClusterFixture;
 
 TEST_F(ClusterTest, EtcdClientKeysAndLeases) {
   ASSERT_TRUE(etcd_client_->Put("/t/a", "1").ok());
@@ -194,24 +107,24 @@ TEST_F(ClusterTest, APoolIsRegisteredForTheWholeCluster) {
   for (size_t i = 0; i < 3; ++i) StartMember(i);
   RollpackClient a = Client(0), b = Client(1), c = Client(2);
 
-  absl::StatusOr<bool> created = a.RegisterModel("pool", Model());
+  absl::StatusOr<bool> created = a.RegisterModel("pool", ClusterModel());
   ASSERT_TRUE(created.ok()) << created.status();
   EXPECT_TRUE(*created);
-  absl::StatusOr<bool> again = b.RegisterModel("pool", Model());
+  absl::StatusOr<bool> again = b.RegisterModel("pool", ClusterModel());
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(*again) << "registered on another member already";
-  absl::StatusOr<bool> other = c.RegisterModel("pool", Model(/*num_experts=*/32));
+  absl::StatusOr<bool> other = c.RegisterModel("pool", ClusterModel(/*num_experts=*/32));
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(other.status().message()), HasSubstr("pool \"pool\""));
 
   // Members that never saw RegisterModel take samples for the pool.
-  absl::StatusOr<v1::PutSamplesResponse> put_b = b.PutSamples("pool", Samples(5, 1, "b-"));
+  absl::StatusOr<v1::PutSamplesResponse> put_b = b.PutSamples("pool", ClusterSamples(5, 1, "b-"));
   ASSERT_TRUE(put_b.ok()) << put_b.status();
-  absl::StatusOr<v1::PutSamplesResponse> put_c = c.PutSamples("pool", Samples(7, 2, "c-"));
+  absl::StatusOr<v1::PutSamplesResponse> put_c = c.PutSamples("pool", ClusterSamples(7, 2, "c-"));
   ASSERT_TRUE(put_c.ok()) << put_c.status();
   EXPECT_EQ(put_c->accepted(), 7);
   // An unknown pool stays unknown everywhere.
-  EXPECT_EQ(b.PutSamples("nope", Samples(1, 3, "x-")).status().code(),
+  EXPECT_EQ(b.PutSamples("nope", ClusterSamples(1, 3, "x-")).status().code(),
             absl::StatusCode::kNotFound);
 
   // GetPool on any member: the sums and each member's share.
@@ -251,9 +164,9 @@ std::vector<v1::Sample> WithExtraField(std::vector<v1::Sample> samples) {
 TEST_F(ClusterTest, TwoMembersRacingToFixASchemaExactlyOneWins) {
   for (size_t i = 0; i < 3; ++i) StartMember(i);
   RollpackClient a = Client(0), b = Client(1), c = Client(2);
-  ASSERT_TRUE(a.RegisterModel("pool", Model()).ok());
-  const std::vector<v1::Sample> plain = Samples(4, 1, "b-");
-  const std::vector<v1::Sample> extra = WithExtraField(Samples(4, 2, "c-"));
+  ASSERT_TRUE(a.RegisterModel("pool", ClusterModel()).ok());
+  const std::vector<v1::Sample> plain = ClusterSamples(4, 1, "b-");
+  const std::vector<v1::Sample> extra = WithExtraField(ClusterSamples(4, 2, "c-"));
   absl::StatusOr<v1::PutSamplesResponse> put_b, put_c;
   std::thread tb([&] { put_b = b.PutSamples("pool", plain); });
   std::thread tc([&] { put_c = c.PutSamples("pool", extra); });
@@ -265,13 +178,13 @@ TEST_F(ClusterTest, TwoMembersRacingToFixASchemaExactlyOneWins) {
   EXPECT_THAT(std::string(loser.message()), HasSubstr("token_fields"));
   // The winner's schema holds on a member that has stored nothing yet.
   const bool plain_won = put_b.ok();
-  EXPECT_EQ(a.PutSamples("pool", plain_won ? WithExtraField(Samples(2, 3, "a1-"))
-                                           : Samples(2, 3, "a1-"))
+  EXPECT_EQ(a.PutSamples("pool", plain_won ? WithExtraField(ClusterSamples(2, 3, "a1-"))
+                                           : ClusterSamples(2, 3, "a1-"))
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
   absl::StatusOr<v1::PutSamplesResponse> fits =
-      a.PutSamples("pool", plain_won ? Samples(2, 4, "a2-") : WithExtraField(Samples(2, 4, "a2-")));
+      a.PutSamples("pool", plain_won ? ClusterSamples(2, 4, "a2-") : WithExtraField(ClusterSamples(2, 4, "a2-")));
   EXPECT_TRUE(fits.ok()) << fits.status();
 }
 
@@ -279,22 +192,22 @@ TEST_F(ClusterTest, EtcdDownRefusesClusterCallsAndTheyWorkWhenItReturns) {
   StartMember(0);
   StartMember(1);
   RollpackClient a = Client(0), b = Client(1);
-  ASSERT_TRUE(a.RegisterModel("pool", Model()).ok());
-  ASSERT_TRUE(b.PutSamples("pool", Samples(3, 1, "b-")).ok());  // adopted by b
+  ASSERT_TRUE(a.RegisterModel("pool", ClusterModel()).ok());
+  ASSERT_TRUE(b.PutSamples("pool", ClusterSamples(3, 1, "b-")).ok());  // adopted by b
 
   etcd_->Stop();
   const absl::Time asked = absl::Now();
-  absl::StatusOr<bool> refused = a.RegisterModel("other", Model());
+  absl::StatusOr<bool> refused = a.RegisterModel("other", ClusterModel());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("etcd"));
   // Retried for the client's 8 s budget (etcd may be failing over), then refused.
   EXPECT_LT(absl::Now() - asked, absl::Seconds(12)) << "refused within seconds, never a hang";
   // What a member already holds keeps working.
-  absl::StatusOr<v1::PutSamplesResponse> local = b.PutSamples("pool", Samples(2, 2, "b2-"));
+  absl::StatusOr<v1::PutSamplesResponse> local = b.PutSamples("pool", ClusterSamples(2, 2, "b2-"));
   EXPECT_TRUE(local.ok()) << local.status();
 
   ASSERT_TRUE(etcd_->Restart().ok());
-  EXPECT_TRUE(Eventually([&] { return a.RegisterModel("other", Model()).ok(); },
+  EXPECT_TRUE(Eventually([&] { return a.RegisterModel("other", ClusterModel()).ok(); },
                          absl::Seconds(20)));
   // Both members are (again) in the member list, whatever became of their
   // leases while etcd was away.
@@ -321,11 +234,11 @@ TEST(ClusterEtcdTest, AThreeMemberEtcdLosingOneMemberCausesNoError) {
   }
   RollpackClient a(MakeChannel(members[0]->address()));
   RollpackClient b(MakeChannel(members[1]->address()));
-  ASSERT_TRUE(a.RegisterModel("p0", Model()).ok());
+  ASSERT_TRUE(a.RegisterModel("p0", ClusterModel()).ok());
   // The first endpoint is the one both members talk to: lose it.
   (*etcd)->Stop(0);
   for (int i = 1; i <= 5; ++i) {
-    absl::StatusOr<bool> created = (i % 2 ? b : a).RegisterModel(absl::StrCat("p", i), Model());
+    absl::StatusOr<bool> created = (i % 2 ? b : a).RegisterModel(absl::StrCat("p", i), ClusterModel());
     EXPECT_TRUE(created.ok()) << "call " << i << ": " << created.status();
     absl::StatusOr<v1::PoolInfo> pool = a.GetPool(absl::StrCat("p", i));
     ASSERT_TRUE(pool.ok()) << pool.status();

@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "rollpack/v1/member.grpc.pb.h"
 #include "rollpack/v1/rollouts.grpc.pb.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/store/convert.h"
@@ -35,17 +36,39 @@ class Cluster::Peers {
  public:
   v1::Rollouts::Stub* Rollouts(const ClusterMember& member) {
     absl::MutexLock lock(&mu_);
-    auto& stub = stubs_[member.address];
-    if (stub == nullptr) {
-      stub = v1::Rollouts::NewStub(
-          grpc::CreateChannel(member.address, grpc::InsecureChannelCredentials()));
-    }
-    return stub.get();
+    Peer& peer = PeerLocked(member);
+    if (peer.rollouts == nullptr) peer.rollouts = v1::Rollouts::NewStub(peer.channel);
+    return peer.rollouts.get();
+  }
+  v1::Member::Stub* Member(const ClusterMember& member) {
+    absl::MutexLock lock(&mu_);
+    Peer& peer = PeerLocked(member);
+    if (peer.member == nullptr) peer.member = v1::Member::NewStub(peer.channel);
+    return peer.member.get();
   }
 
  private:
+  struct Peer {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Rollouts::Stub> rollouts;
+    std::unique_ptr<v1::Member::Stub> member;
+  };
+  Peer& PeerLocked(const ClusterMember& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Peer& peer = peers_[member.address];
+    if (peer.channel == nullptr) {
+      grpc::ChannelArguments args;
+      // A restarted member is found again quickly.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      args.SetMaxReceiveMessageSize(64 << 20);
+      peer.channel = grpc::CreateCustomChannel(member.address,
+                                               grpc::InsecureChannelCredentials(), args);
+    }
+    return peer;
+  }
+
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<v1::Rollouts::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& options) {
@@ -100,6 +123,14 @@ std::string Cluster::MemberKey(const std::string& id) const {
   return absl::StrCat("/", options_.name, "/members/", id);
 }
 
+std::string Cluster::Key(absl::string_view kind, absl::string_view rest) const {
+  return absl::StrCat("/", options_.name, "/", kind, "/", rest);
+}
+
+v1::Member::Stub* Cluster::MemberStub(const ClusterMember& member) {
+  return peers_->Member(member);
+}
+
 std::string Cluster::PoolKey(const std::string& pool) const {
   return absl::StrCat("/", options_.name, "/pools/", pool);
 }
@@ -126,6 +157,14 @@ absl::Status Cluster::Register() {
           held.substr(0, held.find('\n')), "): give each member its own --cluster-advertise"));
     }
     absl::SleepFor(absl::Milliseconds(200));
+    // Waiting for a predecessor's lease (as long as ours) must not let
+    // ours run out.
+    absl::Status renewed = etcd_->KeepAlive(lease);
+    if (absl::IsNotFound(renewed)) {
+      ASSIGN_OR_RETURN(lease, etcd_->GrantLease(options_.lease_ttl));
+    } else if (!renewed.ok()) {
+      return renewed;
+    }
   }
   absl::MutexLock lock(&mu_);
   lease_ = lease;

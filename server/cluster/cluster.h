@@ -21,6 +21,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/strings/string_view.h"
+#include "rollpack/v1/member.grpc.pb.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "scheduler/model_spec.h"
 #include "server/cluster/etcd_client.h"
@@ -74,6 +76,12 @@ class Cluster {
   // fixed; returns the schema that holds (SampleStore::SchemaResolver).
   absl::StatusOr<std::map<std::string, FieldSchema>> FixSchema(
       const std::string& pool, const std::map<std::string, FieldSchema>& proposed);
+
+  // etcd keys of this cluster: /<name>/<kind>/<rest>.
+  std::string Key(absl::string_view kind, absl::string_view rest) const;
+  EtcdClient* etcd() { return etcd_.get(); }
+  // The Member service (member.proto) of `member`, over its kept channel.
+  v1::Member::Stub* MemberStub(const ClusterMember& member);
 
   // GetPool of `member` alone (GetPoolRequest.local_only), over a channel
   // kept per member. UNAVAILABLE naming the member when it does not answer.

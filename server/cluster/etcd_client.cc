@@ -70,6 +70,9 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Step records (cluster_steps.h) grow with the step; etcd's own
+  // --max-request-bytes is the limit that matters.
+  args.SetMaxReceiveMessageSize(256 << 20);
   auto channel = grpc::CreateCustomChannel(all_ipv4 ? absl::StrCat("ipv4:", joined) : joined,
                                            grpc::InsecureChannelCredentials(), args);
   return std::unique_ptr<EtcdClient>(
@@ -104,6 +107,11 @@ grpc::Status EtcdClient::Call(
 }
 
 absl::Status EtcdClient::Error(const grpc::Status& status, absl::string_view what) const {
+  if (absl::StrContains(status.error_message(), "request is too large")) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "etcd (", endpoints_, "): ", what, ": ", status.error_message(),
+        " (raise etcd's --max-request-bytes; docs/cluster.md, sizing)"));
+  }
   // Whatever went wrong between us and etcd, the cluster's coordination is
   // unavailable for now; callers retry or refuse with UNAVAILABLE.
   return absl::UnavailableError(absl::StrCat("etcd (", endpoints_, "): ", what, ": ",
@@ -120,6 +128,19 @@ absl::StatusOr<std::optional<std::string>> EtcdClient::Get(const std::string& ke
   if (!s.ok()) return Error(s, absl::StrCat("get ", key));
   if (response.kvs_size() == 0) return std::optional<std::string>();
   return std::optional<std::string>(response.kvs(0).value());
+}
+
+absl::StatusOr<int64_t> EtcdClient::CreateRevision(const std::string& key) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(key);
+  request.set_keys_only(true);
+  etcdserverpb::RangeResponse response;
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Range(context, request, &response);
+  });
+  if (!s.ok()) return Error(s, absl::StrCat("get ", key));
+  if (response.kvs_size() == 0) return 0;
+  return response.kvs(0).create_revision();
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::GetPrefix(

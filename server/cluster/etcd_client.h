@@ -1,7 +1,8 @@
 // A small client of etcd v3's gRPC API (KV, Lease), the cluster's store of
 // membership and cluster-wide facts (docs/cluster.md). Every call has a
 // deadline and transient failures are retried within a total budget; an
-// unreachable etcd is UNAVAILABLE naming the endpoints.
+// unreachable etcd is UNAVAILABLE naming the endpoints, a request past
+// etcd's --max-request-bytes RESOURCE_EXHAUSTED.
 #ifndef ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_
 #define ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_
 
@@ -41,6 +42,9 @@ class EtcdClient {
 
   // The value of `key`, or nullopt when it does not exist.
   absl::StatusOr<std::optional<std::string>> Get(const std::string& key);
+  // The revision that created `key` (it tells a key from one deleted and
+  // created again), 0 when it does not exist; the value is not read.
+  absl::StatusOr<int64_t> CreateRevision(const std::string& key);
   // Every key starting with `prefix` and its value, in key order.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
       const std::string& prefix);

@@ -23,7 +23,7 @@ grpc::ServerUnaryReactor* SchedulerService::CreateStep(grpc::CallbackServerConte
     return reactor;
   }
   const std::vector<std::string> ids(request->sample_ids().begin(), request->sample_ids().end());
-  absl::StatusOr<std::shared_ptr<const Step>> step = store_->CreateStep(
+  absl::StatusOr<std::shared_ptr<const Step>> step = steps_->CreateStep(
       request->step_id(), request->pool(), ids, request->num_samples(), *topology);
   if (step.ok()) {
     *response = StepInfoToProto(**step);
@@ -43,7 +43,7 @@ grpc::ServerUnaryReactor* SchedulerService::GetPlan(grpc::CallbackServerContext*
       return reactor;
     }
   }
-  absl::StatusOr<std::shared_ptr<const Step>> step = store_->GetStep(request->step_id());
+  absl::StatusOr<std::shared_ptr<const Step>> step = steps_->GetStep(request->step_id());
   if (step.ok()) *response = PlanToProto(**step);
   reactor->Finish(ToGrpcStatus(step.status()));
   return reactor;
@@ -59,7 +59,7 @@ grpc::ServerUnaryReactor* SchedulerService::ReleaseStep(grpc::CallbackServerCont
       return reactor;
     }
   }
-  absl::StatusOr<ReleaseResult> result = store_->ReleaseStep(request->step_id());
+  absl::StatusOr<ReleaseResult> result = steps_->ReleaseStep(request->step_id());
   if (result.ok()) {
     response->set_released_samples(result->released_samples);
     response->set_freed_bytes(result->freed_bytes);

@@ -4,17 +4,18 @@
 
 #include "rollpack/v1/scheduler.grpc.pb.h"
 #include "server/ops/auth.h"
-#include "server/store/sample_store.h"
+#include "server/store/step_directory.h"
 #include "server/ops/server_metrics.h"
 
 namespace rollpack {
 
 class SchedulerService final : public v1::Scheduler::CallbackService {
  public:
-  // `metrics` and `auth` may be null (no metrics, no auth).
-  explicit SchedulerService(SampleStore* store, ServerMetrics* metrics = nullptr,
+  // `steps`: the store's own (LocalSteps) or the cluster's. `metrics` and
+  // `auth` may be null (no metrics, no auth).
+  explicit SchedulerService(StepDirectory* steps, ServerMetrics* metrics = nullptr,
                            const Authorizer* auth = nullptr)
-      : store_(store), metrics_(metrics), auth_(auth) {}
+      : steps_(steps), metrics_(metrics), auth_(auth) {}
 
   grpc::ServerUnaryReactor* CreateStep(grpc::CallbackServerContext* context,
                                        const v1::CreateStepRequest* request,
@@ -27,7 +28,7 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
                                         v1::ReleaseStepResponse* response) override;
 
  private:
-  SampleStore* const store_;
+  StepDirectory* const steps_;
   ServerMetrics* const metrics_;
   const Authorizer* const auth_;
 };

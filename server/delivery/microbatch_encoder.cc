@@ -34,7 +34,14 @@ int64_t NumBytes(v1::DType dtype, absl::Span<const int64_t> shape) {
 }  // namespace
 
 absl::Status MicrobatchEncoder::Prepare(const Step& step, const MicrobatchRequest& request) {
+  return Prepare(step, request, step.samples);
+}
+
+absl::Status MicrobatchEncoder::Prepare(
+    const Step& step, const MicrobatchRequest& request,
+    absl::Span<const std::shared_ptr<const StoredSample>> samples) {
   step_ = nullptr;
+  samples_ = samples;
   encoded_size_ = 0;
   arrays_.clear();
   head_.Clear();
@@ -46,7 +53,13 @@ absl::Status MicrobatchEncoder::Prepare(const Step& step, const MicrobatchReques
   head_.set_num_microbatches(rank_.num_microbatches);
   head_.set_local_cp_size(rank_.local_cp_size);
   head_.set_max_seqlen(group.max_seqlen);
-  for (int seq : group.sequences) head_.add_sample_ids(step.samples[seq]->sample_id);
+  for (int seq : group.sequences) {
+    if (static_cast<size_t>(seq) >= samples.size() || samples[seq] == nullptr) {
+      return absl::InternalError(absl::StrCat("step \"", step.step_id, "\": sample \"",
+                                              step.sample_ids[seq], "\" is not at hand"));
+    }
+    head_.add_sample_ids(step.sample_ids[seq]);
+  }
   SetInt32Array(head_.mutable_cu_seqlens(), group.cu_seqlens);
   SetInt32Array(head_.mutable_cu_seqlens_padded(), group.cu_seqlens_padded);
   tail_.mutable_replay_layers()->Assign(rank_.replay_layers.begin(), rank_.replay_layers.end());
@@ -70,7 +83,7 @@ absl::Status MicrobatchEncoder::Prepare(const Step& step, const MicrobatchReques
   if ((rank_.last_pipeline_stage || request.all_fields) && !group.sequences.empty()) {
     // Every sample of a pool has the same fields (the store enforces it); the
     // std::map's order is the deterministic serialization's key order.
-    for (const auto& [name, field] : step.samples[group.sequences[0]]->token_fields) {
+    for (const auto& [name, field] : samples[group.sequences[0]]->token_fields) {
       std::vector<int64_t> shape = {rank_.local_tokens};
       shape.insert(shape.end(), field.trailing_shape.begin(), field.trailing_shape.end());
       add_array(Payload::kTokenField, v1::Microbatch::kTokenFieldsFieldNumber, name, field.dtype,
@@ -162,7 +175,7 @@ absl::Status MicrobatchEncoder::GatherPayload(const ArrayField& field, absl::Spa
   const Step& step = *step_;
   const GroupLayout& group = *rank_.group;
   auto sample_of = [&](int ordinal) -> const StoredSample& {
-    return *step.samples[group.sequences[ordinal]];
+    return *samples_[group.sequences[ordinal]];
   };
   switch (field.payload) {
     case Payload::kTokens:

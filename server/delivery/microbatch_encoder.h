@@ -7,6 +7,7 @@
 #define ROLLPACK_SERVER_DELIVERY_MICROBATCH_BUILDER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ class MicrobatchEncoder {
   // Errors: the layout's (INVALID_ARGUMENT for coordinates, OUT_OF_RANGE for
   // the index).
   absl::Status Prepare(const Step& step, const MicrobatchRequest& request);
+  // The same with the samples given apart from the step (a cluster step's
+  // plan holds none): samples[i] is the step's sequence i, and must be set
+  // for every sequence of the rank's micro-batch. Must outlive Encode.
+  absl::Status Prepare(const Step& step, const MicrobatchRequest& request,
+                       absl::Span<const std::shared_ptr<const StoredSample>> samples);
 
   // Bytes Encode writes for the prepared micro-batch.
   size_t encoded_size() const { return encoded_size_; }
@@ -60,6 +66,7 @@ class MicrobatchEncoder {
                              absl::Span<uint8_t> mask_out) const;
 
   const Step* step_ = nullptr;
+  absl::Span<const std::shared_ptr<const StoredSample>> samples_;
   RankMicrobatchLayout rank_;
   // Fields 1-8 and 13-15 of Microbatch: serialized by protobuf around the
   // gathered arrays (fields 9-12), which keeps the field-number order.

@@ -24,11 +24,11 @@ constexpr absl::Duration kMaxPrefetchHold = absl::Milliseconds(100);
 // handed to the transport, so a slow trainer holds one message, not a step.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  // `active` was already incremented for this stream; OnDone decrements it.
-  FetchReactor(std::shared_ptr<const Step> step, const v1::FetchRequest& request,
+  FetchReactor(const v1::FetchRequest& request, const FetchOptions& options,
                ServerMetrics* metrics, std::atomic<int>* active,
                FirstDeliveryGate* gate /* null: no priority */, int64_t id)
-      : step_(std::move(step)),
+      : request_(request),
+        options_(options),
         gate_(gate),
         id_(id),
         next_(request.start_index()),
@@ -36,9 +36,41 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         metrics_(metrics),
         active_(active),
         hold_(std::make_shared<Hold>()) {
-    if (metrics_ != nullptr) metrics_->OnStreamStart(request.start_index() > 0);
     coords_ = {request.rank().dp(), request.rank().cp(), request.rank().tp(), request.rank().pp()};
-    hold_->reactor = this;
+  }
+
+  // Starts the stream on the step found for it (on the handler's thread,
+  // or later on another: gRPC queues what a reactor starts before it is
+  // bound to its call).
+  void Begin(absl::StatusOr<RankStep> step) {
+    if (!step.ok()) {
+      Finish(ToGrpcStatus(step.status()));
+      return;
+    }
+    const int num = step->step->layout.num_microbatches();
+    if (request_.start_index() < 0 || request_.start_index() > num) {
+      Finish(ToGrpcStatus(absl::OutOfRangeError(
+          absl::StrCat("start_index ", request_.start_index(), " is outside [0, ", num,
+                       "] for step \"", request_.step_id(), "\""))));
+      return;
+    }
+    const int active = active_->fetch_add(1) + 1;
+    if (options_.max_concurrent_streams > 0 && active > options_.max_concurrent_streams) {
+      active_->fetch_sub(1);
+      if (metrics_ != nullptr) metrics_->OnStreamRefused();
+      Finish(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+          options_.max_concurrent_streams, " FetchMicrobatches streams are in flight "
+          "(--max-concurrent-streams); retry later"))));
+      return;
+    }
+    counted_ = true;
+    step_ = std::move(step->step);
+    samples_ = std::move(step->samples);
+    if (metrics_ != nullptr) metrics_->OnStreamStart(request_.start_index() > 0);
+    {
+      absl::MutexLock lock(&hold_->mu);
+      hold_->reactor = this;
+    }
     if (gate_ != nullptr) {
       gate_->FirstWriteStarted();
       first_write_pending_ = true;
@@ -71,8 +103,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       absl::MutexLock lock(&hold_->mu);
       hold_->reactor = nullptr;  // a timer still set finds nobody
     }
-    active_->fetch_sub(1);
-    if (metrics_ != nullptr) metrics_->OnStreamEnd();
+    if (counted_) {
+      active_->fetch_sub(1);
+      if (metrics_ != nullptr) metrics_->OnStreamEnd();
+    }
     delete this;
   }
 
@@ -80,6 +114,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // What the hold timer reaches the stream through, since it may fire
   // after the stream is gone.
   struct Hold {
+    // Serialises MayPrefetch's timer arming (taken before mu).
+    absl::Mutex arming;
     absl::Mutex mu;
     FetchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
   };
@@ -93,8 +129,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // False: the stream waits for other streams' first micro-batches and
   // resumes from the gate or from the timer, whichever withdraws it first.
   bool MayPrefetch() {
-    if (gate_ == nullptr ||
-        gate_->WaitForFirstWrites(id_, &waited_generation_, [this] { WriteNext(); })) {
+    if (gate_ == nullptr) return true;
+    // Held from joining the gate until the timer is set: the gate may resume
+    // this stream on another thread at once, and the write that resumes
+    // ends in OnWriteDone and here again, which must not set the same
+    // timer concurrently (gRPC: "Duplicate timer being added", an abort).
+    absl::MutexLock lock(&hold_->arming);
+    if (gate_->WaitForFirstWrites(id_, &waited_generation_, [this] { WriteNext(); })) {
       return true;
     }
     std::shared_ptr<Hold> hold = hold_;
@@ -123,7 +164,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(grpc::Status::OK);
       return;
     }
-    absl::Status s = encoder_.Prepare(*step_, {coords_, next_, all_fields_});
+    absl::Status s = encoder_.Prepare(
+        *step_, {coords_, next_, all_fields_},
+        samples_ != nullptr ? absl::MakeConstSpan(*samples_) : absl::MakeConstSpan(step_->samples));
     if (!s.ok()) {
       Finish(ToGrpcStatus(s));
       return;
@@ -146,7 +189,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     StartWrite(&buffer_);
   }
 
-  const std::shared_ptr<const Step> step_;
+  const v1::FetchRequest request_;
+  const FetchOptions options_;
+  // Set by Begin, before the first write.
+  std::shared_ptr<const Step> step_;
+  // The rank's samples when the step holds none itself (a cluster step).
+  std::shared_ptr<const std::vector<std::shared_ptr<const StoredSample>>> samples_;
+  bool counted_ = false;  // in active_ and the stream metrics
   FirstDeliveryGate* const gate_;
   const int64_t id_;
   bool first_write_pending_ = false;
@@ -185,31 +234,22 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
       !s.ok()) {
     return new FailedFetch(ToGrpcStatus(s));
   }
-  const v1::FetchRequest* request = &parsed;
-  absl::StatusOr<std::shared_ptr<const Step>> step = store_->GetStep(request->step_id());
-  if (!step.ok()) return new FailedFetch(step.status());
-  const RankCoords coords{request->rank().dp(), request->rank().cp(), request->rank().tp(),
-                          request->rank().pp()};
-  if (absl::Status s = (*step)->layout.ValidateCoords(coords); !s.ok()) {
-    return new FailedFetch(s);
+  auto* reactor = new FetchReactor(parsed, options_, metrics_, &active_streams_,
+                                   options_.first_microbatch_priority ? &first_delivery_ : nullptr,
+                                   next_stream_id_.fetch_add(1));
+  const RankCoords coords{parsed.rank().dp(), parsed.rank().cp(), parsed.rank().tp(),
+                          parsed.rank().pp()};
+  if (pulls_ == nullptr) {
+    reactor->Begin(steps_->GetStepForRank(parsed.step_id(), coords));
+  } else {
+    // A cluster member may pull the rank's samples from the members that
+    // hold them: a wait on other processes that must not hold one of
+    // gRPC's callback threads (those serve this member's own peers).
+    pulls_->Schedule([reactor, steps = steps_, step_id = parsed.step_id(), coords] {
+      reactor->Begin(steps->GetStepForRank(step_id, coords));
+    });
   }
-  const int num = (*step)->layout.num_microbatches();
-  if (request->start_index() < 0 || request->start_index() > num) {
-    return new FailedFetch(absl::OutOfRangeError(absl::StrCat(
-        "start_index ", request->start_index(), " is outside [0, ", num, "] for step \"",
-        request->step_id(), "\"")));
-  }
-  const int active = active_streams_.fetch_add(1) + 1;
-  if (options_.max_concurrent_streams > 0 && active > options_.max_concurrent_streams) {
-    active_streams_.fetch_sub(1);
-    if (metrics_ != nullptr) metrics_->OnStreamRefused();
-    return new FailedFetch(absl::ResourceExhaustedError(absl::StrCat(
-        options_.max_concurrent_streams, " FetchMicrobatches streams are in flight "
-        "(--max-concurrent-streams); retry later")));
-  }
-  return new FetchReactor(*std::move(step), *request, metrics_, &active_streams_,
-                          options_.first_microbatch_priority ? &first_delivery_ : nullptr,
-                          next_stream_id_.fetch_add(1));
+  return reactor;
 }
 
 }  // namespace rollpack

@@ -3,14 +3,16 @@
 #define ROLLPACK_SERVER_DELIVERY_TRAINER_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 
+#include "base/worker_pool.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "rollpack/v1/trainer.grpc.pb.h"
 #include "server/delivery/fetch_options.h"
 #include "server/delivery/first_delivery_gate.h"
 #include "server/ops/auth.h"
 #include "server/ops/server_metrics.h"
-#include "server/store/sample_store.h"
+#include "server/store/step_directory.h"
 
 namespace rollpack {
 
@@ -21,9 +23,13 @@ class TrainerService final
     : public v1::Trainer::WithRawCallbackMethod_FetchMicrobatches<v1::Trainer::CallbackService> {
  public:
   // `metrics` and `auth` may be null (no metrics, no auth).
-  explicit TrainerService(SampleStore* store, ServerMetrics* metrics = nullptr,
+  explicit TrainerService(StepDirectory* steps, ServerMetrics* metrics = nullptr,
                           const Authorizer* auth = nullptr, FetchOptions options = {})
-      : store_(store), metrics_(metrics), auth_(auth), options_(options) {}
+      : steps_(steps),
+        metrics_(metrics),
+        auth_(auth),
+        options_(options),
+        pulls_(steps->MayBlock() ? std::make_unique<WorkerPool>(kPullThreads) : nullptr) {}
 
   int active_streams() const { return active_streams_.load(); }
 
@@ -32,10 +38,14 @@ class TrainerService final
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
 
  private:
-  SampleStore* const store_;
+  StepDirectory* const steps_;
   ServerMetrics* const metrics_;
   const Authorizer* const auth_;
   const FetchOptions options_;
+  // Streams whose step lookup may wait on other members (cluster mode):
+  // at most this many such lookups run at once, the rest queue.
+  static constexpr int kPullThreads = 16;
+  std::unique_ptr<WorkerPool> pulls_;
   FirstDeliveryGate first_delivery_;
   std::atomic<int64_t> next_stream_id_{1};
   std::atomic<int> active_streams_{0};

@@ -17,7 +17,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "server/ingest/commit_sequencer.h"
 #include "server/ingest/ingest_options.h"
-#include "server/ingest/worker_pool.h"
+#include "base/worker_pool.h"
 #include "server/ops/server_metrics.h"
 #include "server/store/sample_store.h"
 

@@ -12,7 +12,7 @@
 #include "server/ingest/put_samples_reactor.h"
 #include "server/store/sample_store.h"
 #include "server/ops/server_metrics.h"
-#include "server/ingest/worker_pool.h"
+#include "base/worker_pool.h"
 
 namespace rollpack {
 

@@ -51,6 +51,15 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Rendezvous/ExchangeId", {Role::kTrainer, Role::kAdmin}},
       // Trainers report routing agreement (docs/trainer.md).
       {"/rollpack.v1.Telemetry/ReportRoutingAgreement", {Role::kTrainer, Role::kAdmin}},
+      // Members of a cluster call each other (docs/cluster.md); cluster mode
+      // refuses --auth-tokens for now, so only admins, should it ever be
+      // served with tokens before members carry a role of their own.
+      {"/rollpack.v1.Member/ListFreeSamples", {Role::kAdmin}},
+      {"/rollpack.v1.Member/HoldSamples", {Role::kAdmin}},
+      {"/rollpack.v1.Member/ConfirmHold", {Role::kAdmin}},
+      {"/rollpack.v1.Member/DropHold", {Role::kAdmin}},
+      {"/rollpack.v1.Member/ReleaseHold", {Role::kAdmin}},
+      {"/rollpack.v1.Member/ReadSamples", {Role::kAdmin}},
   };
   return *kTable;
 }

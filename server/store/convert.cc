@@ -142,7 +142,7 @@ v1::Plan PlanToProto(const Step& step) {
       v1::RankGroup* g = mb->add_groups();
       g->set_first_rank(group.first_rank);
       g->set_cp_size(group.cp_size);
-      for (int seq : group.sequences) g->add_sample_ids(step.samples[seq]->sample_id);
+      for (int seq : group.sequences) g->add_sample_ids(step.sample_ids[seq]);
       g->mutable_padded_lengths()->Assign(group.padded_lengths.begin(), group.padded_lengths.end());
       g->set_workload(group.work_per_rank);
       g->set_tokens_per_rank(group.tokens_per_rank);
@@ -155,7 +155,7 @@ v1::StepInfo StepInfoToProto(const Step& step) {
   v1::StepInfo out;
   out.set_step_id(step.step_id);
   out.set_pool(step.pool);
-  out.set_num_samples(static_cast<int>(step.samples.size()));
+  out.set_num_samples(static_cast<int>(step.sample_ids.size()));
   out.set_num_microbatches(static_cast<int>(step.plan.microbatches.size()));
   *out.mutable_topology() = ToProto(step.topology);
   *out.mutable_stats() = ToProto(step.plan.stats);

@@ -91,7 +91,7 @@ absl::StatusOr<size_t> ScanRecords(absl::string_view data, bool v1, const std::s
     }
     const absl::string_view payload = rest.substr(header_bytes, length);
     const bool last = header_bytes + length == rest.size();
-    if (type < 1 || type > 4) {
+    if (type < 1 || type > kMaxRecordType) {
       if (!v1) return corrupt(absl::StrCat("has unknown type ", type));
       if (!last) return corrupt("fails its checksum");
       *why = "a last version 1 record of unknown type";

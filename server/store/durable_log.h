@@ -66,8 +66,13 @@ enum class RecordType : uint8_t {
   kRegisterModel = 1,  // v1::RegisterModelRequest
   kPutSamples = 2,     // EncodeSamples(pool, samples)
   kCreateStep = 3,     // v1::CreateStepRequest: resolved ids, normalised topology
-  kReleaseStep = 4,    // v1::ReleaseStepRequest
+  kReleaseStep = 4,    // v1::ReleaseStepRequest (a step or a hold)
+  kHoldSamples = 5,    // v1::HoldSamplesRequest (cluster mode)
+  kDropHold = 6,       // v1::StepHoldRequest (cluster mode)
 };
+// Types 5 and 6 appear only in a cluster member's log; a rollpackd older
+// than them refuses such a log as corrupt rather than misreading it.
+inline constexpr int kMaxRecordType = 6;
 
 // u32 payload length, u32 crc32c(type, payload), u8 type, u32 crc32c of
 // these 9 bytes (format version 2).

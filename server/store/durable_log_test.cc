@@ -536,5 +536,57 @@ TEST(DurableLogTest, CompactionDropsReleasedStepsAndKeepsTheState) {
   EXPECT_EQ((*next)->samples[0]->sample_id, "c4-rollout-8");
 }
 
+// Cluster holds (sample_store.h, "Cluster mode") are logged like steps: they
+// come back after a restart (unconfirmed, so the member checks them against
+// etcd again), through compaction too, and a dropped or released hold stays so.
+TEST(DurableLogTest, ClusterHoldsComeBackUnconfirmedAndReleasesStayDone) {
+  TempDir dir;
+  std::vector<StoredSample> a = Samples(10, 3, "h-");
+  auto ids = [&](std::initializer_list<int> which) {
+    std::vector<std::string> out;
+    for (int i : which) out.push_back(a[i].sample_id);
+    return out;
+  };
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(*d->store->RegisterModel("p", FromProto(Model())));
+    ASSERT_TRUE(d->store->Put("p", a).ok());
+    ASSERT_TRUE(d->store->Hold("h1", "p", ids({0, 1, 2}), "m:1").ok());
+    ASSERT_TRUE(d->store->ConfirmHold("h1").ok());
+    ASSERT_TRUE(d->store->Hold("h2", "p", ids({3, 4}), "m:1").ok());
+    ASSERT_TRUE(d->store->DropHold("h2").ok());
+    ASSERT_TRUE(d->store->Hold("h3", "p", ids({5}), "m:1").ok());
+    ASSERT_EQ(d->store->ReleaseStep("h3")->released_samples, 1);
+    // All or nothing: a[0] is held, so a[7] stays free too.
+    absl::Status refused = d->store->Hold("h4", "p", ids({7, 0}), "m:1");
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr(a[0].sample_id));
+    ASSERT_TRUE(d->store->CompactLog().ok());
+    ASSERT_TRUE(d->store->Hold("h5", "p", ids({6}), "m:2").ok());
+  }
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<PoolStats> pool = d->store->GetPool("p");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_samples, 9);
+  EXPECT_EQ(pool->num_free_samples, 9 - 3 - 1);
+  EXPECT_EQ(d->store->HoldIds(), (std::vector<std::string>{"h1", "h5"}));
+  EXPECT_EQ(d->store->UnconfirmedHolds(absl::ZeroDuration()),
+            (std::vector<std::string>{"h1", "h5"}));
+  absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> held =
+      d->store->HeldSamples("h1", ids({2, 0}));
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(*(*held)[0] == a[2]);
+  EXPECT_TRUE(*(*held)[1] == a[0]);
+  EXPECT_EQ(d->store->HeldSamples("h1", ids({6})).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(d->store->DropHold("h1").ok());
+  EXPECT_EQ(d->store->GetPool("p")->num_free_samples, 9 - 1);
+  // Free again in arrival order: the oldest free sample is a[0] once more.
+  absl::StatusOr<SampleStore::SampleListing> oldest = d->store->ListSamples("p", {}, 1);
+  ASSERT_TRUE(oldest.ok());
+  EXPECT_EQ(oldest->sample_ids, ids({0}));
+}
+
 }  // namespace
 }  // namespace rollpack

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rollpack/v1/member.pb.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "rollpack/v1/scheduler.pb.h"
 #include "server/store/convert.h"
@@ -177,13 +178,30 @@ std::string EncodeCreateStep(const Step& step) {
   v1::CreateStepRequest request;
   request.set_step_id(step.step_id);
   request.set_pool(step.pool);
-  for (const auto& sample : step.samples) request.add_sample_ids(sample->sample_id);
+  for (const std::string& id : step.sample_ids) request.add_sample_ids(id);
   *request.mutable_topology() = ToProto(step.topology);
   return request.SerializeAsString();
 }
 
 std::string EncodeReleaseStep(const std::string& step_id) {
   v1::ReleaseStepRequest request;
+  request.set_step_id(step_id);
+  return request.SerializeAsString();
+}
+
+std::string EncodeHoldSamples(const std::string& step_id, const std::string& pool,
+                              absl::Span<const std::string> sample_ids,
+                              const std::string& coordinator) {
+  v1::HoldSamplesRequest request;
+  request.set_step_id(step_id);
+  request.set_pool(pool);
+  for (const std::string& id : sample_ids) request.add_sample_ids(id);
+  request.set_coordinator(coordinator);
+  return request.SerializeAsString();
+}
+
+std::string EncodeDropHold(const std::string& step_id) {
+  v1::StepHoldRequest request;
   request.set_step_id(step_id);
   return request.SerializeAsString();
 }

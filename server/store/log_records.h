@@ -28,6 +28,10 @@ std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model)
 // Resolved sample ids in the step's order and its normalised topology.
 std::string EncodeCreateStep(const Step& step);
 std::string EncodeReleaseStep(const std::string& step_id);
+std::string EncodeHoldSamples(const std::string& step_id, const std::string& pool,
+                              absl::Span<const std::string> sample_ids,
+                              const std::string& coordinator);
+std::string EncodeDropHold(const std::string& step_id);
 
 }  // namespace rollpack
 

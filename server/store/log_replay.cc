@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rollpack/v1/member.pb.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "rollpack/v1/scheduler.pb.h"
 #include "server/store/convert.h"
@@ -55,6 +56,27 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
           break;
         }
         s = store->ReleaseStep(request.step_id()).status();
+        break;
+      }
+      case RecordType::kHoldSamples: {
+        v1::HoldSamplesRequest request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("HoldSamples record does not parse");
+          break;
+        }
+        const std::vector<std::string> ids(request.sample_ids().begin(), request.sample_ids().end());
+        // Replayed unconfirmed: the member checks it against the cluster's
+        // record of steps once it has joined (cluster_steps.h).
+        s = store->Hold(request.step_id(), request.pool(), ids, request.coordinator());
+        break;
+      }
+      case RecordType::kDropHold: {
+        v1::StepHoldRequest request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("DropHold record does not parse");
+          break;
+        }
+        s = store->DropHold(request.step_id()).status();
         break;
       }
       default:

@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "server/store/durable_log.h"
 #include "server/store/log_records.h"
@@ -273,6 +274,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     pool.schema = std::move(batch_schema);
     pool.schema_fixed = true;
   }
+  const int64_t now_nanos = absl::GetCurrentTimeNanos();
   for (size_t i = 0; i < samples.size(); ++i) {
     if (!is_new[i]) continue;
     const uint64_t arrival = next_arrival_++;
@@ -280,6 +282,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     std::string id = samples[i].sample_id;
     pool.free_by_arrival.emplace(arrival, id);
     pool.arrival_of.emplace(id, arrival);
+    pool.arrival_unix_nanos.emplace(id, now_nanos);
     pool.samples.emplace(std::move(id), std::make_shared<const StoredSample>(std::move(samples[i])));
     pool.stored_bytes += bytes;
     stored_bytes_ += bytes;
@@ -321,14 +324,8 @@ StoreStats SampleStore::Stats() const {
 absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
     const std::string& step_id, const std::string& pool_name,
     absl::Span<const std::string> sample_ids, int num_samples, const Topology& topology) {
-  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
-  RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
-  if (sample_ids.empty() && num_samples <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step \"", step_id, "\": give sample_ids or num_samples > 0 (num_samples is ",
-        num_samples, ")"));
-  }
-  RETURN_IF_ERROR(ValidateTopologySizes(topology));
+  RETURN_IF_ERROR(
+      ValidateCreateStep(step_id, pool_name, !sample_ids.empty(), num_samples, topology));
 
   // Reserve the samples under the lock, plan without it (step_builder.h).
   ModelSpec model;
@@ -336,7 +333,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
   std::vector<std::pair<uint64_t, std::string>> reserved;
   {
     absl::MutexLock lock(&mu_);
-    if (steps_.contains(step_id) || pending_steps_.contains(step_id)) {
+    if (steps_.contains(step_id) || pending_steps_.contains(step_id) || holds_.contains(step_id)) {
       return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
     }
     auto pool_it = pools_.find(pool_name);
@@ -346,23 +343,8 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
     Pool& pool = pool_it->second;
     model = pool.model;
     if (!sample_ids.empty()) {
-      absl::flat_hash_set<std::string> seen;
-      for (const std::string& id : sample_ids) {
-        if (!seen.insert(id).second) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("step \"", step_id, "\": sample \"", id, "\" is listed twice"));
-        }
-        auto it = pool.samples.find(id);
-        if (it == pool.samples.end()) {
-          return absl::NotFoundError(
-              absl::StrCat("sample \"", id, "\" is not in pool \"", pool_name, "\""));
-        }
-        if (pool.free_by_arrival.count(pool.arrival_of.at(id)) == 0) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("sample \"", id, "\" is already in a live step"));
-        }
-        samples.push_back(it->second);
-      }
+      RETURN_IF_ERROR(CheckFree(pool, pool_name, step_id, sample_ids));
+      for (const std::string& id : sample_ids) samples.push_back(pool.samples.at(id));
     } else {
       if (static_cast<int64_t>(pool.free_by_arrival.size()) < num_samples) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -444,6 +426,7 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& 
   absl::MutexLock lock(&mu_);
   auto it = steps_.find(step_id);
   if (it == steps_.end()) {
+    if (holds_.contains(step_id)) return ReleaseHoldLocked(step_id, ticket);
     return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));
   }
   if (log_ != nullptr) {
@@ -459,11 +442,17 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& 
   steps_.erase(it);
   Pool& pool = pools_.at(step->pool);
   pool.live_steps--;
+  return EraseSamples(pool, step->sample_ids);
+}
+
+ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string> sample_ids) {
   ReleaseResult result;
-  for (const auto& sample : step->samples) {
-    const int64_t bytes = sample->MemoryBytes();
-    pool.arrival_of.erase(sample->sample_id);
-    pool.samples.erase(sample->sample_id);
+  for (const std::string& id : sample_ids) {
+    auto it = pool.samples.find(id);
+    const int64_t bytes = it->second->MemoryBytes();
+    pool.arrival_of.erase(id);
+    pool.arrival_unix_nanos.erase(id);
+    pool.samples.erase(it);
     pool.stored_bytes -= bytes;
     stored_bytes_ -= bytes;
     result.freed_bytes += bytes;
@@ -514,6 +503,10 @@ absl::Status SampleStore::CompactLog() {
     }
     for (const auto& [id, step] : steps_) {
       RETURN_IF_ERROR(out->Add(RecordType::kCreateStep, EncodeCreateStep(*step)));
+    }
+    for (const auto& [id, hold] : holds_) {
+      RETURN_IF_ERROR(out->Add(RecordType::kHoldSamples,
+                               EncodeHoldSamples(id, hold.pool, hold.sample_ids, hold.coordinator)));
     }
     return absl::OkStatus();
   });

@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "scheduler/model_spec.h"
 #include "scheduler/topology.h"
@@ -121,8 +122,46 @@ class SampleStore {
   // NOT_FOUND naming the step when it is not live.
   absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) const;
 
-  // Deletes the step and its samples, freeing their memory.
+  // Deletes the step (or this member's hold of a cluster step) and its
+  // samples, freeing their memory.
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id);
+
+  // Cluster mode (server/cluster/cluster_steps.h): a step planned over
+  // several members holds, on each, the samples that member stores. These
+  // calls are the member's side of that, implemented in
+  // sample_store_holds.cc. A hold is durable like a step (logged), and is
+  // "unconfirmed" until the planner says the step was committed (or a
+  // restart forgot that): unconfirmed holds are what a member checks
+  // against the cluster's record of steps.
+  struct SampleListing {
+    std::vector<std::string> sample_ids;
+    std::vector<int64_t> num_tokens;
+    std::vector<int64_t> arrival_unix_nanos;
+    std::vector<bool> free;
+  };
+  // Explicit ids: those stored here (free or not), in the order given.
+  // Otherwise the oldest free samples, at most `limit`. NOT_FOUND for an
+  // unknown pool.
+  absl::StatusOr<SampleListing> ListSamples(const std::string& pool,
+                                            absl::Span<const std::string> sample_ids,
+                                            int limit) const;
+  // Takes the samples out of the free ones for `step_id`, all or nothing.
+  // ALREADY_EXISTS for a step id live here; NOT_FOUND / FAILED_PRECONDITION
+  // naming a sample that is not stored here / is in a step already.
+  absl::Status Hold(const std::string& step_id, const std::string& pool,
+                    absl::Span<const std::string> sample_ids, const std::string& coordinator);
+  // NOT_FOUND when there is no such hold.
+  absl::Status ConfirmHold(const std::string& step_id);
+  // Gives the held samples back to the free ones, in their arrival order.
+  absl::StatusOr<ReleaseResult> DropHold(const std::string& step_id);
+  // The held samples of `step_id` among `sample_ids` (all must be held by
+  // it): NOT_FOUND naming the step or the sample otherwise.
+  absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> HeldSamples(
+      const std::string& step_id, absl::Span<const std::string> sample_ids) const;
+  // Unconfirmed holds taken at least `age` ago, by step id.
+  std::vector<std::string> UnconfirmedHolds(absl::Duration age) const;
+  // Step ids of every hold, confirmed or not.
+  std::vector<std::string> HoldIds() const;
 
   // Durable mode: from now on every mutation is written to `log` before it
   // is acknowledged (see server/store/durable_log.h); a mutation the log refuses
@@ -142,6 +181,7 @@ class SampleStore {
     // Free samples by arrival sequence number: the oldest first.
     std::map<uint64_t, std::string> free_by_arrival;
     absl::flat_hash_map<std::string, uint64_t> arrival_of;
+    absl::flat_hash_map<std::string, int64_t> arrival_unix_nanos;
     int64_t stored_bytes = 0;
     int64_t live_steps = 0;
   };
@@ -154,6 +194,18 @@ class SampleStore {
                                       std::vector<StoredSample> samples,
                                       std::string encoded, int64_t* ticket);
   absl::StatusOr<ReleaseResult> ReleaseStepLocked(const std::string& step_id, int64_t* ticket);
+  // Deletes the samples of a released step or hold from their pool.
+  ReleaseResult EraseSamples(Pool& pool, absl::Span<const std::string> sample_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<ReleaseResult> ReleaseHoldLocked(const std::string& step_id, int64_t* ticket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when every id is stored in `pool`, free and listed once; else the
+  // error naming the first that is not (INVALID_ARGUMENT, NOT_FOUND,
+  // FAILED_PRECONDITION).
+  absl::Status CheckFree(const Pool& pool, const std::string& pool_name,
+                         const std::string& step_id,
+                         absl::Span<const std::string> sample_ids) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Before a pool's first batch here: the cluster's schema becomes the pool's.
   absl::Status FixSchemaClusterWide(const std::string& pool,
                                     const std::vector<StoredSample>& samples);
@@ -166,6 +218,14 @@ class SampleStore {
   mutable absl::Mutex mu_;
   std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Step>> steps_ ABSL_GUARDED_BY(mu_);
+  struct SampleHold {
+    std::string pool;
+    std::vector<std::string> sample_ids;
+    std::string coordinator;
+    absl::Time held_at;
+    bool confirmed = false;
+  };
+  absl::flat_hash_map<std::string, SampleHold> holds_ ABSL_GUARDED_BY(mu_);
   // Step ids being planned, reserved so two creates cannot race.
   absl::flat_hash_map<std::string, bool> pending_steps_ ABSL_GUARDED_BY(mu_);
   int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -18,12 +18,14 @@ namespace rollpack {
 
 struct Step {
   Step(std::string step_id, std::string pool, ModelSpec model, Topology topology,
+       std::vector<std::string> sample_ids,
        std::vector<std::shared_ptr<const StoredSample>> samples, Plan plan,
        StepLayout layout)
       : step_id(std::move(step_id)),
         pool(std::move(pool)),
         model(std::move(model)),
         topology(topology),
+        sample_ids(std::move(sample_ids)),
         samples(std::move(samples)),
         plan(std::move(plan)),
         layout(std::move(layout)) {}
@@ -32,8 +34,11 @@ struct Step {
   const std::string pool;
   const ModelSpec model;
   const Topology topology;
-  // The plan's sequence i is samples[i]; shared so a stream in flight keeps
-  // its data alive after the step is released.
+  // The plan's sequence i is the sample sample_ids[i].
+  const std::vector<std::string> sample_ids;
+  // samples[i] holds it; shared so a stream in flight keeps its data alive
+  // after the step is released. Empty for a cluster step's plan, whose
+  // samples stay on the members that hold them (server/cluster/).
   const std::vector<std::shared_ptr<const StoredSample>> samples;
   const Plan plan;
   const StepLayout layout;

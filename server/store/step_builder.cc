@@ -9,31 +9,70 @@
 #include "scheduler/pipeline_layers.h"
 #include "scheduler/plan.h"
 #include "scheduler/planner.h"
+#include "server/store/names.h"
 
 namespace rollpack {
+namespace {
 
-absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
+absl::StatusOr<std::shared_ptr<const Step>> Build(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
-    const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples) {
+    const Topology& topology, std::vector<std::string> sample_ids,
+    const std::vector<int64_t>& lengths,
+    std::vector<std::shared_ptr<const StoredSample>> samples) {
   RETURN_IF_ERROR(PipelineLayers::Create(model, topology));
-  std::vector<int64_t> lengths;
-  lengths.reserve(samples.size());
+  if (lengths.size() != sample_ids.size()) {
+    return absl::InternalError(absl::StrCat("step \"", step_id, "\": ", sample_ids.size(),
+                                            " sample ids, ", lengths.size(), " lengths"));
+  }
   const int largest = MaxCpGroupSize(topology);
-  for (const auto& sample : samples) {
-    const int64_t n = sample->num_tokens();
-    if (MinCpGroupSizeFor(topology, n) == 0) {
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (MinCpGroupSizeFor(topology, lengths[i]) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "sample \"", sample->sample_id, "\" has ", n,
+          "sample \"", sample_ids[i], "\" has ", lengths[i],
           " tokens; the longest that fits on the largest CP group (", largest, " ranks x ",
           topology.max_tokens_per_rank, " max_tokens_per_rank) is ",
           LargestLengthThatFits(topology, largest)));
     }
-    lengths.push_back(n);
   }
   ASSIGN_OR_RETURN(Plan plan, ComputePlan(lengths, topology));
   ASSIGN_OR_RETURN(StepLayout layout, StepLayout::Create(plan, lengths, topology, model));
-  return std::make_shared<const Step>(step_id, pool, model, topology, std::move(samples),
-                                      std::move(plan), std::move(layout));
+  return std::make_shared<const Step>(step_id, pool, model, topology, std::move(sample_ids),
+                                      std::move(samples), std::move(plan), std::move(layout));
+}
+
+}  // namespace
+
+absl::Status ValidateCreateStep(const std::string& step_id, const std::string& pool,
+                                bool has_sample_ids, int num_samples, const Topology& topology) {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
+  RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
+  if (!has_sample_ids && num_samples <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step \"", step_id, "\": give sample_ids or num_samples > 0 (num_samples is ",
+        num_samples, ")"));
+  }
+  return ValidateTopologySizes(topology);
+}
+
+absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
+    const std::string& step_id, const std::string& pool, const ModelSpec& model,
+    const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples) {
+  std::vector<std::string> ids;
+  std::vector<int64_t> lengths;
+  ids.reserve(samples.size());
+  lengths.reserve(samples.size());
+  for (const auto& sample : samples) {
+    ids.push_back(sample->sample_id);
+    lengths.push_back(sample->num_tokens());
+  }
+  return Build(step_id, pool, model, topology, std::move(ids), lengths, std::move(samples));
+}
+
+absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
+    const std::string& step_id, const std::string& pool, const ModelSpec& model,
+    const Topology& topology, std::vector<std::string> sample_ids,
+    const std::vector<int64_t>& num_tokens) {
+  return Build(step_id, pool, model, topology, std::move(sample_ids), num_tokens, {});
 }
 
 }  // namespace rollpack

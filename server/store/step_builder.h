@@ -1,8 +1,10 @@
-// Planning a step from the samples the store reserved for it: metadata only
-// (sample lengths, the model and the topology), no sample bytes.
+// Planning a step from metadata only (sample ids and lengths, the model and
+// the topology), no sample bytes: the store plans the samples it reserved,
+// a cluster member plans samples other members hold.
 #ifndef ROLLPACK_SERVER_STORE_STEP_BUILDER_H_
 #define ROLLPACK_SERVER_STORE_STEP_BUILDER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +17,11 @@
 
 namespace rollpack {
 
+// INVALID_ARGUMENT for a CreateStep's names (names.h), neither sample_ids
+// nor num_samples > 0, or topology sizes the scheduler refuses.
+absl::Status ValidateCreateStep(const std::string& step_id, const std::string& pool,
+                                bool has_sample_ids, int num_samples, const Topology& topology);
+
 // The plan and per-rank layout of `samples` (in the step's order) on
 // `topology`. INVALID_ARGUMENT when the model's layers do not split over the
 // pipeline stages, or naming the first sample that fits on no allowed CP
@@ -23,6 +30,13 @@ namespace rollpack {
 absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples);
+
+// The same plan and layout from the samples' ids and lengths alone; the
+// step's `samples` is empty (the bytes are elsewhere).
+absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
+    const std::string& step_id, const std::string& pool, const ModelSpec& model,
+    const Topology& topology, std::vector<std::string> sample_ids,
+    const std::vector<int64_t>& num_tokens);
 
 }  // namespace rollpack
 

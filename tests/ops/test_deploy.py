@@ -105,9 +105,18 @@ class DeployTest(unittest.TestCase):
         self.assertEqual(ports, {"grpc": GRPC_PORT, "metrics": METRICS_PORT})
         for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
             self.assertEqual(rp[probe], {**rp[probe], "grpc": {"port": GRPC_PORT}}, probe)
-        # The token file is mounted where --auth-tokens points.
         mounts = [m["mountPath"] for m in rp["volumeMounts"]]
-        self.assertTrue(any(flags["auth-tokens"].startswith(m + "/") for m in mounts), mounts)
+        if "cluster-etcd" in flags:
+            # Cluster mode (docs/cluster.md): every replica is a member, it
+            # advertises its pod IP, and --auth-tokens is refused there.
+            self.assertNotIn("auth-tokens", flags)
+            self.assertGreater(objs[("Deployment", "vllm-rollout")]["spec"]["replicas"], 1)
+            self.assertTrue(flags["cluster-advertise"].startswith("$(POD_IP):"), flags)
+            self.assertEqual(port_of(flags["cluster-advertise"]), GRPC_PORT)
+            self.assertTrue(any(flags["data-dir"].startswith(m) for m in mounts), mounts)
+        else:
+            # The token file is mounted where --auth-tokens points.
+            self.assertTrue(any(flags["auth-tokens"].startswith(m + "/") for m in mounts), mounts)
         # Memory limit leaves room above --max-memory.
         limit = rp["resources"]["limits"]["memory"]
         self.assertTrue(limit.endswith("Gi"))

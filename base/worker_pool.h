@@ -1,10 +1,11 @@
-// A fixed set of threads running queued work in FIFO order. The server uses
-// one to parse and validate ingest messages of a single PutSamples stream in
-// parallel (server/ingest/put_samples_reactor.h): gRPC runs one stream's reads one
-// after another, and on a many-core host one parse at a time capped a single
-// producer far below the link.
-#ifndef ROLLPACK_SERVER_INGEST_WORKER_POOL_H_
-#define ROLLPACK_SERVER_INGEST_WORKER_POOL_H_
+// A fixed set of threads running queued work in FIFO order: ingest parses
+// and validates one PutSamples stream's messages in parallel on one
+// (server/ingest/put_samples_reactor.h: gRPC runs one stream's reads one after
+// another, and one parse at a time capped a producer far below the link), and
+// a cluster member pulls samples from its peers on another, off gRPC's
+// callback threads (server/delivery/trainer_service.h).
+#ifndef ROLLPACK_BASE_WORKER_POOL_H_
+#define ROLLPACK_BASE_WORKER_POOL_H_
 
 #include <deque>
 #include <thread>
@@ -40,4 +41,4 @@ class WorkerPool {
 
 }  // namespace rollpack
 
-#endif  // ROLLPACK_SERVER_INGEST_WORKER_POOL_H_
+#endif  // ROLLPACK_BASE_WORKER_POOL_H_

@@ -1,4 +1,4 @@
-#include "server/ingest/worker_pool.h"
+#include "base/worker_pool.h"
 
 #include <algorithm>
 #include <utility>

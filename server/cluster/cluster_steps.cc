@@ -1,0 +1,678 @@
+#include "server/cluster/cluster_steps.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "grpcpp/client_context.h"
+#include "proto/wire/deterministic_bytes.h"
+#include "server/store/convert.h"
+#include "server/store/log_records.h"
+#include "server/store/names.h"
+#include "server/store/step_builder.h"
+#include "spdlog/spdlog.h"
+
+namespace rollpack {
+
+// A committed step as this member knows it: the plan rebuilt from the
+// record, and the samples pulled so far to serve ranks.
+struct ClusterSteps::CachedStep {
+  // Of the record's key: an id deleted and created again is another step.
+  std::atomic<int64_t> revision{0};
+  v1::ClusterStepRecord record;
+  std::shared_ptr<const Step> step;
+  absl::Mutex mu;
+  std::vector<std::shared_ptr<const StoredSample>> samples ABSL_GUARDED_BY(mu);
+};
+
+// The samples a CreateStep takes, in the step's order.
+struct ClusterSteps::Choice {
+  std::vector<std::string> members;
+  std::vector<std::string> sample_ids;
+  std::vector<int64_t> num_tokens;
+  std::vector<int32_t> owner;
+};
+
+namespace {
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
+}
+
+// A peer's answer as the caller's status: the peer's own code (its error
+// names the sample or step), except that a member that does not answer is
+// UNAVAILABLE naming it.
+absl::Status FromPeer(const grpc::Status& status, const std::string& member,
+                      absl::string_view call) {
+  if (status.ok()) return absl::OkStatus();
+  const auto code = status.error_code();
+  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      code == grpc::StatusCode::UNIMPLEMENTED) {
+    return absl::UnavailableError(absl::StrCat("cluster member ", member, " does not answer (",
+                                               call, "): ", status.error_message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat("member ", member, ": ", status.error_message()));
+}
+
+// Runs fn(0..n-1) on threads of their own (one per member: few) and waits.
+void ForEachParallel(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back(fn, i);
+  for (std::thread& t : threads) t.join();
+}
+
+absl::Status Prefixed(const std::string& step_id, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("step \"", step_id, "\": ", status.message()));
+}
+
+}  // namespace
+
+ClusterSteps::ClusterSteps(SampleStore* store, ClusterStepsOptions options)
+    : store_(store), options_(options) {}
+
+ClusterSteps::~ClusterSteps() { Detach(); }
+
+void ClusterSteps::Attach(Cluster* cluster) {
+  cluster_.store(cluster);
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = false;
+  }
+  background_ = std::thread([this] { BackgroundLoop(); });
+}
+
+void ClusterSteps::Detach() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (background_.joinable()) background_.join();
+  cluster_.store(nullptr);
+}
+
+absl::StatusOr<Cluster*> ClusterSteps::Joined() const {
+  Cluster* cluster = cluster_.load();
+  if (cluster == nullptr) return absl::UnavailableError("this member is not in its cluster");
+  return cluster;
+}
+
+std::string ClusterSteps::StepKey(Cluster* cluster, const std::string& step_id) const {
+  return cluster->Key("steps", step_id);
+}
+
+std::string ClusterSteps::ReleaseKey(Cluster* cluster, const std::string& member,
+                                     const std::string& step_id) const {
+  return cluster->Key("releases", absl::StrCat(member, "/", step_id));
+}
+
+absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(
+    const std::string& step_id, const std::string& pool, absl::Span<const std::string> sample_ids,
+    int num_samples, const Topology& topology) {
+  RETURN_IF_ERROR(ValidateCreateStep(step_id, pool, !sample_ids.empty(), num_samples, topology));
+  ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  ASSIGN_OR_RETURN(ModelSpec model, store_->GetOrAdoptModel(pool));
+  const std::string key = StepKey(cluster, step_id);
+  ASSIGN_OR_RETURN(int64_t existing, cluster->etcd()->CreateRevision(key));
+  if (existing != 0 || store_->GetStep(step_id).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
+  }
+  ASSIGN_OR_RETURN(std::vector<ClusterMember> members, cluster->Members());
+  ASSIGN_OR_RETURN(Choice choice,
+                   Choose(cluster, members, step_id, pool, sample_ids, num_samples));
+
+  absl::StatusOr<std::shared_ptr<const Step>> step = BuildStepFromMetadata(
+      step_id, pool, model, topology, choice.sample_ids, choice.num_tokens);
+  if (!step.ok()) return Prefixed(step_id, step.status());
+
+  v1::ClusterStepRecord record;
+  record.set_step_id(step_id);
+  record.set_pool(pool);
+  *record.mutable_topology() = ToProto(topology);
+  *record.mutable_model() = ToProto(model);
+  for (const std::string& m : choice.members) record.add_members(m);
+  for (const std::string& id : choice.sample_ids) record.add_sample_ids(id);
+  record.mutable_num_tokens()->Assign(choice.num_tokens.begin(), choice.num_tokens.end());
+  record.mutable_owner()->Assign(choice.owner.begin(), choice.owner.end());
+  record.set_coordinator(cluster->self().id);
+  record.set_created_unix_nanos(absl::GetCurrentTimeNanos());
+
+  std::vector<bool> held(choice.members.size(), false);
+  if (absl::Status s = HoldAll(cluster, record, &held); !s.ok()) {
+    DropAll(cluster, record, held);
+    return Prefixed(step_id, s);
+  }
+  bool created = false;
+  absl::StatusOr<std::string> holder =
+      cluster->etcd()->CreateIfAbsent(key, DeterministicBytes(record), &created);
+  if (!holder.ok() || !created) {
+    DropAll(cluster, record, held);
+    if (!holder.ok()) return Prefixed(step_id, holder.status());
+    v1::ClusterStepRecord other;
+    if (other.ParseFromString(*holder) && !other.aborted_by().empty()) {
+      return absl::AbortedError(absl::StrCat(
+          "step \"", step_id, "\": member ", other.aborted_by(),
+          " gave up waiting for it to be committed; the id is refused for ",
+          absl::FormatDuration(options_.tombstone_ttl), ", retry under another"));
+    }
+    return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
+  }
+  ConfirmAll(cluster, record);
+  auto cached = std::make_shared<CachedStep>();
+  cached->record = std::move(record);
+  cached->step = *step;
+  {
+    absl::MutexLock lock(&cached->mu);
+    cached->samples.resize(cached->record.sample_ids_size());
+  }
+  // Its revision is learnt at the next lookup.
+  absl::MutexLock lock(&mu_);
+  cache_[step_id] = std::move(cached);
+  return step;
+}
+
+absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(
+    Cluster* cluster, const std::vector<ClusterMember>& members, const std::string& step_id,
+    const std::string& pool, absl::Span<const std::string> sample_ids, int num_samples) {
+  std::vector<absl::StatusOr<SampleStore::SampleListing>> listings(
+      members.size(), absl::UnknownError("not asked"));
+  std::vector<int64_t> bytes(members.size(), 0);
+  ForEachParallel(members.size(), [&](size_t i) {
+    if (members[i].id == cluster->self().id) {
+      listings[i] = store_->ListSamples(pool, sample_ids, num_samples);
+      return;
+    }
+    v1::ListFreeSamplesRequest request;
+    request.set_pool(pool);
+    for (const std::string& id : sample_ids) request.add_sample_ids(id);
+    request.set_limit(num_samples);
+    v1::FreeSamples response;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.member_timeout);
+    absl::Status s = FromPeer(
+        cluster->MemberStub(members[i])->ListFreeSamples(&context, request, &response),
+        members[i].id, "ListFreeSamples");
+    if (!s.ok()) {
+      listings[i] = s;
+      return;
+    }
+    bytes[i] = static_cast<int64_t>(request.ByteSizeLong() + response.ByteSizeLong());
+    SampleStore::SampleListing listing;
+    listing.sample_ids.assign(response.sample_ids().begin(), response.sample_ids().end());
+    listing.num_tokens.assign(response.num_tokens().begin(), response.num_tokens().end());
+    listing.arrival_unix_nanos.assign(response.arrival_unix_nanos().begin(),
+                                      response.arrival_unix_nanos().end());
+    listing.free.assign(response.free().begin(), response.free().end());
+    listings[i] = std::move(listing);
+  });
+  for (int64_t b : bytes) planning_bytes_.fetch_add(b);
+
+  Choice choice;
+  for (const ClusterMember& m : members) choice.members.push_back(m.id);
+  // Where each listed id is: (member, position in its listing).
+  absl::flat_hash_map<std::string, std::pair<int, int>> where;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!listings[i].ok()) {
+      // A member that never saw the pool holds none of its samples.
+      if (absl::IsNotFound(listings[i].status())) {
+        listings[i] = SampleStore::SampleListing{};
+        continue;
+      }
+      return listings[i].status();
+    }
+    const SampleStore::SampleListing& l = *listings[i];
+    if (l.sample_ids.size() != l.num_tokens.size() || l.sample_ids.size() != l.free.size() ||
+        l.sample_ids.size() != l.arrival_unix_nanos.size()) {
+      return absl::InternalError(
+          absl::StrCat("member ", members[i].id, " answered ListFreeSamples inconsistently"));
+    }
+    for (size_t j = 0; j < l.sample_ids.size(); ++j) {
+      auto [it, inserted] =
+          where.try_emplace(l.sample_ids[j], static_cast<int>(i), static_cast<int>(j));
+      if (!inserted) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sample \"", l.sample_ids[j], "\" of pool \"", pool, "\" is held by two members, ",
+            members[it->second.first].id, " and ", members[i].id));
+      }
+    }
+  }
+  auto take = [&](int member, int position) {
+    const SampleStore::SampleListing& l = *listings[member];
+    choice.sample_ids.push_back(l.sample_ids[position]);
+    choice.num_tokens.push_back(l.num_tokens[position]);
+    choice.owner.push_back(member);
+  };
+  if (!sample_ids.empty()) {
+    absl::flat_hash_set<std::string> seen;
+    for (const std::string& id : sample_ids) {
+      if (!seen.insert(id).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step \"", step_id, "\": sample \"", id, "\" is listed twice"));
+      }
+      auto it = where.find(id);
+      if (it == where.end()) {
+        return absl::NotFoundError(absl::StrCat("sample \"", id, "\" is not in pool \"", pool,
+                                                "\" on any of the ", members.size(),
+                                                " members"));
+      }
+      const auto [member, position] = it->second;
+      if (!listings[member]->free[position]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sample \"", id, "\" is already in a live step (on member ", members[member].id, ")"));
+      }
+      take(member, position);
+    }
+    return choice;
+  }
+  // Oldest first over every member; ties (same nanosecond) by member id,
+  // then by each member's own order, so the choice is deterministic.
+  std::vector<std::tuple<int64_t, int, int>> candidates;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const SampleStore::SampleListing& l = *listings[i];
+    for (size_t j = 0; j < l.sample_ids.size(); ++j) {
+      if (l.free[j]) candidates.emplace_back(l.arrival_unix_nanos[j], i, j);
+    }
+  }
+  if (static_cast<int64_t>(candidates.size()) < num_samples) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step \"", step_id, "\": pool \"", pool, "\" has ", candidates.size(),
+        " free samples on ", members.size(), " members, ", num_samples, " requested"));
+  }
+  std::partial_sort(candidates.begin(), candidates.begin() + num_samples, candidates.end());
+  for (int k = 0; k < num_samples; ++k) {
+    take(std::get<1>(candidates[k]), std::get<2>(candidates[k]));
+  }
+  return choice;
+}
+
+absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record,
+                                   std::vector<bool>* held) {
+  const int n = record.members_size();
+  std::vector<std::vector<std::string>> ids(n);
+  for (int i = 0; i < record.sample_ids_size(); ++i) {
+    ids[record.owner(i)].push_back(record.sample_ids(i));
+  }
+  std::vector<absl::Status> results(n);
+  ForEachParallel(n, [&](size_t i) {
+    if (ids[i].empty()) return;
+    if (record.members(i) == cluster->self().id) {
+      results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator());
+    } else {
+      v1::HoldSamplesRequest request;
+      request.set_step_id(record.step_id());
+      request.set_pool(record.pool());
+      for (const std::string& id : ids[i]) request.add_sample_ids(id);
+      request.set_coordinator(record.coordinator());
+      planning_bytes_.fetch_add(static_cast<int64_t>(request.ByteSizeLong()));
+      v1::HoldSamplesResponse response;
+      grpc::ClientContext context;
+      SetDeadline(&context, options_.member_timeout);
+      results[i] = FromPeer(cluster->MemberStub({record.members(i), record.members(i)})
+                                ->HoldSamples(&context, request, &response),
+                            record.members(i), "HoldSamples");
+    }
+    (*held)[i] = results[i].ok();
+  });
+  for (const absl::Status& s : results) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+void ClusterSteps::DropAll(Cluster* cluster, const v1::ClusterStepRecord& record,
+                           const std::vector<bool>& held) {
+  // A drop that fails leaves an unconfirmed hold, which its member resolves
+  // against etcd (no record: dropped) after hold_grace.
+  ForEachParallel(held.size(), [&](size_t i) {
+    if (!held[i]) return;
+    if (record.members(i) == cluster->self().id) {
+      store_->DropHold(record.step_id()).IgnoreError();
+      return;
+    }
+    v1::StepHoldRequest request;
+    request.set_step_id(record.step_id());
+    v1::DropHoldResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.member_timeout);
+    cluster->MemberStub({record.members(i), record.members(i)})
+        ->DropHold(&context, request, &response);
+  });
+}
+
+void ClusterSteps::ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
+  // Best effort: an owner not reached confirms by itself after hold_grace
+  // (the record exists).
+  std::vector<bool> owns(record.members_size(), false);
+  for (int32_t o : record.owner()) owns[o] = true;
+  ForEachParallel(owns.size(), [&](size_t i) {
+    if (!owns[i]) return;
+    if (record.members(i) == cluster->self().id) {
+      store_->ConfirmHold(record.step_id()).IgnoreError();
+      return;
+    }
+    v1::StepHoldRequest request;
+    request.set_step_id(record.step_id());
+    v1::ConfirmHoldResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.member_timeout);
+    cluster->MemberStub({record.members(i), record.members(i)})
+        ->ConfirmHold(&context, request, &response);
+  });
+}
+
+absl::StatusOr<v1::ClusterStepRecord> ClusterSteps::ReadRecord(Cluster* cluster,
+                                                              const std::string& step_id) {
+  const std::string key = StepKey(cluster, step_id);
+  ASSIGN_OR_RETURN(std::optional<std::string> value, cluster->etcd()->Get(key));
+  v1::ClusterStepRecord record;
+  if (value.has_value() && !record.ParseFromString(*value)) {
+    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold a step record"));
+  }
+  if (!value.has_value() || !record.aborted_by().empty()) {
+    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));
+  }
+  return record;
+}
+
+absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
+    const std::string& step_id) {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
+  ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  std::shared_ptr<CachedStep> cached;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(step_id);
+    if (it != cache_.end()) cached = it->second;
+  }
+  absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(StepKey(cluster, step_id));
+  if (!revision.ok()) {
+    // etcd away: steps this member knows keep serving.
+    if (cached != nullptr) return cached;
+    return revision.status();
+  }
+  if (*revision == 0) {
+    absl::MutexLock lock(&mu_);
+    cache_.erase(step_id);
+    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));
+  }
+  if (cached != nullptr) {
+    int64_t known = 0;  // a step committed here: its revision learnt now
+    if (cached->revision.compare_exchange_strong(known, *revision) || known == *revision) {
+      return cached;
+    }
+  }
+  ASSIGN_OR_RETURN(v1::ClusterStepRecord record, ReadRecord(cluster, step_id));
+  ASSIGN_OR_RETURN(Topology topology, NormalizeTopology(record.topology()));
+  std::vector<std::string> ids(record.sample_ids().begin(), record.sample_ids().end());
+  const std::vector<int64_t> lengths(record.num_tokens().begin(), record.num_tokens().end());
+  absl::StatusOr<std::shared_ptr<const Step>> step = BuildStepFromMetadata(
+      step_id, record.pool(), FromProto(record.model()), topology, std::move(ids), lengths);
+  if (!step.ok()) return Prefixed(step_id, step.status());
+  cached = std::make_shared<CachedStep>();
+  cached->revision = *revision;
+  cached->record = std::move(record);
+  cached->step = *std::move(step);
+  {
+    absl::MutexLock lock(&cached->mu);
+    cached->samples.resize(cached->record.sample_ids_size());
+  }
+  absl::MutexLock lock(&mu_);
+  cache_[step_id] = cached;
+  return cached;
+}
+
+absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::GetStep(const std::string& step_id) {
+  // A step made on this server before it joined a cluster (its log).
+  if (absl::StatusOr<std::shared_ptr<const Step>> local = store_->GetStep(step_id); local.ok()) {
+    return local;
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
+  return cached->step;
+}
+
+absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id,
+                                                      const RankCoords& coords) {
+  if (absl::StatusOr<std::shared_ptr<const Step>> local = store_->GetStep(step_id); local.ok()) {
+    RETURN_IF_ERROR((*local)->layout.ValidateCoords(coords));
+    return RankStep{*std::move(local), nullptr};
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
+  const Step& step = *cached->step;
+  RETURN_IF_ERROR(step.layout.ValidateCoords(coords));
+  std::vector<int> sequences;
+  RankMicrobatchLayout rank;
+  for (int mb = 0; mb < step.layout.num_microbatches(); ++mb) {
+    RETURN_IF_ERROR(step.layout.Describe(coords, mb, &rank));
+    sequences.insert(sequences.end(), rank.group->sequences.begin(), rank.group->sequences.end());
+  }
+  std::sort(sequences.begin(), sequences.end());
+  sequences.erase(std::unique(sequences.begin(), sequences.end()), sequences.end());
+
+  std::vector<std::vector<int>> missing(cached->record.members_size());
+  {
+    absl::MutexLock lock(&cached->mu);
+    for (int seq : sequences) {
+      if (cached->samples[seq] == nullptr) missing[cached->record.owner(seq)].push_back(seq);
+    }
+  }
+  ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  std::vector<std::vector<std::shared_ptr<const StoredSample>>> pulled(missing.size());
+  std::vector<absl::Status> results(missing.size());
+  ForEachParallel(missing.size(), [&](size_t owner) {
+    if (!missing[owner].empty()) {
+      results[owner] = Pull(cluster, *cached, static_cast<int>(owner), missing[owner],
+                            &pulled[owner]);
+    }
+  });
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return Prefixed(step_id, s);
+  }
+  auto samples = std::make_shared<std::vector<std::shared_ptr<const StoredSample>>>(
+      step.sample_ids.size());
+  absl::MutexLock lock(&cached->mu);
+  for (size_t owner = 0; owner < missing.size(); ++owner) {
+    for (size_t k = 0; k < missing[owner].size(); ++k) {
+      cached->samples[missing[owner][k]] = std::move(pulled[owner][k]);
+    }
+  }
+  for (int seq : sequences) (*samples)[seq] = cached->samples[seq];
+  return RankStep{cached->step, std::move(samples)};
+}
+
+absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int owner,
+                                const std::vector<int>& sequences,
+                                std::vector<std::shared_ptr<const StoredSample>>* out) {
+  const v1::ClusterStepRecord& record = cached.record;
+  std::vector<std::string> ids;
+  ids.reserve(sequences.size());
+  for (int seq : sequences) ids.push_back(record.sample_ids(seq));
+  const std::string& member = record.members(owner);
+  if (member == cluster->self().id) {
+    ASSIGN_OR_RETURN(*out, store_->HeldSamples(record.step_id(), ids));
+    return absl::OkStatus();
+  }
+  v1::ReadSamplesRequest request;
+  request.set_step_id(record.step_id());
+  for (const std::string& id : ids) request.add_sample_ids(id);
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.pull_timeout);
+  auto reader = cluster->MemberStub({member, member})->ReadSamples(&context, request);
+  v1::SampleBatch batch;
+  out->clear();
+  out->reserve(ids.size());
+  int64_t bytes = 0;
+  absl::Status decoded;
+  while (reader->Read(&batch)) {
+    std::string pool;
+    std::vector<StoredSample> samples;
+    decoded = DecodeSamples(batch.encoded(), &pool, &samples);
+    if (!decoded.ok()) break;
+    bytes += static_cast<int64_t>(batch.encoded().size());
+    for (StoredSample& s : samples) {
+      out->push_back(std::make_shared<const StoredSample>(std::move(s)));
+    }
+  }
+  if (!decoded.ok()) context.TryCancel();
+  RETURN_IF_ERROR(FromPeer(reader->Finish(), member, "ReadSamples"));
+  RETURN_IF_ERROR(decoded);
+  pulled_bytes_.fetch_add(bytes);
+  if (out->size() != ids.size()) {
+    return absl::DataLossError(absl::StrCat("member ", member, " sent ", out->size(),
+                                            " samples, ", ids.size(), " were asked"));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if ((*out)[i]->sample_id != ids[i]) {
+      return absl::DataLossError(absl::StrCat("member ", member, " sent sample \"",
+                                              (*out)[i]->sample_id, "\" for \"", ids[i], "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReleaseResult> ClusterSteps::ReleaseStep(const std::string& step_id) {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
+  if (store_->GetStep(step_id).ok()) return store_->ReleaseStep(step_id);
+  ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  ASSIGN_OR_RETURN(v1::ClusterStepRecord record, ReadRecord(cluster, step_id));
+  std::vector<bool> owns(record.members_size(), false);
+  for (int32_t o : record.owner()) owns[o] = true;
+  // Pending releases first: whatever happens next, every owner finds out.
+  for (int i = 0; i < record.members_size(); ++i) {
+    if (owns[i]) {
+      RETURN_IF_ERROR(cluster->etcd()->Put(ReleaseKey(cluster, record.members(i), step_id), ""));
+    }
+  }
+  RETURN_IF_ERROR(cluster->etcd()->Delete(StepKey(cluster, step_id)));
+  {
+    absl::MutexLock lock(&mu_);
+    cache_.erase(step_id);
+  }
+  std::vector<absl::StatusOr<ReleaseResult>> results(record.members_size(), ReleaseResult{});
+  ForEachParallel(owns.size(), [&](size_t i) {
+    if (!owns[i]) return;
+    const std::string& member = record.members(i);
+    if (member == cluster->self().id) {
+      results[i] = store_->ReleaseStep(step_id);
+    } else {
+      v1::StepHoldRequest request;
+      request.set_step_id(step_id);
+      v1::DropHoldResponse response;
+      grpc::ClientContext context;
+      SetDeadline(&context, options_.member_timeout);
+      absl::Status s = FromPeer(
+          cluster->MemberStub({member, member})->ReleaseHold(&context, request, &response),
+          member, "ReleaseHold");
+      if (s.ok()) {
+        results[i] = ReleaseResult{response.released_samples(), response.freed_bytes()};
+      } else {
+        results[i] = s;
+      }
+    }
+    // Released, or not held there (released already): the pending release
+    // is done. Otherwise the owner finishes it when it is back.
+    if (results[i].ok() || absl::IsNotFound(results[i].status())) {
+      cluster->etcd()->Delete(ReleaseKey(cluster, member, step_id)).IgnoreError();
+    } else {
+      spdlog::warn("rollpackd: step \"{}\": member {} will release its samples when it is back: {}",
+                   step_id, member, results[i].status().ToString());
+    }
+  });
+  ReleaseResult total;
+  for (const auto& r : results) {
+    if (!r.ok()) continue;
+    total.released_samples += r->released_samples;
+    total.freed_bytes += r->freed_bytes;
+  }
+  return total;
+}
+
+void ClusterSteps::BackgroundLoop() {
+  while (true) {
+    Cluster* cluster = cluster_.load();
+    if (cluster != nullptr) {
+      // Releases before stale holds: a hold whose step was released while
+      // this member was away must be deleted, not given back.
+      FinishPendingReleases(cluster);
+      ResolveStaleHolds(cluster);
+      PruneCache(cluster);
+    }
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.tick)) return;
+  }
+}
+
+void ClusterSteps::FinishPendingReleases(Cluster* cluster) {
+  const std::string prefix = ReleaseKey(cluster, cluster->self().id, "");
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> pending =
+      cluster->etcd()->GetPrefix(prefix);
+  if (!pending.ok()) return;  // etcd away: next tick
+  for (const auto& [key, unused] : *pending) {
+    const std::string step_id = key.substr(prefix.size());
+    absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(step_id);
+    if (released.ok() || absl::IsNotFound(released.status())) {
+      if (released.ok()) {
+        spdlog::info("rollpackd: step \"{}\": released {} samples held here (a release pending "
+                     "while this member was away)",
+                     step_id, released->released_samples);
+      }
+      cluster->etcd()->Delete(key).IgnoreError();
+    }
+  }
+}
+
+void ClusterSteps::ResolveStaleHolds(Cluster* cluster) {
+  for (const std::string& step_id : store_->UnconfirmedHolds(options_.hold_grace)) {
+    v1::ClusterStepRecord tombstone;
+    tombstone.set_step_id(step_id);
+    tombstone.set_aborted_by(cluster->self().id);
+    absl::StatusOr<int64_t> lease = cluster->etcd()->GrantLease(options_.tombstone_ttl);
+    if (!lease.ok()) return;
+    bool created = false;
+    absl::StatusOr<std::string> holder = cluster->etcd()->CreateIfAbsent(
+        StepKey(cluster, step_id), DeterministicBytes(tombstone), &created, *lease);
+    if (!holder.ok()) return;
+    v1::ClusterStepRecord record;
+    const bool committed =
+        !created && record.ParseFromString(*holder) && record.aborted_by().empty();
+    if (!created) cluster->etcd()->RevokeLease(*lease).IgnoreError();
+    if (committed) {
+      store_->ConfirmHold(step_id).IgnoreError();
+    } else {
+      spdlog::warn("rollpackd: step \"{}\" was never committed; its samples held here are "
+                   "free again",
+                   step_id);
+      store_->DropHold(step_id).IgnoreError();
+    }
+  }
+}
+
+void ClusterSteps::PruneCache(Cluster* cluster) {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, cached] : cache_) ids.push_back(id);
+  }
+  for (const std::string& id : ids) {
+    absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(StepKey(cluster, id));
+    if (!revision.ok()) return;
+    if (*revision == 0) {
+      absl::MutexLock lock(&mu_);
+      cache_.erase(id);
+    }
+  }
+}
+
+}  // namespace rollpack

@@ -1,0 +1,132 @@
+// Steps over the whole cluster (docs/cluster.md, "Steps"): the member a
+// CreateStep reaches plans over the samples of every live member from
+// their metadata alone, takes the samples on the members that hold them,
+// and commits the step by creating its record in etcd, which is what makes
+// the step exist for every member. GetPlan, FetchMicrobatches and
+// ReleaseStep then work through any member: a member serving a rank pulls
+// the samples that rank receives from their owners (member.proto,
+// ReadSamples) and encodes them exactly as a single server holding them
+// would.
+//
+// Taking samples is a two-step protocol with etcd as the one decision:
+//  1. the planner asks every owner to hold its samples for the step; an
+//     owner holds all of them or none, so two steps racing for a sample
+//     never both get it, and a refusal makes the planner drop the holds it
+//     got;
+//  2. the planner creates /NAME/steps/<id> (create-if-absent). A member
+//     whose hold stays unconfirmed (the planner died, or lost etcd) tries
+//     to create the same key as a tombstone: exactly one of the two wins,
+//     and the hold is confirmed or dropped accordingly.
+// Releasing writes /NAME/releases/<owner>/<id> for every owner before it
+// deletes the record, so an owner that is down finishes the release when
+// it is back.
+#ifndef ROLLPACK_SERVER_CLUSTER_CLUSTER_STEPS_H_
+#define ROLLPACK_SERVER_CLUSTER_CLUSTER_STEPS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rollpack/v1/member.pb.h"
+#include "server/cluster/cluster.h"
+#include "server/store/sample_store.h"
+#include "server/store/step_directory.h"
+
+namespace rollpack {
+
+struct ClusterStepsOptions {
+  // A hold unconfirmed this long is checked against etcd (the planner
+  // commits within a few seconds or not at all).
+  absl::Duration hold_grace = absl::Seconds(10);
+  // How long a tombstone keeps an abandoned step id refused.
+  absl::Duration tombstone_ttl = absl::Seconds(60);
+  // Background work (pending releases, stale holds, cached plans).
+  absl::Duration tick = absl::Seconds(1);
+  // One member-to-member call; a member that does not answer in time is
+  // UNAVAILABLE naming it.
+  absl::Duration member_timeout = absl::Seconds(5);
+  // Pulling one rank's samples from one owner.
+  absl::Duration pull_timeout = absl::Seconds(120);
+};
+
+class ClusterSteps final : public StepDirectory {
+ public:
+  explicit ClusterSteps(SampleStore* store, ClusterStepsOptions options = {});
+  ~ClusterSteps() override;
+  ClusterSteps(const ClusterSteps&) = delete;
+  ClusterSteps& operator=(const ClusterSteps&) = delete;
+
+  // Serves through `cluster` (joined) and starts the background work. Until
+  // then, and after Detach, every call is UNAVAILABLE.
+  void Attach(Cluster* cluster);
+  void Detach();
+
+  absl::StatusOr<std::shared_ptr<const Step>> CreateStep(
+      const std::string& step_id, const std::string& pool,
+      absl::Span<const std::string> sample_ids, int num_samples,
+      const Topology& topology) override;
+  absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) override;
+  absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
+                                          const RankCoords& coords) override;
+  absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) override;
+  bool MayBlock() const override { return true; }
+
+  // Bytes this member exchanged with the others to plan steps (listings
+  // received, holds sent: metadata only), and bytes of samples it pulled
+  // from other members to serve ranks (metrics, bench).
+  int64_t planning_bytes() const { return planning_bytes_.load(); }
+  int64_t pulled_bytes() const { return pulled_bytes_.load(); }
+
+ private:
+  struct CachedStep;
+  struct Choice;
+
+  absl::StatusOr<Cluster*> Joined() const;
+  std::string StepKey(Cluster* cluster, const std::string& step_id) const;
+  std::string ReleaseKey(Cluster* cluster, const std::string& member,
+                         const std::string& step_id) const;
+
+  // The committed record of the step; NOT_FOUND when there is none (or a
+  // tombstone).
+  absl::StatusOr<v1::ClusterStepRecord> ReadRecord(Cluster* cluster, const std::string& step_id);
+  absl::StatusOr<std::shared_ptr<CachedStep>> Find(const std::string& step_id);
+  absl::StatusOr<Choice> Choose(Cluster* cluster, const std::vector<ClusterMember>& members,
+                                const std::string& step_id, const std::string& pool,
+                                absl::Span<const std::string> sample_ids, int num_samples);
+  absl::Status HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record,
+                       std::vector<bool>* held);
+  void DropAll(Cluster* cluster, const v1::ClusterStepRecord& record,
+               const std::vector<bool>& held);
+  void ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record);
+  absl::Status Pull(Cluster* cluster, const CachedStep& step, int owner,
+                    const std::vector<int>& sequences,
+                    std::vector<std::shared_ptr<const StoredSample>>* out);
+
+  void BackgroundLoop();
+  void FinishPendingReleases(Cluster* cluster);
+  void ResolveStaleHolds(Cluster* cluster);
+  void PruneCache(Cluster* cluster);
+
+  SampleStore* const store_;
+  const ClusterStepsOptions options_;
+  std::atomic<Cluster*> cluster_{nullptr};
+  std::atomic<int64_t> planning_bytes_{0};
+  std::atomic<int64_t> pulled_bytes_{0};
+
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<CachedStep>> cache_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread background_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_CLUSTER_CLUSTER_STEPS_H_

@@ -1,0 +1,135 @@
+#include "server/cluster/member_service.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "server/store/convert.h"
+#include "server/store/log_records.h"
+
+namespace rollpack {
+namespace {
+
+// A batch of ReadSamples: large enough to amortise a message, small enough
+// that a stream holds little encoded data at a time.
+constexpr int64_t kReadBatchBytes = 4 << 20;
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+std::vector<std::string> Ids(const google::protobuf::RepeatedPtrField<std::string>& ids) {
+  return std::vector<std::string>(ids.begin(), ids.end());
+}
+
+// Encodes the samples batch by batch, each only once the previous write
+// is done.
+class ReadSamplesReactor final : public grpc::ServerWriteReactor<v1::SampleBatch> {
+ public:
+  ReadSamplesReactor(std::string pool, std::vector<std::shared_ptr<const StoredSample>> samples)
+      : pool_(std::move(pool)), samples_(std::move(samples)) {
+    WriteNext();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the peer"));
+      return;
+    }
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (next_ >= samples_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    std::vector<const StoredSample*> batch;
+    int64_t bytes = 0;
+    while (next_ < samples_.size() && (batch.empty() || bytes < kReadBatchBytes)) {
+      batch.push_back(samples_[next_].get());
+      bytes += EncodedSampleBytes(*samples_[next_]);
+      ++next_;
+    }
+    message_.set_encoded(EncodeSamples(pool_, absl::MakeConstSpan(batch)));
+    StartWrite(&message_);
+  }
+
+  const std::string pool_;
+  const std::vector<std::shared_ptr<const StoredSample>> samples_;
+  size_t next_ = 0;
+  v1::SampleBatch message_;
+};
+
+class FailedRead final : public grpc::ServerWriteReactor<v1::SampleBatch> {
+ public:
+  explicit FailedRead(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* MemberService::ListFreeSamples(grpc::CallbackServerContext* context,
+                                                         const v1::ListFreeSamplesRequest* request,
+                                                         v1::FreeSamples* response) {
+  const std::vector<std::string> ids = Ids(request->sample_ids());
+  absl::StatusOr<SampleStore::SampleListing> listing =
+      store_->ListSamples(request->pool(), ids, request->limit());
+  if (listing.ok()) {
+    for (const std::string& id : listing->sample_ids) response->add_sample_ids(id);
+    response->mutable_num_tokens()->Assign(listing->num_tokens.begin(), listing->num_tokens.end());
+    response->mutable_arrival_unix_nanos()->Assign(listing->arrival_unix_nanos.begin(),
+                                                   listing->arrival_unix_nanos.end());
+    for (bool free : listing->free) response->add_free(free);
+  }
+  return Finish(context, listing.status());
+}
+
+grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext* context,
+                                                     const v1::HoldSamplesRequest* request,
+                                                     v1::HoldSamplesResponse*) {
+  return Finish(context, store_->Hold(request->step_id(), request->pool(),
+                                      Ids(request->sample_ids()), request->coordinator()));
+}
+
+grpc::ServerUnaryReactor* MemberService::ConfirmHold(grpc::CallbackServerContext* context,
+                                                     const v1::StepHoldRequest* request,
+                                                     v1::ConfirmHoldResponse*) {
+  return Finish(context, store_->ConfirmHold(request->step_id()));
+}
+
+grpc::ServerUnaryReactor* MemberService::DropHold(grpc::CallbackServerContext* context,
+                                                  const v1::StepHoldRequest* request,
+                                                  v1::DropHoldResponse* response) {
+  absl::StatusOr<ReleaseResult> dropped = store_->DropHold(request->step_id());
+  if (dropped.ok()) response->set_released_samples(dropped->released_samples);
+  return Finish(context, dropped.status());
+}
+
+grpc::ServerUnaryReactor* MemberService::ReleaseHold(grpc::CallbackServerContext* context,
+                                                     const v1::StepHoldRequest* request,
+                                                     v1::DropHoldResponse* response) {
+  absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(request->step_id());
+  if (released.ok()) {
+    response->set_released_samples(released->released_samples);
+    response->set_freed_bytes(released->freed_bytes);
+  }
+  return Finish(context, released.status());
+}
+
+grpc::ServerWriteReactor<v1::SampleBatch>* MemberService::ReadSamples(
+    grpc::CallbackServerContext*, const v1::ReadSamplesRequest* request) {
+  absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> samples =
+      store_->HeldSamples(request->step_id(), Ids(request->sample_ids()));
+  if (!samples.ok()) return new FailedRead(samples.status());
+  // The pool travels in every batch (the log encoding's framing); the
+  // reader checks nothing of it.
+  return new ReadSamplesReactor(request->step_id(), *std::move(samples));
+}
+
+}  // namespace rollpack

@@ -1,0 +1,39 @@
+// gRPC adapter of a member's side of cluster steps (member.proto): what
+// the member planning a step asks of the members that hold its samples.
+#ifndef ROLLPACK_SERVER_CLUSTER_MEMBER_SERVICE_H_
+#define ROLLPACK_SERVER_CLUSTER_MEMBER_SERVICE_H_
+
+#include "rollpack/v1/member.grpc.pb.h"
+#include "server/store/sample_store.h"
+
+namespace rollpack {
+
+class MemberService final : public v1::Member::CallbackService {
+ public:
+  explicit MemberService(SampleStore* store) : store_(store) {}
+
+  grpc::ServerUnaryReactor* ListFreeSamples(grpc::CallbackServerContext* context,
+                                            const v1::ListFreeSamplesRequest* request,
+                                            v1::FreeSamples* response) override;
+  grpc::ServerUnaryReactor* HoldSamples(grpc::CallbackServerContext* context,
+                                        const v1::HoldSamplesRequest* request,
+                                        v1::HoldSamplesResponse* response) override;
+  grpc::ServerUnaryReactor* ConfirmHold(grpc::CallbackServerContext* context,
+                                        const v1::StepHoldRequest* request,
+                                        v1::ConfirmHoldResponse* response) override;
+  grpc::ServerUnaryReactor* DropHold(grpc::CallbackServerContext* context,
+                                     const v1::StepHoldRequest* request,
+                                     v1::DropHoldResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseHold(grpc::CallbackServerContext* context,
+                                        const v1::StepHoldRequest* request,
+                                        v1::DropHoldResponse* response) override;
+  grpc::ServerWriteReactor<v1::SampleBatch>* ReadSamples(
+      grpc::CallbackServerContext* context, const v1::ReadSamplesRequest* request) override;
+
+ private:
+  SampleStore* const store_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_CLUSTER_MEMBER_SERVICE_H_

@@ -1,0 +1,209 @@
+// SampleStore's side of cluster steps (sample_store.h, "Cluster mode"): a
+// member holds the samples it stores for a step another member planned.
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "server/store/durable_log.h"
+#include "server/store/log_records.h"
+#include "server/store/names.h"
+#include "server/store/sample_store.h"
+
+namespace rollpack {
+
+absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
+    const std::string& pool_name, absl::Span<const std::string> sample_ids, int limit) const {
+  RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
+  absl::ReaderMutexLock lock(&mu_);
+  auto pool_it = pools_.find(pool_name);
+  if (pool_it == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+  }
+  const Pool& pool = pool_it->second;
+  SampleListing listing;
+  auto add = [&](const std::string& id, bool free) {
+    listing.sample_ids.push_back(id);
+    listing.num_tokens.push_back(pool.samples.at(id)->num_tokens());
+    listing.arrival_unix_nanos.push_back(pool.arrival_unix_nanos.at(id));
+    listing.free.push_back(free);
+  };
+  if (!sample_ids.empty()) {
+    for (const std::string& id : sample_ids) {
+      auto arrival = pool.arrival_of.find(id);
+      if (arrival == pool.arrival_of.end()) continue;
+      add(id, pool.free_by_arrival.count(arrival->second) > 0);
+    }
+    return listing;
+  }
+  for (auto it = pool.free_by_arrival.begin();
+       it != pool.free_by_arrival.end() && static_cast<int>(listing.sample_ids.size()) < limit;
+       ++it) {
+    add(it->second, true);
+  }
+  return listing;
+}
+
+absl::Status SampleStore::CheckFree(const Pool& pool, const std::string& pool_name,
+                                    const std::string& step_id,
+                                    absl::Span<const std::string> sample_ids) const {
+  absl::flat_hash_set<absl::string_view> seen;
+  for (const std::string& id : sample_ids) {
+    if (!seen.insert(id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step \"", step_id, "\": sample \"", id, "\" is listed twice"));
+    }
+    auto arrival = pool.arrival_of.find(id);
+    if (arrival == pool.arrival_of.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("sample \"", id, "\" is not in pool \"", pool_name, "\""));
+    }
+    if (pool.free_by_arrival.count(arrival->second) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sample \"", id, "\" is already in a live step"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SampleStore::Hold(const std::string& step_id, const std::string& pool_name,
+                               absl::Span<const std::string> sample_ids,
+                               const std::string& coordinator) {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
+  RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
+  int64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (steps_.contains(step_id) || pending_steps_.contains(step_id) || holds_.contains(step_id)) {
+      return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
+    }
+    auto pool_it = pools_.find(pool_name);
+    if (pool_it == pools_.end()) {
+      return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+    }
+    Pool& pool = pool_it->second;
+    RETURN_IF_ERROR(CheckFree(pool, pool_name, step_id, sample_ids));
+    if (log_ != nullptr) {
+      ASSIGN_OR_RETURN(ticket, log_->Append(RecordType::kHoldSamples,
+                                            EncodeHoldSamples(step_id, pool_name, sample_ids,
+                                                              coordinator)));
+    }
+    for (const std::string& id : sample_ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
+    pool.live_steps++;
+    holds_[step_id] = SampleHold{pool_name,
+                                 std::vector<std::string>(sample_ids.begin(), sample_ids.end()),
+                                 coordinator, absl::Now(), /*confirmed=*/false};
+  }
+  if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
+  return absl::OkStatus();
+}
+
+absl::Status SampleStore::ConfirmHold(const std::string& step_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = holds_.find(step_id);
+  if (it == holds_.end()) {
+    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here"));
+  }
+  it->second.confirmed = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id) {
+  int64_t ticket = 0;
+  ReleaseResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = holds_.find(step_id);
+    if (it == holds_.end()) {
+      return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here"));
+    }
+    if (log_ != nullptr) {
+      const std::string record = EncodeDropHold(step_id);
+      ASSIGN_OR_RETURN(ticket, log_->Append(RecordType::kDropHold, record));
+      const SampleHold& hold = it->second;
+      log_->AddDeadBytes(LogRecordBytes(record.size()) +
+                         LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
+                                                          hold.coordinator)
+                                            .size()));
+    }
+    Pool& pool = pools_.at(it->second.pool);
+    for (const std::string& id : it->second.sample_ids) {
+      pool.free_by_arrival.emplace(pool.arrival_of.at(id), id);
+      result.released_samples++;
+    }
+    pool.live_steps--;
+    holds_.erase(it);
+  }
+  if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
+  return result;
+}
+
+absl::StatusOr<ReleaseResult> SampleStore::ReleaseHoldLocked(const std::string& step_id,
+                                                             int64_t* ticket) {
+  auto it = holds_.find(step_id);
+  const SampleHold& hold = it->second;
+  if (log_ != nullptr) {
+    const std::string record = EncodeReleaseStep(step_id);
+    ASSIGN_OR_RETURN(int64_t written, log_->Append(RecordType::kReleaseStep, record));
+    *ticket = written;
+    int64_t dead = LogRecordBytes(record.size()) +
+                   LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
+                                                    hold.coordinator)
+                                      .size());
+    const Pool& pool = pools_.at(hold.pool);
+    for (const std::string& id : hold.sample_ids) dead += EncodedSampleBytes(*pool.samples.at(id));
+    log_->AddDeadBytes(dead);
+  }
+  Pool& pool = pools_.at(hold.pool);
+  pool.live_steps--;
+  ReleaseResult result = EraseSamples(pool, hold.sample_ids);
+  holds_.erase(it);
+  return result;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> SampleStore::HeldSamples(
+    const std::string& step_id, absl::Span<const std::string> sample_ids) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = holds_.find(step_id);
+  if (it == holds_.end()) {
+    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here"));
+  }
+  const SampleHold& hold = it->second;
+  const Pool& pool = pools_.at(hold.pool);
+  const absl::flat_hash_set<absl::string_view> held(hold.sample_ids.begin(),
+                                                    hold.sample_ids.end());
+  std::vector<std::shared_ptr<const StoredSample>> samples;
+  samples.reserve(sample_ids.size());
+  for (const std::string& id : sample_ids) {
+    if (!held.contains(id)) {
+      return absl::NotFoundError(
+          absl::StrCat("sample \"", id, "\" is not held here for step \"", step_id, "\""));
+    }
+    samples.push_back(pool.samples.at(id));
+  }
+  return samples;
+}
+
+std::vector<std::string> SampleStore::UnconfirmedHolds(absl::Duration age) const {
+  const absl::Time cutoff = absl::Now() - age;
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, hold] : holds_) {
+    if (!hold.confirmed && hold.held_at <= cutoff) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+std::vector<std::string> SampleStore::HoldIds() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  ids.reserve(holds_.size());
+  for (const auto& [id, hold] : holds_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace rollpack

@@ -1,0 +1,85 @@
+// Where the scheduler and trainer services find steps: the store itself on
+// a single server (LocalSteps), the cluster on a member of one
+// (server/cluster/cluster_steps.h), whose steps' samples are spread over
+// the members that received them.
+#ifndef ROLLPACK_SERVER_STORE_STEP_DIRECTORY_H_
+#define ROLLPACK_SERVER_STORE_STEP_DIRECTORY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "scheduler/layout.h"
+#include "scheduler/topology.h"
+#include "server/store/sample_store.h"
+#include "server/store/step.h"
+
+namespace rollpack {
+
+// A step with the samples one rank receives at hand.
+struct RankStep {
+  std::shared_ptr<const Step> step;
+  // samples->at(i) is the step's sequence i wherever the rank receives it;
+  // null when the step holds its samples itself (step->samples).
+  std::shared_ptr<const std::vector<std::shared_ptr<const StoredSample>>> samples;
+
+  absl::Span<const std::shared_ptr<const StoredSample>> sample_span() const {
+    return samples != nullptr ? absl::MakeConstSpan(*samples) : absl::MakeConstSpan(step->samples);
+  }
+};
+
+class StepDirectory {
+ public:
+  virtual ~StepDirectory() = default;
+  // SampleStore::CreateStep's contract.
+  virtual absl::StatusOr<std::shared_ptr<const Step>> CreateStep(
+      const std::string& step_id, const std::string& pool,
+      absl::Span<const std::string> sample_ids, int num_samples, const Topology& topology) = 0;
+  // The step's plan and layout (its samples may be elsewhere). NOT_FOUND
+  // naming the step when it is not live.
+  virtual absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) = 0;
+  // The step with every sample the rank at `coords` receives at hand.
+  // INVALID_ARGUMENT for coordinates outside the step's topology.
+  virtual absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
+                                                  const RankCoords& coords) = 0;
+  virtual absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) = 0;
+  // True when calls may wait on other processes (a cluster member's pulls):
+  // callers keep them off threads those processes' answers need.
+  virtual bool MayBlock() const = 0;
+};
+
+// The single server's directory: the store's own steps.
+class LocalSteps final : public StepDirectory {
+ public:
+  explicit LocalSteps(SampleStore* store) : store_(store) {}
+
+  absl::StatusOr<std::shared_ptr<const Step>> CreateStep(
+      const std::string& step_id, const std::string& pool,
+      absl::Span<const std::string> sample_ids, int num_samples,
+      const Topology& topology) override {
+    return store_->CreateStep(step_id, pool, sample_ids, num_samples, topology);
+  }
+  absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) override {
+    return store_->GetStep(step_id);
+  }
+  absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
+                                          const RankCoords& coords) override {
+    absl::StatusOr<std::shared_ptr<const Step>> step = store_->GetStep(step_id);
+    if (!step.ok()) return step.status();
+    if (absl::Status s = (*step)->layout.ValidateCoords(coords); !s.ok()) return s;
+    return RankStep{*std::move(step), nullptr};
+  }
+  absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) override {
+    return store_->ReleaseStep(step_id);
+  }
+  bool MayBlock() const override { return false; }
+
+ private:
+  SampleStore* const store_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_STORE_STEP_DIRECTORY_H_

@@ -1,0 +1,136 @@
+// A cluster of real processes for tests (docs/cluster.md): an etcd on
+// 127.0.0.1 ephemeral ports (etcd_process.h) and rollpackd members started
+// as child processes, all stopped at the end. A test target that includes
+// this defines ROLLPACKD_PATH.
+#ifndef ROLLPACK_TESTING_CLUSTER_FIXTURE_H_
+#define ROLLPACK_TESTING_CLUSTER_FIXTURE_H_
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cpp/client.h"
+#include "gtest/gtest.h"
+#include "server/cluster/etcd_client.h"
+#include "testing/daemon_process.h"
+#include "testing/etcd_process.h"
+#include "testing/synthetic_rollouts.h"
+
+#ifndef ROLLPACKD_PATH
+#error "ROLLPACKD_PATH must name the rollpackd binary"
+#endif
+
+namespace rollpack {
+
+// Short, so tests see a killed member leave quickly.
+inline constexpr int kLeaseSeconds = 2;
+
+inline v1::ModelSpec ClusterModel(int num_experts = 16) {
+  v1::ModelSpec m;
+  m.set_name("moe");
+  m.set_num_layers(4);
+  m.set_num_experts(num_experts);
+  m.set_topk(2);
+  return m;
+}
+
+// `num` synthetic samples of ClusterModel() with ids prefixed by `prefix`.
+inline std::vector<v1::Sample> ClusterSamples(int num, uint64_t seed, const std::string& prefix) {
+  SyntheticOptions options;
+  options.num_samples = num;
+  options.median_length = 64;
+  options.max_length = 256;
+  options.seed = seed;
+  std::vector<v1::Sample> samples = MakeSyntheticRollouts(ClusterModel(), options);
+  for (v1::Sample& s : samples) s.set_sample_id(prefix + s.sample_id());
+  return samples;
+}
+
+// Polls `condition` every 50 ms until it holds or `timeout` passes.
+template <typename F>
+bool Eventually(F condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return condition();
+}
+
+class ClusterFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client =
+        EtcdClient::Create({{etcd_->client_url()}, absl::Seconds(3)});
+    ASSERT_TRUE(client.ok()) << client.status();
+    etcd_client_ = *std::move(client);
+    dir_ = (std::filesystem::temp_directory_path() / "rollpack-cluster-XXXXXX").string();
+    ASSERT_NE(mkdtemp(dir_.data()), nullptr);
+  }
+  void TearDown() override {
+    members_.clear();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Starts member `i`, or restarts it in its slot at the address it had
+  // (its member id), with its own --data-dir when `durable_`.
+  DaemonProcess& StartMember(size_t i) {
+    if (members_.size() <= i) {
+      members_.resize(i + 1);
+      ports_.resize(i + 1, 0);
+    }
+    std::vector<std::string> args = {
+        "--cluster-etcd=" + etcd_->client_url(), "--cluster-name=" + name_,
+        absl::StrCat("--cluster-lease-seconds=", kLeaseSeconds), "--max-memory=200000000"};
+    if (ports_[i] != 0) args.push_back(absl::StrCat("--listen=127.0.0.1:", ports_[i]));
+    if (durable_) {
+      const std::string data = absl::StrCat(dir_, "/data", i);
+      std::filesystem::create_directories(data);
+      args.push_back("--data-dir=" + data);
+      args.push_back("--fsync=never");
+    }
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+        DaemonProcess::Start(ROLLPACKD_PATH, args, absl::StrCat(dir_, "/port", i));
+    EXPECT_TRUE(d.ok()) << d.status();
+    members_[i] = *std::move(d);
+    ports_[i] = members_[i]->port();
+    return *members_[i];
+  }
+
+  RollpackClient Client(size_t i) { return RollpackClient(MakeChannel(members_[i]->address())); }
+
+  // Addresses in the member keys etcd holds now.
+  std::set<std::string> MemberKeys() {
+    std::set<std::string> out;
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> kvs =
+        etcd_client_->GetPrefix("/" + name_ + "/members/");
+    if (kvs.ok()) {
+      // A member's key holds its address, then a line naming the process.
+      for (const auto& kv : *kvs) out.insert(kv.second.substr(0, kv.second.find('\n')));
+    }
+    return out;
+  }
+
+  const std::string name_ = "test-cluster";
+  bool durable_ = false;
+  std::unique_ptr<EtcdProcess> etcd_;
+  std::unique_ptr<EtcdClient> etcd_client_;
+  std::string dir_;
+  std::vector<std::unique_ptr<DaemonProcess>> members_;
+  std::vector<int> ports_;
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_TESTING_CLUSTER_FIXTURE_H_

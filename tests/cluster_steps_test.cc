@@ -1,0 +1,344 @@
+// Steps over a whole cluster with real processes (docs/cluster.md,
+// "Steps"): samples spread over members; a step created on any member
+// takes them atomically; every rank's micro-batches from every member are
+// byte-identical to what one rollpackd holding all the samples serves; a
+// member that is down makes the fetches that need it UNAVAILABLE, naming it,
+// and serves the same bytes once it is back.
+#include <signal.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cpp/client.h"
+#include "client/cpp/trainer_stream.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/wire/deterministic_bytes.h"
+#include "rollpack/v1/member.grpc.pb.h"
+#include "testing/cluster_fixture.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::Topology Topo() {
+  v1::Topology t;
+  t.set_dp(2);
+  t.set_cp(2);
+  t.set_tp(1);
+  t.set_pp(2);
+  t.set_max_tokens_per_rank(256);
+  t.set_scheduler(v1::DYNAMIC_CP);
+  return t;
+}
+
+std::vector<v1::RankCoords> Ranks(const v1::Topology& t) {
+  std::vector<v1::RankCoords> ranks;
+  for (int d = 0; d < t.dp(); ++d) {
+    for (int c = 0; c < t.cp(); ++c) {
+      for (int p = 0; p < t.pp(); ++p) {
+        v1::RankCoords r;
+        r.set_dp(d);
+        r.set_cp(c);
+        r.set_pp(p);
+        ranks.push_back(r);
+      }
+    }
+  }
+  return ranks;
+}
+
+// Every micro-batch one rank receives, as deterministic bytes.
+absl::StatusOr<std::vector<std::string>> FetchRank(const std::string& address,
+                                                   const std::string& step_id,
+                                                   const v1::RankCoords& rank) {
+  TrainerStreamOptions options;
+  options.max_resumes = 0;
+  TrainerStream stream(MakeChannel(address), step_id, rank, options);
+  std::vector<std::string> out;
+  while (true) {
+    absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) return out;
+    out.push_back(DeterministicBytes(**next));
+  }
+}
+
+v1::CreateStepRequest StepRequest(const std::string& step_id, const std::vector<std::string>& ids,
+                                  int num_samples = 0) {
+  v1::CreateStepRequest request;
+  request.set_step_id(step_id);
+  request.set_pool("pool");
+  for (const std::string& id : ids) request.add_sample_ids(id);
+  request.set_num_samples(num_samples);
+  *request.mutable_topology() = Topo();
+  return request;
+}
+
+class ClusterStepsTest : public ClusterFixture {
+ protected:
+  // Three members, each with 8 samples of its own (put one member after
+  // the other, so the cluster-wide arrival order is m0's, m1's, m2's).
+  void StartThree() {
+    for (size_t i = 0; i < 3; ++i) StartMember(i);
+    ASSERT_TRUE(Client(0).RegisterModel("pool", ClusterModel()).ok());
+    for (size_t i = 0; i < 3; ++i) {
+      std::vector<v1::Sample> samples = ClusterSamples(8, 10 + i, absl::StrCat("m", i, "-"));
+      absl::StatusOr<v1::PutSamplesResponse> put = Client(i).PutSamples("pool", samples);
+      ASSERT_TRUE(put.ok()) << put.status();
+      for (v1::Sample& s : samples) all_.push_back(std::move(s));
+    }
+  }
+
+  // A single rollpackd (no cluster) holding every sample: the reference.
+  std::unique_ptr<DaemonProcess> StartSingle() {
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> single =
+        DaemonProcess::Start(ROLLPACKD_PATH, {"--max-memory=200000000"}, dir_ + "/single-port");
+    EXPECT_TRUE(single.ok()) << single.status();
+    RollpackClient client(MakeChannel((*single)->address()));
+    EXPECT_TRUE(client.RegisterModel("pool", ClusterModel()).ok());
+    EXPECT_TRUE(client.PutSamples("pool", all_).ok());
+    return *std::move(single);
+  }
+
+  int64_t FreeSamples(size_t via) {
+    absl::StatusOr<v1::PoolInfo> pool = Client(via).GetPool("pool");
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? pool->num_free_samples() : -1;
+  }
+
+  std::vector<v1::Sample> all_;
+};
+
+// Ids interleaved over the three members.
+std::vector<std::string> Interleaved(int per_member) {
+  std::vector<std::string> ids;
+  for (int k = 0; k < per_member; ++k) {
+    for (int m = 0; m < 3; ++m) ids.push_back(absl::StrCat("m", m, "-rollout-", k));
+  }
+  return ids;
+}
+
+TEST_F(ClusterStepsTest, EveryRankGetsTheSingleServerBytesFromEveryMember) {
+  StartThree();
+  std::unique_ptr<DaemonProcess> single = StartSingle();
+  const std::vector<std::string> ids = Interleaved(6);
+  ASSERT_EQ(all_.front().sample_id().rfind("m0-rollout-", 0), 0u) << all_.front().sample_id();
+
+  absl::StatusOr<v1::StepInfo> info = Client(1).CreateStep(StepRequest("step-a", ids));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->num_samples(), 18);
+  RollpackClient reference(MakeChannel(single->address()));
+  absl::StatusOr<v1::StepInfo> want_info = reference.CreateStep(StepRequest("step-a", ids));
+  ASSERT_TRUE(want_info.ok()) << want_info.status();
+  EXPECT_EQ(info->num_microbatches(), want_info->num_microbatches());
+
+  // The step id is the cluster's: taken on every member.
+  absl::StatusOr<v1::StepInfo> again = Client(2).CreateStep(StepRequest("step-a", {"m2-rollout-7"}));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+
+  absl::StatusOr<v1::Plan> want_plan = reference.GetPlan("step-a");
+  ASSERT_TRUE(want_plan.ok());
+  want_plan->mutable_stats()->clear_plan_ms();
+  for (size_t m = 0; m < 3; ++m) {
+    absl::StatusOr<v1::Plan> plan = Client(m).GetPlan("step-a");
+    ASSERT_TRUE(plan.ok()) << "member " << m << ": " << plan.status();
+    plan->mutable_stats()->clear_plan_ms();
+    EXPECT_EQ(DeterministicBytes(*plan), DeterministicBytes(*want_plan)) << "member " << m;
+  }
+  for (const v1::RankCoords& rank : Ranks(Topo())) {
+    absl::StatusOr<std::vector<std::string>> want = FetchRank(single->address(), "step-a", rank);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_FALSE(want->empty());
+    for (size_t m = 0; m < 3; ++m) {
+      absl::StatusOr<std::vector<std::string>> got =
+          FetchRank(members_[m]->address(), "step-a", rank);
+      ASSERT_TRUE(got.ok()) << "member " << m << " rank " << rank.ShortDebugString() << ": "
+                            << got.status();
+      EXPECT_EQ(*got, *want) << "member " << m << " rank " << rank.ShortDebugString();
+    }
+  }
+  EXPECT_EQ(FreeSamples(0), 24 - 18);
+
+  // num_samples takes the oldest free samples cluster-wide: m0's and m1's
+  // last two each (m0 put first), never m2's while older ones are free.
+  absl::StatusOr<v1::StepInfo> oldest = Client(2).CreateStep(StepRequest("step-b", {}, 3));
+  ASSERT_TRUE(oldest.ok()) << oldest.status();
+  absl::StatusOr<v1::Plan> plan_b = Client(0).GetPlan("step-b");
+  ASSERT_TRUE(plan_b.ok()) << plan_b.status();
+  std::vector<std::string> taken;
+  for (const auto& mb : plan_b->microbatches()) {
+    for (const auto& g : mb.groups()) taken.insert(taken.end(), g.sample_ids().begin(), g.sample_ids().end());
+  }
+  std::sort(taken.begin(), taken.end());
+  EXPECT_THAT(taken, ::testing::ElementsAre("m0-rollout-6", "m0-rollout-7", "m1-rollout-6"));
+
+  // Released through a member that planned neither: gone everywhere.
+  absl::StatusOr<v1::ReleaseStepResponse> released = Client(0).ReleaseStep("step-a");
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->released_samples(), 18);
+  EXPECT_GT(released->freed_bytes(), 0);
+  for (size_t m = 0; m < 3; ++m) {
+    EXPECT_EQ(Client(m).GetPlan("step-a").status().code(), absl::StatusCode::kNotFound);
+    absl::StatusOr<std::vector<std::string>> gone =
+        FetchRank(members_[m]->address(), "step-a", Ranks(Topo())[0]);
+    EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  }
+  absl::StatusOr<v1::PoolInfo> pool = Client(1).GetPool("pool");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_samples(), 24 - 18);
+  EXPECT_EQ(pool->num_free_samples(), 24 - 18 - 3);
+}
+
+TEST_F(ClusterStepsTest, RacingCreateStepsNeverBothTakeASample) {
+  StartThree();
+  for (int round = 0; round < 4; ++round) {
+    // Overlapping sets (m1's samples in both), created through two members.
+    const std::string a = absl::StrCat("m0-rollout-", round), b = absl::StrCat("m2-rollout-", round),
+                      shared = absl::StrCat("m1-rollout-", round);
+    std::atomic<int> won{0};
+    std::vector<absl::Status> results(2);
+    std::thread t0([&] {
+      results[0] = Client(0).CreateStep(StepRequest(absl::StrCat("r", round, "a"), {a, shared})).status();
+    });
+    std::thread t1([&] {
+      results[1] = Client(2).CreateStep(StepRequest(absl::StrCat("r", round, "b"), {shared, b})).status();
+    });
+    t0.join();
+    t1.join();
+    for (const absl::Status& s : results) {
+      if (s.ok()) {
+        ++won;
+      } else {
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+        EXPECT_THAT(std::string(s.message()), HasSubstr(shared));
+      }
+    }
+    // Exactly one: both may not, and one must (nothing else held them).
+    EXPECT_EQ(won.load(), 1) << results[0] << " / " << results[1];
+    // The loser left nothing held: only the winner's two samples are taken.
+    EXPECT_EQ(FreeSamples(1), 24 - 2 * (round + 1));
+  }
+}
+
+TEST_F(ClusterStepsTest, AnIdOnTwoMembersOrNowhereIsRefusedByName) {
+  StartThree();
+  // The same id stored by two members (a producer that sent it twice).
+  std::vector<v1::Sample> twin = ClusterSamples(1, 99, "twin-");
+  ASSERT_TRUE(Client(0).PutSamples("pool", twin).ok());
+  ASSERT_TRUE(Client(2).PutSamples("pool", twin).ok());
+  absl::StatusOr<v1::StepInfo> step = Client(1).CreateStep(StepRequest("t", {"twin-rollout-0"}));
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition) << step.status();
+  EXPECT_THAT(std::string(step.status().message()), HasSubstr("twin-rollout-0"));
+  EXPECT_THAT(std::string(step.status().message()), HasSubstr(members_[0]->address()));
+  EXPECT_THAT(std::string(step.status().message()), HasSubstr(members_[2]->address()));
+
+  absl::StatusOr<v1::StepInfo> missing = Client(1).CreateStep(StepRequest("t", {"m0-rollout-0", "nope"}));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("\"nope\""));
+  EXPECT_EQ(FreeSamples(0), 26) << "a refused step holds nothing";
+}
+
+TEST_F(ClusterStepsTest, AHoldThatIsNeverCommittedIsGivenBack) {
+  StartThree();
+  // What a planner that died after holding leaves behind.
+  auto stub = v1::Member::NewStub(MakeChannel(members_[1]->address()));
+  v1::HoldSamplesRequest hold;
+  hold.set_step_id("ghost");
+  hold.set_pool("pool");
+  hold.add_sample_ids("m1-rollout-0");
+  hold.set_coordinator("127.0.0.1:1");
+  v1::HoldSamplesResponse unused;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->HoldSamples(&context, hold, &unused).ok());
+  EXPECT_EQ(FreeSamples(0), 23);
+  // Checked against etcd after the hold grace (10 s): no record, so the
+  // member writes a tombstone and frees the sample.
+  EXPECT_TRUE(Eventually([&] { return FreeSamples(0) == 24; }, absl::Seconds(20)));
+  absl::StatusOr<v1::StepInfo> late = Client(0).CreateStep(StepRequest("ghost", {"m1-rollout-0"}));
+  EXPECT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAlreadyExists) << late.status();
+}
+
+TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
+  durable_ = true;
+  StartThree();
+  const std::vector<std::string> ids = Interleaved(4);
+  ASSERT_TRUE(Client(0).CreateStep(StepRequest("s", ids)).ok());
+  const std::vector<v1::RankCoords> ranks = Ranks(Topo());
+  std::map<int, std::vector<std::string>> before;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    absl::StatusOr<std::vector<std::string>> got = FetchRank(members_[0]->address(), "s", ranks[r]);
+    ASSERT_TRUE(got.ok()) << got.status();
+    before[r] = *got;
+  }
+  ASSERT_TRUE(Client(1).CreateStep(StepRequest("t", {"m1-rollout-5", "m2-rollout-5"})).ok());
+
+  const std::string down = members_[2]->address();
+  members_[2]->Kill(SIGKILL);
+  // A member that has not served the step yet must pull m2's samples for
+  // the ranks that receive some (at least one data-parallel rank does).
+  int refused = 0;
+  for (const v1::RankCoords& rank : ranks) {
+    const absl::Time asked = absl::Now();
+    absl::StatusOr<std::vector<std::string>> got = FetchRank(members_[1]->address(), "s", rank);
+    EXPECT_LT(absl::Now() - asked, absl::Seconds(10)) << "within seconds, never a hang";
+    if (got.ok()) continue;
+    ++refused;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr(down));
+  }
+  EXPECT_GT(refused, 0);
+
+  // Released while m2 is down: the rest is freed now, m2's share later.
+  absl::StatusOr<v1::ReleaseStepResponse> released = Client(0).ReleaseStep("t");
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->released_samples(), 1);
+
+  StartMember(2);  // same address and --data-dir
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    absl::StatusOr<std::vector<std::string>> got = FetchRank(members_[1]->address(), "s", ranks[r]);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, before[r]) << "rank " << r;
+  }
+  // m2 finished the pending release of "t": its sample m2-s5 is gone, and
+  // its samples of "s" are still held, not given back.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<v1::PoolInfo> pool = Client(2).GetPool("pool");
+        return pool.ok() && pool->num_samples() == 24 - 2 &&
+               pool->num_free_samples() == 24 - 2 - 12;
+      },
+      absl::Seconds(20)));
+}
+
+TEST_F(ClusterStepsTest, StepsKeepServingWhileEtcdIsAway) {
+  StartThree();
+  const std::vector<std::string> ids = Interleaved(2);
+  ASSERT_TRUE(Client(0).CreateStep(StepRequest("s", ids)).ok());
+  const v1::RankCoords rank = Ranks(Topo())[0];
+  absl::StatusOr<std::vector<std::string>> before = FetchRank(members_[1]->address(), "s", rank);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  etcd_->Stop();
+  absl::StatusOr<std::vector<std::string>> during = FetchRank(members_[1]->address(), "s", rank);
+  ASSERT_TRUE(during.ok()) << during.status();
+  EXPECT_EQ(*during, *before);
+  absl::StatusOr<v1::StepInfo> refused = Client(1).CreateStep(StepRequest("u", {"m0-rollout-7"}));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+
+  ASSERT_TRUE(etcd_->Restart().ok());
+  EXPECT_TRUE(Eventually([&] { return Client(1).CreateStep(StepRequest("u", {"m0-rollout-7"})).ok(); },
+                         absl::Seconds(20)));
+}
+
+}  // namespace
+}  // namespace rollpack
