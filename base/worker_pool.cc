@@ -44,4 +44,9 @@ void WorkerPool::Run() {
   }
 }
 
+int WorkerPool::queued() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(queue_.size());
+}
+
 }  // namespace rollpack

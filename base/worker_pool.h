@@ -28,12 +28,14 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void Schedule(absl::AnyInvocable<void() &&> work);
+  // Work scheduled and not yet started.
+  int queued() const;
   int size() const { return static_cast<int>(threads_.size()); }
 
  private:
   void Run();
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;

@@ -32,6 +32,19 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
           " after ", spec.moe_layers[i - 1]));
     }
   }
+  for (size_t i = 0; i < spec.finite_token_fields.size(); ++i) {
+    const std::string& field = spec.finite_token_fields[i];
+    if (field.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, "finite_token_fields[", i, "] is empty"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (spec.finite_token_fields[j] == field) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, "finite_token_fields names \"", field, "\" twice (", j, " and ", i, ")"));
+      }
+    }
+  }
   if (spec.num_experts < 0 || spec.num_experts > 65536) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, "num_experts is ", spec.num_experts, ", must be in [0, 65536]"));

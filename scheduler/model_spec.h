@@ -16,6 +16,8 @@ struct ModelSpec {
   int num_experts = 0;         // E; 0 = dense model, no routing payloads
   int topk = 0;                // K <= E
   bool allow_all_zero_layers = false;
+  // Token fields whose float values must be finite (NaN/Inf refused).
+  std::vector<std::string> finite_token_fields;
 
   bool is_dense() const { return num_experts == 0; }
   // M with the "empty means all" default applied.
@@ -26,7 +28,8 @@ struct ModelSpec {
   friend bool operator==(const ModelSpec& a, const ModelSpec& b) {
     return a.name == b.name && a.num_layers == b.num_layers &&
            a.moe_layers == b.moe_layers && a.num_experts == b.num_experts &&
-           a.topk == b.topk && a.allow_all_zero_layers == b.allow_all_zero_layers;
+           a.topk == b.topk && a.allow_all_zero_layers == b.allow_all_zero_layers &&
+           a.finite_token_fields == b.finite_token_fields;
   }
   friend bool operator!=(const ModelSpec& a, const ModelSpec& b) { return !(a == b); }
 };

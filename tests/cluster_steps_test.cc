@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -256,6 +257,7 @@ TEST_F(ClusterStepsTest, AHoldThatIsNeverCommittedIsGivenBack) {
   hold.set_pool("pool");
   hold.add_sample_ids("m1-rollout-0");
   hold.set_coordinator("127.0.0.1:1");
+  hold.set_attempt(1);
   v1::HoldSamplesResponse unused;
   grpc::ClientContext context;
   ASSERT_TRUE(stub->HoldSamples(&context, hold, &unused).ok());
@@ -265,7 +267,7 @@ TEST_F(ClusterStepsTest, AHoldThatIsNeverCommittedIsGivenBack) {
   EXPECT_TRUE(Eventually([&] { return FreeSamples(0) == 24; }, absl::Seconds(20)));
   absl::StatusOr<v1::StepInfo> late = Client(0).CreateStep(StepRequest("ghost", {"m1-rollout-0"}));
   EXPECT_FALSE(late.ok());
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kAlreadyExists) << late.status();
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted) << late.status();
 }
 
 TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
@@ -281,6 +283,25 @@ TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
     before[r] = *got;
   }
   ASSERT_TRUE(Client(1).CreateStep(StepRequest("t", {"m1-rollout-5", "m2-rollout-5"})).ok());
+
+  // Under load: member 0 (which pulled every rank's samples above) keeps
+  // streaming the step to trainers while member 2 is killed and restarted.
+  std::atomic<bool> stop{false};
+  std::atomic<int> streamed{0};
+  absl::Status load_error;
+  std::thread load([&] {
+    while (!stop.load()) {
+      for (size_t r = 0; r < ranks.size() && !stop.load(); ++r) {
+        absl::StatusOr<std::vector<std::string>> got =
+            FetchRank(members_[0]->address(), "s", ranks[r]);
+        if (!got.ok() || *got != before[r]) {
+          load_error = got.ok() ? absl::DataLossError("other bytes") : got.status();
+          return;
+        }
+        ++streamed;
+      }
+    }
+  });
 
   const std::string down = members_[2]->address();
   members_[2]->Kill(SIGKILL);
@@ -309,7 +330,11 @@ TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, before[r]) << "rank " << r;
   }
-  // m2 finished the pending release of "t": its sample m2-s5 is gone, and
+  stop = true;
+  load.join();
+  EXPECT_TRUE(load_error.ok()) << load_error;
+  EXPECT_GT(streamed.load(), 0);
+  // m2 finished the pending release of "t": its sample m2-rollout-5 is gone, and
   // its samples of "s" are still held, not given back.
   EXPECT_TRUE(Eventually(
       [&] {
@@ -338,6 +363,23 @@ TEST_F(ClusterStepsTest, StepsKeepServingWhileEtcdIsAway) {
   ASSERT_TRUE(etcd_->Restart().ok());
   EXPECT_TRUE(Eventually([&] { return Client(1).CreateStep(StepRequest("u", {"m0-rollout-7"})).ok(); },
                          absl::Seconds(20)));
+}
+
+TEST_F(ClusterStepsTest, AMemberJoiningMidRunTakesPartInTheNextStep) {
+  StartThree();
+  ASSERT_TRUE(Client(0).CreateStep(StepRequest("before", {}, 20)).ok());
+  StartMember(3);
+  ASSERT_TRUE(Client(3).PutSamples("pool", ClusterSamples(6, 40, "m3-")).ok());
+  // 4 free on the first three, 6 on the newcomer: a step of 10 needs all.
+  absl::StatusOr<v1::StepInfo> step = Client(1).CreateStep(StepRequest("after", {}, 10));
+  ASSERT_TRUE(step.ok()) << step.status();
+  const v1::RankCoords rank = Ranks(Topo())[0];
+  absl::StatusOr<std::vector<std::string>> via_old = FetchRank(members_[0]->address(), "after", rank);
+  absl::StatusOr<std::vector<std::string>> via_new = FetchRank(members_[3]->address(), "after", rank);
+  ASSERT_TRUE(via_old.ok()) << via_old.status();
+  ASSERT_TRUE(via_new.ok()) << via_new.status();
+  EXPECT_EQ(*via_old, *via_new);
+  EXPECT_EQ(FreeSamples(3), 0);
 }
 
 }  // namespace

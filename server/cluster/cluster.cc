@@ -60,7 +60,8 @@ class Cluster::Peers {
       // A restarted member is found again quickly.
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      args.SetMaxReceiveMessageSize(64 << 20);
+      // ReadSamples batches hold whole samples, as large as the owner took.
+      args.SetMaxReceiveMessageSize(-1);
       peer.channel = grpc::CreateCustomChannel(member.address,
                                                grpc::InsecureChannelCredentials(), args);
     }

@@ -76,6 +76,13 @@ void ForEachParallel(size_t n, const std::function<void(size_t)>& fn) {
   for (std::thread& t : threads) t.join();
 }
 
+absl::Status Abandoned(const std::string& step_id, const std::string& by) {
+  return absl::AbortedError(absl::StrCat(
+      "step \"", step_id, "\": ", by.empty() ? "a member" : "member " + by,
+      " gave up waiting for an earlier attempt at this id to be committed; the id is refused "
+      "for a while (docs/cluster.md), retry under another"));
+}
+
 absl::Status Prefixed(const std::string& step_id, const absl::Status& status) {
   return absl::Status(status.code(),
                       absl::StrCat("step \"", step_id, "\": ", status.message()));
@@ -129,6 +136,10 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(
   ASSIGN_OR_RETURN(ModelSpec model, store_->GetOrAdoptModel(pool));
   const std::string key = StepKey(cluster, step_id);
   ASSIGN_OR_RETURN(int64_t existing, cluster->etcd()->CreateRevision(key));
+  if (existing != 0) {
+    absl::StatusOr<v1::ClusterStepRecord> record = ReadRecord(cluster, step_id);
+    if (absl::IsNotFound(record.status())) return Abandoned(step_id, "");
+  }
   if (existing != 0 || store_->GetStep(step_id).ok()) {
     return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
   }
@@ -152,35 +163,45 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(
   record.set_coordinator(cluster->self().id);
   record.set_created_unix_nanos(absl::GetCurrentTimeNanos());
 
-  std::vector<bool> held(choice.members.size(), false);
-  if (absl::Status s = HoldAll(cluster, record, &held); !s.ok()) {
-    DropAll(cluster, record, held);
-    return Prefixed(step_id, s);
+  const absl::Time holding = absl::Now();
+  absl::Status held = HoldAll(cluster, record);
+  // Past half the owners' grace, an owner may be settling a hold against
+  // etcd already: give up rather than race it.
+  if (held.ok() && absl::Now() - holding > options_.hold_grace / 2) {
+    held = absl::AbortedError(absl::StrCat("holding the samples took ",
+                                           absl::FormatDuration(absl::Now() - holding),
+                                           "; retry"));
   }
+  if (!held.ok()) {
+    DropAll(cluster, record);
+    return Prefixed(step_id, held);
+  }
+  const std::string bytes = DeterministicBytes(record);
   bool created = false;
-  absl::StatusOr<std::string> holder =
-      cluster->etcd()->CreateIfAbsent(key, DeterministicBytes(record), &created);
+  absl::StatusOr<std::string> holder = cluster->etcd()->CreateIfAbsent(key, bytes, &created);
+  // A retried create whose first try committed finds this very record.
+  if (holder.ok() && *holder == bytes) created = true;
   if (!holder.ok() || !created) {
-    DropAll(cluster, record, held);
+    DropAll(cluster, record);
     if (!holder.ok()) return Prefixed(step_id, holder.status());
     v1::ClusterStepRecord other;
     if (other.ParseFromString(*holder) && !other.aborted_by().empty()) {
-      return absl::AbortedError(absl::StrCat(
-          "step \"", step_id, "\": member ", other.aborted_by(),
-          " gave up waiting for it to be committed; the id is refused for ",
-          absl::FormatDuration(options_.tombstone_ttl), ", retry under another"));
+      return Abandoned(step_id, other.aborted_by());
     }
     return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
   }
   ConfirmAll(cluster, record);
+  // The revision that tells this step from one created later under its id.
+  absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(key);
+  if (!revision.ok() || *revision == 0) return step;  // looked up (and cached) later
   auto cached = std::make_shared<CachedStep>();
+  cached->revision = *revision;
   cached->record = std::move(record);
   cached->step = *step;
   {
     absl::MutexLock lock(&cached->mu);
     cached->samples.resize(cached->record.sample_ids_size());
   }
-  // Its revision is learnt at the next lookup.
   absl::MutexLock lock(&mu_);
   cache_[step_id] = std::move(cached);
   return step;
@@ -300,8 +321,7 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(
   return choice;
 }
 
-absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record,
-                                   std::vector<bool>* held) {
+absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
   const int n = record.members_size();
   std::vector<std::vector<std::string>> ids(n);
   for (int i = 0; i < record.sample_ids_size(); ++i) {
@@ -311,13 +331,15 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
   ForEachParallel(n, [&](size_t i) {
     if (ids[i].empty()) return;
     if (record.members(i) == cluster->self().id) {
-      results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator());
+      results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator(),
+                                record.created_unix_nanos());
     } else {
       v1::HoldSamplesRequest request;
       request.set_step_id(record.step_id());
       request.set_pool(record.pool());
       for (const std::string& id : ids[i]) request.add_sample_ids(id);
       request.set_coordinator(record.coordinator());
+      request.set_attempt(record.created_unix_nanos());
       planning_bytes_.fetch_add(static_cast<int64_t>(request.ByteSizeLong()));
       v1::HoldSamplesResponse response;
       grpc::ClientContext context;
@@ -326,24 +348,37 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
                                 ->HoldSamples(&context, request, &response),
                             record.members(i), "HoldSamples");
     }
-    (*held)[i] = results[i].ok();
   });
-  for (const absl::Status& s : results) RETURN_IF_ERROR(s);
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (absl::IsAlreadyExists(results[i])) {
+      // The owner still holds samples for an earlier attempt at this id
+      // that was never committed; it gives them back within its grace.
+      return absl::AbortedError(absl::StrCat(
+          "member ", record.members(i), " still holds samples for an earlier, uncommitted "
+          "attempt at this step id; retry in ", absl::FormatDuration(options_.hold_grace),
+          " or under another id"));
+    }
+    RETURN_IF_ERROR(results[i]);
+  }
   return absl::OkStatus();
 }
 
-void ClusterSteps::DropAll(Cluster* cluster, const v1::ClusterStepRecord& record,
-                           const std::vector<bool>& held) {
-  // A drop that fails leaves an unconfirmed hold, which its member resolves
-  // against etcd (no record: dropped) after hold_grace.
-  ForEachParallel(held.size(), [&](size_t i) {
-    if (!held[i]) return;
+void ClusterSteps::DropAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
+  // Every owner asked, answered or not (a hold whose answer was lost is
+  // still a hold); only this attempt's holds go. A drop that fails leaves
+  // an unconfirmed hold, which its member settles against etcd after
+  // hold_grace.
+  std::vector<char> owns(record.members_size(), 0);
+  for (int32_t o : record.owner()) owns[o] = 1;
+  ForEachParallel(owns.size(), [&](size_t i) {
+    if (!owns[i]) return;
     if (record.members(i) == cluster->self().id) {
-      store_->DropHold(record.step_id()).IgnoreError();
+      store_->DropHold(record.step_id(), record.created_unix_nanos()).IgnoreError();
       return;
     }
     v1::StepHoldRequest request;
     request.set_step_id(record.step_id());
+    request.set_attempt(record.created_unix_nanos());
     v1::DropHoldResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, options_.member_timeout);
@@ -355,8 +390,8 @@ void ClusterSteps::DropAll(Cluster* cluster, const v1::ClusterStepRecord& record
 void ClusterSteps::ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
   // Best effort: an owner not reached confirms by itself after hold_grace
   // (the record exists).
-  std::vector<bool> owns(record.members_size(), false);
-  for (int32_t o : record.owner()) owns[o] = true;
+  std::vector<char> owns(record.members_size(), 0);
+  for (int32_t o : record.owner()) owns[o] = 1;
   ForEachParallel(owns.size(), [&](size_t i) {
     if (!owns[i]) return;
     if (record.members(i) == cluster->self().id) {
@@ -469,6 +504,28 @@ absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id
     }
   }
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  // An owner that left the member list (killed; its lease ran out) is
+  // named at once rather than after a pull that waits on a silent host.
+  bool remote = false;
+  for (size_t owner = 0; owner < missing.size(); ++owner) {
+    remote = remote || (!missing[owner].empty() &&
+                        cached->record.members(owner) != cluster->self().id);
+  }
+  if (remote) {
+    if (absl::StatusOr<std::vector<ClusterMember>> live = cluster->Members(); live.ok()) {
+      for (size_t owner = 0; owner < missing.size(); ++owner) {
+        const std::string& id = cached->record.members(owner);
+        if (missing[owner].empty() ||
+            std::any_of(live->begin(), live->end(),
+                        [&](const ClusterMember& m) { return m.id == id; })) {
+          continue;
+        }
+        return absl::UnavailableError(absl::StrCat(
+            "step \"", step_id, "\": cluster member ", id, " holds ", missing[owner].size(),
+            " of this rank's samples and is not in the cluster (down?); retry when it is back"));
+      }
+    }
+  }
   std::vector<std::vector<std::shared_ptr<const StoredSample>>> pulled(missing.size());
   std::vector<absl::Status> results(missing.size());
   ForEachParallel(missing.size(), [&](size_t owner) {
@@ -597,82 +654,6 @@ absl::StatusOr<ReleaseResult> ClusterSteps::ReleaseStep(const std::string& step_
     total.freed_bytes += r->freed_bytes;
   }
   return total;
-}
-
-void ClusterSteps::BackgroundLoop() {
-  while (true) {
-    Cluster* cluster = cluster_.load();
-    if (cluster != nullptr) {
-      // Releases before stale holds: a hold whose step was released while
-      // this member was away must be deleted, not given back.
-      FinishPendingReleases(cluster);
-      ResolveStaleHolds(cluster);
-      PruneCache(cluster);
-    }
-    absl::MutexLock lock(&mu_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.tick)) return;
-  }
-}
-
-void ClusterSteps::FinishPendingReleases(Cluster* cluster) {
-  const std::string prefix = ReleaseKey(cluster, cluster->self().id, "");
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> pending =
-      cluster->etcd()->GetPrefix(prefix);
-  if (!pending.ok()) return;  // etcd away: next tick
-  for (const auto& [key, unused] : *pending) {
-    const std::string step_id = key.substr(prefix.size());
-    absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(step_id);
-    if (released.ok() || absl::IsNotFound(released.status())) {
-      if (released.ok()) {
-        spdlog::info("rollpackd: step \"{}\": released {} samples held here (a release pending "
-                     "while this member was away)",
-                     step_id, released->released_samples);
-      }
-      cluster->etcd()->Delete(key).IgnoreError();
-    }
-  }
-}
-
-void ClusterSteps::ResolveStaleHolds(Cluster* cluster) {
-  for (const std::string& step_id : store_->UnconfirmedHolds(options_.hold_grace)) {
-    v1::ClusterStepRecord tombstone;
-    tombstone.set_step_id(step_id);
-    tombstone.set_aborted_by(cluster->self().id);
-    absl::StatusOr<int64_t> lease = cluster->etcd()->GrantLease(options_.tombstone_ttl);
-    if (!lease.ok()) return;
-    bool created = false;
-    absl::StatusOr<std::string> holder = cluster->etcd()->CreateIfAbsent(
-        StepKey(cluster, step_id), DeterministicBytes(tombstone), &created, *lease);
-    if (!holder.ok()) return;
-    v1::ClusterStepRecord record;
-    const bool committed =
-        !created && record.ParseFromString(*holder) && record.aborted_by().empty();
-    if (!created) cluster->etcd()->RevokeLease(*lease).IgnoreError();
-    if (committed) {
-      store_->ConfirmHold(step_id).IgnoreError();
-    } else {
-      spdlog::warn("rollpackd: step \"{}\" was never committed; its samples held here are "
-                   "free again",
-                   step_id);
-      store_->DropHold(step_id).IgnoreError();
-    }
-  }
-}
-
-void ClusterSteps::PruneCache(Cluster* cluster) {
-  std::vector<std::string> ids;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, cached] : cache_) ids.push_back(id);
-  }
-  for (const std::string& id : ids) {
-    absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(StepKey(cluster, id));
-    if (!revision.ok()) return;
-    if (*revision == 0) {
-      absl::MutexLock lock(&mu_);
-      cache_.erase(id);
-    }
-  }
 }
 
 }  // namespace rollpack

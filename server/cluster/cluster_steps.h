@@ -101,17 +101,16 @@ class ClusterSteps final : public StepDirectory {
   absl::StatusOr<Choice> Choose(Cluster* cluster, const std::vector<ClusterMember>& members,
                                 const std::string& step_id, const std::string& pool,
                                 absl::Span<const std::string> sample_ids, int num_samples);
-  absl::Status HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record,
-                       std::vector<bool>* held);
-  void DropAll(Cluster* cluster, const v1::ClusterStepRecord& record,
-               const std::vector<bool>& held);
+  absl::Status HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record);
+  void DropAll(Cluster* cluster, const v1::ClusterStepRecord& record);
   void ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record);
   absl::Status Pull(Cluster* cluster, const CachedStep& step, int owner,
                     const std::vector<int>& sequences,
                     std::vector<std::shared_ptr<const StoredSample>>* out);
 
   void BackgroundLoop();
-  void FinishPendingReleases(Cluster* cluster);
+  // False when etcd could not be read (the tick stops there).
+  bool FinishPendingReleases(Cluster* cluster);
   void ResolveStaleHolds(Cluster* cluster);
   void PruneCache(Cluster* cluster);
 

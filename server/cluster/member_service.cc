@@ -94,7 +94,8 @@ grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext
                                                      const v1::HoldSamplesRequest* request,
                                                      v1::HoldSamplesResponse*) {
   return Finish(context, store_->Hold(request->step_id(), request->pool(),
-                                      Ids(request->sample_ids()), request->coordinator()));
+                                      Ids(request->sample_ids()), request->coordinator(),
+                                      request->attempt()));
 }
 
 grpc::ServerUnaryReactor* MemberService::ConfirmHold(grpc::CallbackServerContext* context,
@@ -106,7 +107,8 @@ grpc::ServerUnaryReactor* MemberService::ConfirmHold(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* MemberService::DropHold(grpc::CallbackServerContext* context,
                                                   const v1::StepHoldRequest* request,
                                                   v1::DropHoldResponse* response) {
-  absl::StatusOr<ReleaseResult> dropped = store_->DropHold(request->step_id());
+  absl::StatusOr<ReleaseResult> dropped =
+      store_->DropHold(request->step_id(), request->attempt());
   if (dropped.ok()) response->set_released_samples(dropped->released_samples);
   return Finish(context, dropped.status());
 }

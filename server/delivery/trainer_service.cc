@@ -24,11 +24,11 @@ constexpr absl::Duration kMaxPrefetchHold = absl::Milliseconds(100);
 // handed to the transport, so a slow trainer holds one message, not a step.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(const v1::FetchRequest& request, const FetchOptions& options,
-               ServerMetrics* metrics, std::atomic<int>* active,
-               FirstDeliveryGate* gate /* null: no priority */, int64_t id)
+  // `active` was already incremented for this stream; OnDone decrements it.
+  FetchReactor(const v1::FetchRequest& request, ServerMetrics* metrics,
+               std::atomic<int>* active, FirstDeliveryGate* gate /* null: no priority */,
+               int64_t id)
       : request_(request),
-        options_(options),
         gate_(gate),
         id_(id),
         next_(request.start_index()),
@@ -54,18 +54,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                        "] for step \"", request_.step_id(), "\""))));
       return;
     }
-    const int active = active_->fetch_add(1) + 1;
-    if (options_.max_concurrent_streams > 0 && active > options_.max_concurrent_streams) {
-      active_->fetch_sub(1);
-      if (metrics_ != nullptr) metrics_->OnStreamRefused();
-      Finish(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-          options_.max_concurrent_streams, " FetchMicrobatches streams are in flight "
-          "(--max-concurrent-streams); retry later"))));
-      return;
-    }
-    counted_ = true;
     step_ = std::move(step->step);
     samples_ = std::move(step->samples);
+    started_ = true;
     if (metrics_ != nullptr) metrics_->OnStreamStart(request_.start_index() > 0);
     {
       absl::MutexLock lock(&hold_->mu);
@@ -103,10 +94,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       absl::MutexLock lock(&hold_->mu);
       hold_->reactor = nullptr;  // a timer still set finds nobody
     }
-    if (counted_) {
-      active_->fetch_sub(1);
-      if (metrics_ != nullptr) metrics_->OnStreamEnd();
-    }
+    active_->fetch_sub(1);
+    if (started_ && metrics_ != nullptr) metrics_->OnStreamEnd();
     delete this;
   }
 
@@ -190,12 +179,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   const v1::FetchRequest request_;
-  const FetchOptions options_;
   // Set by Begin, before the first write.
   std::shared_ptr<const Step> step_;
   // The rank's samples when the step holds none itself (a cluster step).
   std::shared_ptr<const std::vector<std::shared_ptr<const StoredSample>>> samples_;
-  bool counted_ = false;  // in active_ and the stream metrics
+  bool started_ = false;  // counted in the stream metrics
   FirstDeliveryGate* const gate_;
   const int64_t id_;
   bool first_write_pending_ = false;
@@ -234,7 +222,23 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
       !s.ok()) {
     return new FailedFetch(ToGrpcStatus(s));
   }
-  auto* reactor = new FetchReactor(parsed, options_, metrics_, &active_streams_,
+  // Admitted before any work for it (a cluster member's pull included).
+  const int active = active_streams_.fetch_add(1) + 1;
+  if (options_.max_concurrent_streams > 0 && active > options_.max_concurrent_streams) {
+    active_streams_.fetch_sub(1);
+    if (metrics_ != nullptr) metrics_->OnStreamRefused();
+    return new FailedFetch(absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_concurrent_streams, " FetchMicrobatches streams are in flight "
+        "(--max-concurrent-streams); retry later")));
+  }
+  if (pulls_ != nullptr && pulls_->queued() >= kMaxQueuedLookups) {
+    active_streams_.fetch_sub(1);
+    if (metrics_ != nullptr) metrics_->OnStreamRefused();
+    return new FailedFetch(absl::ResourceExhaustedError(absl::StrCat(
+        kMaxQueuedLookups, " FetchMicrobatches streams wait for their samples from other "
+        "members; retry later")));
+  }
+  auto* reactor = new FetchReactor(parsed, metrics_, &active_streams_,
                                    options_.first_microbatch_priority ? &first_delivery_ : nullptr,
                                    next_stream_id_.fetch_add(1));
   const RankCoords coords{parsed.rank().dp(), parsed.rank().cp(), parsed.rank().tp(),
@@ -245,7 +249,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
     // A cluster member may pull the rank's samples from the members that
     // hold them: a wait on other processes that must not hold one of
     // gRPC's callback threads (those serve this member's own peers).
-    pulls_->Schedule([reactor, steps = steps_, step_id = parsed.step_id(), coords] {
+    pulls_->Schedule([reactor, context, steps = steps_, step_id = parsed.step_id(), coords] {
+      // A trainer that gave up while queued costs no pull.
+      if (context->IsCancelled()) {
+        reactor->Begin(absl::CancelledError("stream closed by the client"));
+        return;
+      }
       reactor->Begin(steps->GetStepForRank(step_id, coords));
     });
   }

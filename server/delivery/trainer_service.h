@@ -45,6 +45,9 @@ class TrainerService final
   // Streams whose step lookup may wait on other members (cluster mode):
   // at most this many such lookups run at once, the rest queue.
   static constexpr int kPullThreads = 16;
+  // Streams queued for a lookup past which new ones are refused
+  // (RESOURCE_EXHAUSTED, retryable): each queued one is an admitted stream.
+  static constexpr int kMaxQueuedLookups = 1024;
   std::unique_ptr<WorkerPool> pulls_;
   FirstDeliveryGate first_delivery_;
   std::atomic<int64_t> next_stream_id_{1};

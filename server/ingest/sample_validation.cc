@@ -1,6 +1,8 @@
 #include "server/ingest/sample_validation.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <cstring>
 #include <map>
 #include <string>
@@ -18,6 +20,42 @@ namespace rollpack {
 namespace {
 
 constexpr size_t kMaxSampleIdBytes = 1024;
+
+// The first NaN or infinity of a floating-point array: its element index
+// and how it prints; nullopt when every element is finite (integer arrays
+// always are).
+std::optional<std::pair<int64_t, std::string>> FirstNonFinite(v1::DType dtype,
+                                                               absl::string_view bytes) {
+  // 16-bit formats: all exponent bits set is an infinity (no mantissa) or a NaN.
+  auto half = [&](uint16_t exponent, uint16_t mantissa, uint16_t sign)
+      -> std::optional<std::pair<int64_t, std::string>> {
+    for (int64_t i = 0; i < static_cast<int64_t>(bytes.size() / 2); ++i) {
+      const uint16_t h = static_cast<uint16_t>(static_cast<uint8_t>(bytes[2 * i]) |
+                                               static_cast<uint8_t>(bytes[2 * i + 1]) << 8);
+      if ((h & exponent) == exponent) {
+        return std::make_pair(i, std::string((h & mantissa) != 0 ? "nan"
+                                             : (h & sign) != 0  ? "-inf"
+                                                                : "inf"));
+      }
+    }
+    return std::nullopt;
+  };
+  switch (dtype) {
+    case v1::FLOAT32:
+      for (int64_t i = 0; i < static_cast<int64_t>(bytes.size() / 4); ++i) {
+        float f;
+        std::memcpy(&f, bytes.data() + 4 * i, 4);
+        if (!std::isfinite(f)) return std::make_pair(i, absl::StrCat(f));
+      }
+      return std::nullopt;
+    case v1::FLOAT16:
+      return half(0x7C00, 0x03FF, 0x8000);
+    case v1::BFLOAT16:
+      return half(0x7F80, 0x007F, 0x8000);
+    default:
+      return std::nullopt;
+  }
+}
 // The durable log's codec keeps at most 16 dimensions after n; a field it
 // could not replay must not be acknowledged (found by
 // fuzz/sample_validation_fuzzer).
@@ -347,6 +385,16 @@ class SampleValidator {
         return absl::InvalidArgumentError(absl::StrCat(
             what, " has rank ", view.rank(), ", at most ", kMaxTokenFieldRank,
             " (n and 16 more dimensions)"));
+      }
+      if (std::find(model_.finite_token_fields.begin(), model_.finite_token_fields.end(), name) !=
+          model_.finite_token_fields.end()) {
+        if (auto bad = FirstNonFinite(view.dtype, view.data); bad.has_value()) {
+          const int64_t per_token = n_ > 0 ? view.num_elements() / n_ : 1;
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, " is ", bad->second, " at token ", bad->first / std::max<int64_t>(per_token, 1),
+              " (element ", bad->first, "); the pool requires finite values in this field "
+              "(ModelSpec.finite_token_fields)"));
+        }
       }
       StoredField field;
       field.dtype = view.dtype;

@@ -3,7 +3,9 @@
 #include "server/ingest/sample_validation.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -388,6 +390,45 @@ TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
     }
   }
   EXPECT_GT(refused, 300) << "the corruptions reach the error paths";
+}
+
+TEST(SampleValidationTest, FiniteTokenFieldsRefuseNanAndInfinityNamingTheToken) {
+  ModelSpec model = TestModel();
+  model.finite_token_fields = {"logprobs", "advantages"};
+  v1::Sample s = ValidSample();
+  // Without the option a NaN passes (as before); with it, it is refused.
+  std::vector<float> logprobs(5, -0.5f);
+  logprobs[3] = std::nanf("");
+  (*s.mutable_token_fields())["logprobs"] = Array(v1::FLOAT32, {5}, logprobs);
+  EXPECT_TRUE(ValidateSample(s, TestModel()).ok());
+  ExpectInvalid(s, {"sample \"s17\"", "token_fields[\"logprobs\"]", "nan at token 3",
+                    "finite_token_fields"},
+                model);
+  logprobs[3] = -std::numeric_limits<float>::infinity();
+  (*s.mutable_token_fields())["logprobs"] = Array(v1::FLOAT32, {5}, logprobs);
+  ExpectInvalid(s, {"-inf at token 3"}, model);
+  // A field not named is not checked.
+  logprobs[3] = -0.5f;
+  (*s.mutable_token_fields())["logprobs"] = Array(v1::FLOAT32, {5}, logprobs);
+  std::vector<float> values(5, std::nanf(""));
+  (*s.mutable_token_fields())["values"] = Array(v1::FLOAT32, {5}, values);
+  EXPECT_TRUE(ValidateSample(s, model).ok());
+  // 16-bit floats, and the token of an element of a 2-D field: [5, 2],
+  // element 7 is token 3. 0x7C00 is +inf in float16, 0x7FC0 NaN in bfloat16.
+  std::vector<uint16_t> half(10, 0x3C00);
+  half[7] = 0x7C00;
+  (*s.mutable_token_fields())["advantages"] = Array(v1::FLOAT16, {5, 2}, half);
+  ExpectInvalid(s, {"token_fields[\"advantages\"] is inf at token 3 (element 7)"}, model);
+  std::vector<uint16_t> bf16(10, 0x3F80);
+  bf16[0] = 0x7FC0;
+  (*s.mutable_token_fields())["advantages"] = Array(v1::BFLOAT16, {5, 2}, bf16);
+  ExpectInvalid(s, {"is nan at token 0"}, model);
+  bf16[0] = 0x7F7F;  // the largest finite bfloat16
+  (*s.mutable_token_fields())["advantages"] = Array(v1::BFLOAT16, {5, 2}, bf16);
+  EXPECT_TRUE(ValidateSample(s, model).ok());
+  // The spec itself: a field named twice or empty is refused.
+  model.finite_token_fields = {"a", "a"};
+  EXPECT_THAT(ValidateModelSpec(model).message(), HasSubstr("names \"a\" twice"));
 }
 
 }  // namespace

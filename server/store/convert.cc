@@ -13,6 +13,8 @@ ModelSpec FromProto(const v1::ModelSpec& spec) {
   out.num_experts = spec.num_experts();
   out.topk = spec.topk();
   out.allow_all_zero_layers = spec.allow_all_zero_layers();
+  out.finite_token_fields.assign(spec.finite_token_fields().begin(),
+                                 spec.finite_token_fields().end());
   return out;
 }
 
@@ -24,6 +26,7 @@ v1::ModelSpec ToProto(const ModelSpec& spec) {
   out.set_num_experts(spec.num_experts);
   out.set_topk(spec.topk);
   out.set_allow_all_zero_layers(spec.allow_all_zero_layers);
+  for (const std::string& field : spec.finite_token_fields) out.add_finite_token_fields(field);
   return out;
 }
 

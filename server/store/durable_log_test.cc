@@ -552,18 +552,20 @@ TEST(DurableLogTest, ClusterHoldsComeBackUnconfirmedAndReleasesStayDone) {
     ASSERT_TRUE(d.ok()) << d.status();
     ASSERT_TRUE(*d->store->RegisterModel("p", FromProto(Model())));
     ASSERT_TRUE(d->store->Put("p", a).ok());
-    ASSERT_TRUE(d->store->Hold("h1", "p", ids({0, 1, 2}), "m:1").ok());
+    ASSERT_TRUE(d->store->Hold("h1", "p", ids({0, 1, 2}), "m:1", 11).ok());
     ASSERT_TRUE(d->store->ConfirmHold("h1").ok());
-    ASSERT_TRUE(d->store->Hold("h2", "p", ids({3, 4}), "m:1").ok());
-    ASSERT_TRUE(d->store->DropHold("h2").ok());
-    ASSERT_TRUE(d->store->Hold("h3", "p", ids({5}), "m:1").ok());
+    ASSERT_TRUE(d->store->Hold("h2", "p", ids({3, 4}), "m:1", 12).ok());
+    // Another attempt's drop leaves the hold alone.
+    EXPECT_EQ(d->store->DropHold("h2", 99).status().code(), absl::StatusCode::kNotFound);
+    ASSERT_TRUE(d->store->DropHold("h2", 12).ok());
+    ASSERT_TRUE(d->store->Hold("h3", "p", ids({5}), "m:1", 13).ok());
     ASSERT_EQ(d->store->ReleaseStep("h3")->released_samples, 1);
     // All or nothing: a[0] is held, so a[7] stays free too.
-    absl::Status refused = d->store->Hold("h4", "p", ids({7, 0}), "m:1");
+    absl::Status refused = d->store->Hold("h4", "p", ids({7, 0}), "m:1", 14);
     EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
     EXPECT_THAT(std::string(refused.message()), HasSubstr(a[0].sample_id));
     ASSERT_TRUE(d->store->CompactLog().ok());
-    ASSERT_TRUE(d->store->Hold("h5", "p", ids({6}), "m:2").ok());
+    ASSERT_TRUE(d->store->Hold("h5", "p", ids({6}), "m:2", 15).ok());
   }
   absl::StatusOr<Durable> d = OpenDurable(dir.path());
   ASSERT_TRUE(d.ok()) << d.status();
@@ -574,6 +576,8 @@ TEST(DurableLogTest, ClusterHoldsComeBackUnconfirmedAndReleasesStayDone) {
   EXPECT_EQ(d->store->HoldIds(), (std::vector<std::string>{"h1", "h5"}));
   EXPECT_EQ(d->store->UnconfirmedHolds(absl::ZeroDuration()),
             (std::vector<std::string>{"h1", "h5"}));
+  EXPECT_EQ(d->store->HoldAttempt("h1"), 11);
+  EXPECT_EQ(d->store->HoldAttempt("h5"), 15);
   absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> held =
       d->store->HeldSamples("h1", ids({2, 0}));
   ASSERT_TRUE(held.ok()) << held.status();

@@ -191,12 +191,13 @@ std::string EncodeReleaseStep(const std::string& step_id) {
 
 std::string EncodeHoldSamples(const std::string& step_id, const std::string& pool,
                               absl::Span<const std::string> sample_ids,
-                              const std::string& coordinator) {
+                              const std::string& coordinator, int64_t attempt) {
   v1::HoldSamplesRequest request;
   request.set_step_id(step_id);
   request.set_pool(pool);
   for (const std::string& id : sample_ids) request.add_sample_ids(id);
   request.set_coordinator(coordinator);
+  request.set_attempt(attempt);
   return request.SerializeAsString();
 }
 

@@ -30,7 +30,7 @@ std::string EncodeCreateStep(const Step& step);
 std::string EncodeReleaseStep(const std::string& step_id);
 std::string EncodeHoldSamples(const std::string& step_id, const std::string& pool,
                               absl::Span<const std::string> sample_ids,
-                              const std::string& coordinator);
+                              const std::string& coordinator, int64_t attempt);
 std::string EncodeDropHold(const std::string& step_id);
 
 }  // namespace rollpack

@@ -67,7 +67,8 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
         const std::vector<std::string> ids(request.sample_ids().begin(), request.sample_ids().end());
         // Replayed unconfirmed: the member checks it against the cluster's
         // record of steps once it has joined (cluster_steps.h).
-        s = store->Hold(request.step_id(), request.pool(), ids, request.coordinator());
+        s = store->Hold(request.step_id(), request.pool(), ids, request.coordinator(),
+                        request.attempt());
         break;
       }
       case RecordType::kDropHold: {

@@ -506,7 +506,8 @@ absl::Status SampleStore::CompactLog() {
     }
     for (const auto& [id, hold] : holds_) {
       RETURN_IF_ERROR(out->Add(RecordType::kHoldSamples,
-                               EncodeHoldSamples(id, hold.pool, hold.sample_ids, hold.coordinator)));
+                               EncodeHoldSamples(id, hold.pool, hold.sample_ids, hold.coordinator,
+                                                 hold.attempt)));
     }
     return absl::OkStatus();
   });

@@ -148,12 +148,18 @@ class SampleStore {
   // Takes the samples out of the free ones for `step_id`, all or nothing.
   // ALREADY_EXISTS for a step id live here; NOT_FOUND / FAILED_PRECONDITION
   // naming a sample that is not stored here / is in a step already.
+  // `attempt` names the planner's attempt at the step (its record's
+  // created_unix_nanos), which alone may confirm the hold.
   absl::Status Hold(const std::string& step_id, const std::string& pool,
-                    absl::Span<const std::string> sample_ids, const std::string& coordinator);
+                    absl::Span<const std::string> sample_ids, const std::string& coordinator,
+                    int64_t attempt);
+  // The attempt of the hold of `step_id`, 0 when there is none.
+  int64_t HoldAttempt(const std::string& step_id) const;
   // NOT_FOUND when there is no such hold.
   absl::Status ConfirmHold(const std::string& step_id);
   // Gives the held samples back to the free ones, in their arrival order.
-  absl::StatusOr<ReleaseResult> DropHold(const std::string& step_id);
+  // With `attempt` != 0, only that attempt's hold (NOT_FOUND otherwise).
+  absl::StatusOr<ReleaseResult> DropHold(const std::string& step_id, int64_t attempt = 0);
   // The held samples of `step_id` among `sample_ids` (all must be held by
   // it): NOT_FOUND naming the step or the sample otherwise.
   absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> HeldSamples(
@@ -222,6 +228,7 @@ class SampleStore {
     std::string pool;
     std::vector<std::string> sample_ids;
     std::string coordinator;
+    int64_t attempt = 0;
     absl::Time held_at;
     bool confirmed = false;
   };

@@ -70,7 +70,7 @@ absl::Status SampleStore::CheckFree(const Pool& pool, const std::string& pool_na
 
 absl::Status SampleStore::Hold(const std::string& step_id, const std::string& pool_name,
                                absl::Span<const std::string> sample_ids,
-                               const std::string& coordinator) {
+                               const std::string& coordinator, int64_t attempt) {
   RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
   RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
   int64_t ticket = 0;
@@ -88,13 +88,13 @@ absl::Status SampleStore::Hold(const std::string& step_id, const std::string& po
     if (log_ != nullptr) {
       ASSIGN_OR_RETURN(ticket, log_->Append(RecordType::kHoldSamples,
                                             EncodeHoldSamples(step_id, pool_name, sample_ids,
-                                                              coordinator)));
+                                                              coordinator, attempt)));
     }
     for (const std::string& id : sample_ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
     pool.live_steps++;
     holds_[step_id] = SampleHold{pool_name,
                                  std::vector<std::string>(sample_ids.begin(), sample_ids.end()),
-                                 coordinator, absl::Now(), /*confirmed=*/false};
+                                 coordinator, attempt, absl::Now(), /*confirmed=*/false};
   }
   if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
   return absl::OkStatus();
@@ -110,14 +110,22 @@ absl::Status SampleStore::ConfirmHold(const std::string& step_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id) {
+int64_t SampleStore::HoldAttempt(const std::string& step_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = holds_.find(step_id);
+  return it == holds_.end() ? 0 : it->second.attempt;
+}
+
+absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id,
+                                                    int64_t attempt) {
   int64_t ticket = 0;
   ReleaseResult result;
   {
     absl::MutexLock lock(&mu_);
     auto it = holds_.find(step_id);
-    if (it == holds_.end()) {
-      return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here"));
+    if (it == holds_.end() || (attempt != 0 && it->second.attempt != attempt)) {
+      return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here",
+                                              attempt != 0 ? " for this attempt" : ""));
     }
     if (log_ != nullptr) {
       const std::string record = EncodeDropHold(step_id);
@@ -125,7 +133,7 @@ absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id) 
       const SampleHold& hold = it->second;
       log_->AddDeadBytes(LogRecordBytes(record.size()) +
                          LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
-                                                          hold.coordinator)
+                                                          hold.coordinator, hold.attempt)
                                             .size()));
     }
     Pool& pool = pools_.at(it->second.pool);
@@ -150,7 +158,7 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseHoldLocked(const std::string& 
     *ticket = written;
     int64_t dead = LogRecordBytes(record.size()) +
                    LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
-                                                    hold.coordinator)
+                                                    hold.coordinator, hold.attempt)
                                       .size());
     const Pool& pool = pools_.at(hold.pool);
     for (const std::string& id : hold.sample_ids) dead += EncodedSampleBytes(*pool.samples.at(id));

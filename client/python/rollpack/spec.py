@@ -15,16 +15,20 @@ class ModelSpec:
     """
 
     __slots__ = ("name", "num_layers", "moe_layers", "num_experts", "topk",
-                 "allow_all_zero_layers")
+                 "allow_all_zero_layers", "finite_token_fields")
 
     def __init__(self, name="", num_layers=0, moe_layers=(), num_experts=0, topk=0,
-                 allow_all_zero_layers=False):
+                 allow_all_zero_layers=False, finite_token_fields=()):
         self.name = str(name)
         self.num_layers = int(num_layers)
         self.moe_layers = tuple(int(x) for x in moe_layers)
         self.num_experts = int(num_experts)
         self.topk = int(topk)
         self.allow_all_zero_layers = bool(allow_all_zero_layers)
+        if isinstance(finite_token_fields, str):
+            raise ValueError("finite_token_fields is a list of field names, not %r"
+                             % finite_token_fields)
+        self.finite_token_fields = tuple(str(f) for f in finite_token_fields)
         self.validate()
 
     # -- rules -------------------------------------------------------------
@@ -40,6 +44,12 @@ class ModelSpec:
                 raise ValueError(who + "moe_layers must be strictly increasing; "
                                  "moe_layers[%d] is %d after %d"
                                  % (i, l, self.moe_layers[i - 1]))
+        for i, field in enumerate(self.finite_token_fields):
+            if not field:
+                raise ValueError(who + "finite_token_fields[%d] is empty" % i)
+            if field in self.finite_token_fields[:i]:
+                raise ValueError(who + 'finite_token_fields names "%s" twice (%d and %d)'
+                                 % (field, self.finite_token_fields.index(field), i))
         if self.num_experts < 0 or self.num_experts > 65536:
             raise ValueError(who + "num_experts is %d, must be in [0, 65536]"
                              % self.num_experts)
@@ -72,17 +82,19 @@ class ModelSpec:
         return rollouts_pb2.ModelSpec(
             name=self.name, num_layers=self.num_layers, moe_layers=list(self.moe_layers),
             num_experts=self.num_experts, topk=self.topk,
-            allow_all_zero_layers=self.allow_all_zero_layers)
+            allow_all_zero_layers=self.allow_all_zero_layers,
+            finite_token_fields=list(self.finite_token_fields))
 
     @classmethod
     def from_proto(cls, pb):
         return cls(pb.name, pb.num_layers, list(pb.moe_layers), pb.num_experts, pb.topk,
-                   pb.allow_all_zero_layers)
+                   pb.allow_all_zero_layers, list(pb.finite_token_fields))
 
     def to_dict(self):
         return {"name": self.name, "num_layers": self.num_layers,
                 "moe_layers": list(self.moe_layers), "num_experts": self.num_experts,
-                "topk": self.topk, "allow_all_zero_layers": self.allow_all_zero_layers}
+                "topk": self.topk, "allow_all_zero_layers": self.allow_all_zero_layers,
+                "finite_token_fields": list(self.finite_token_fields)}
 
     @classmethod
     def from_dict(cls, d):

@@ -234,3 +234,17 @@ class Async(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FiniteTokenFields(unittest.TestCase):
+    def test_round_trip_and_refusals(self):
+        spec = rollpack.ModelSpec("m", 4, (), 8, 2, finite_token_fields=["logprobs"])
+        pb = spec.to_proto()
+        self.assertEqual(list(pb.finite_token_fields), ["logprobs"])
+        self.assertEqual(rollpack.ModelSpec.from_proto(pb), spec)
+        self.assertEqual(rollpack.ModelSpec.from_dict(spec.to_dict()), spec)
+        self.assertNotEqual(rollpack.ModelSpec("m", 4, (), 8, 2), spec)
+        with self.assertRaisesRegex(ValueError, 'names "a" twice'):
+            rollpack.ModelSpec("m", 4, (), 8, 2, finite_token_fields=["a", "a"])
+        with self.assertRaisesRegex(ValueError, "a list of field names"):
+            rollpack.ModelSpec("m", 4, (), 8, 2, finite_token_fields="logprobs")

@@ -1,0 +1,116 @@
+// ClusterSteps' upkeep on each member (cluster_steps.h): releases decided
+// while this member was away, holds whose planner never committed, and
+// cached plans of steps released elsewhere. One thread, every tick.
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/wire/deterministic_bytes.h"
+#include "server/cluster/cluster_steps.h"
+#include "spdlog/spdlog.h"
+
+namespace rollpack {
+
+void ClusterSteps::BackgroundLoop() {
+  while (true) {
+    Cluster* cluster = cluster_.load();
+    // Releases before stale holds: a hold whose step was released while
+    // this member was away must be deleted, not given back.
+    if (cluster != nullptr && FinishPendingReleases(cluster)) {
+      ResolveStaleHolds(cluster);
+      PruneCache(cluster);
+    }
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.tick)) return;
+  }
+}
+
+bool ClusterSteps::FinishPendingReleases(Cluster* cluster) {
+  const std::string prefix = ReleaseKey(cluster, cluster->self().id, "");
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> pending =
+      cluster->etcd()->GetPrefix(prefix);
+  if (!pending.ok()) return false;  // etcd away: next tick
+  for (const auto& [key, unused] : *pending) {
+    const std::string step_id = key.substr(prefix.size());
+    // Only once the release is decided (the record deleted): a release
+    // that failed half-way leaves the step live, and its samples with it.
+    absl::StatusOr<int64_t> live = cluster->etcd()->CreateRevision(StepKey(cluster, step_id));
+    if (!live.ok()) return false;
+    if (*live != 0) continue;
+    absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(step_id);
+    if (released.ok() || absl::IsNotFound(released.status())) {
+      if (released.ok()) {
+        spdlog::info("rollpackd: step \"{}\": released {} samples held here (a release pending "
+                     "while this member was away)",
+                     step_id, released->released_samples);
+      }
+      cluster->etcd()->Delete(key).IgnoreError();
+    }
+  }
+  return true;
+}
+
+void ClusterSteps::ResolveStaleHolds(Cluster* cluster) {
+  for (const std::string& step_id : store_->UnconfirmedHolds(options_.hold_grace)) {
+    v1::ClusterStepRecord tombstone;
+    tombstone.set_step_id(step_id);
+    tombstone.set_aborted_by(cluster->self().id);
+    tombstone.set_created_unix_nanos(absl::GetCurrentTimeNanos());
+    const std::string bytes = DeterministicBytes(tombstone);
+    absl::StatusOr<int64_t> lease = cluster->etcd()->GrantLease(options_.tombstone_ttl);
+    if (!lease.ok()) return;
+    bool created = false;
+    absl::StatusOr<std::string> holder =
+        cluster->etcd()->CreateIfAbsent(StepKey(cluster, step_id), bytes, &created, *lease);
+    if (!holder.ok()) return;
+    // A retried create whose first try committed finds this very tombstone.
+    if (*holder == bytes) created = true;
+    if (!created) cluster->etcd()->RevokeLease(*lease).IgnoreError();
+    v1::ClusterStepRecord record;
+    const bool is_record = !created && record.ParseFromString(*holder) &&
+                           record.aborted_by().empty();
+    bool ours = false;  // the record of the attempt that took this hold
+    if (is_record && store_->HoldAttempt(step_id) == record.created_unix_nanos()) {
+      for (const std::string& m : record.members()) ours = ours || m == cluster->self().id;
+    }
+    if (ours) {
+      store_->ConfirmHold(step_id).IgnoreError();
+      continue;
+    }
+    // Not committed (or committed by another attempt). Released meanwhile
+    // by a ReleaseStep elsewhere: delete, never give back.
+    absl::StatusOr<std::optional<std::string>> released =
+        cluster->etcd()->Get(ReleaseKey(cluster, cluster->self().id, step_id));
+    if (!released.ok()) return;
+    if (released->has_value() && !is_record) {
+      store_->ReleaseStep(step_id).IgnoreError();
+      cluster->etcd()->Delete(ReleaseKey(cluster, cluster->self().id, step_id)).IgnoreError();
+      continue;
+    }
+    spdlog::warn("rollpackd: step \"{}\": the attempt that held samples here was never "
+                 "committed; they are free again",
+                 step_id);
+    store_->DropHold(step_id, store_->HoldAttempt(step_id)).IgnoreError();
+  }
+}
+
+void ClusterSteps::PruneCache(Cluster* cluster) {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, cached] : cache_) ids.push_back(id);
+  }
+  for (const std::string& id : ids) {
+    absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(StepKey(cluster, id));
+    if (!revision.ok()) return;
+    if (*revision == 0) {
+      absl::MutexLock lock(&mu_);
+      cache_.erase(id);
+    }
+  }
+}
+
+}  // namespace rollpack
