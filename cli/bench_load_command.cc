@@ -216,6 +216,16 @@ int RunBenchLoadCommand(int argc, char** argv) {
   // Puts given up at the end while RESOURCE_EXHAUSTED: never acknowledged,
   // but an earlier message of their stream may have been committed.
   absl::flat_hash_map<std::string, bool> abandoned;  // id -> count per tp replica
+  // Fetched before its producer recorded the acknowledgement (the server
+  // commits, a step takes the sample and a trainer reads it, all before the
+  // producer's thread takes `mu`): settled against `acked` at the end.
+  struct EarlyFetch {
+    std::string id;
+    int replica;
+    uint32_t checksum;
+    bool in_bounds;
+  };
+  std::vector<EarlyFetch> early;
   int64_t checksum_mismatches = 0, unknown_fetched = 0;
   std::atomic<int64_t> sent_bytes{0}, exhausted{0}, put_errors{0};
   Latencies put_ms, create_ms, mb_ms, release_ms;
@@ -329,7 +339,13 @@ int RunBenchLoadCommand(int argc, char** argv) {
               const size_t len = static_cast<size_t>(cu[j + 1] - cu[j]) * 4;
               auto it = acked.find(id);
               if (it == acked.end()) {
-                if (!abandoned.contains(id)) unknown_fetched++;
+                if (!abandoned.contains(id)) {
+                  const bool in_bounds = offset + len <= mb.tokens().data().size();
+                  early.push_back({id, r,
+                                   in_bounds ? TokenChecksum(mb.tokens().data().data() + offset, len)
+                                             : 0,
+                                   in_bounds});
+                }
                 continue;
               }
               if (offset + len > mb.tokens().data().size() ||
@@ -396,6 +412,17 @@ int RunBenchLoadCommand(int argc, char** argv) {
   int64_t missing = 0, duplicated = 0;
   {
     absl::MutexLock lock(&mu);
+    for (const EarlyFetch& e : early) {
+      auto it = acked.find(e.id);
+      if (it == acked.end()) {
+        if (!abandoned.contains(e.id)) unknown_fetched++;  // never acknowledged
+        continue;
+      }
+      if (!e.in_bounds || e.checksum != it->second) checksum_mismatches++;
+      std::vector<int>& counts = fetched[e.id];
+      counts.resize(config.tp, 0);
+      counts[e.replica]++;
+    }
     for (const auto& [id, sum] : acked) {
       auto it = fetched.find(id);
       for (int r = 0; r < config.tp; ++r) {
