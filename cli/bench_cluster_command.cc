@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cli/bench_support.h"
 #include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "client/cpp/trainer_stream.h"
@@ -36,20 +37,6 @@ struct ClusterBenchConfig {
   int64_t max_tokens_per_rank = 16384;
   int fetch_threads = 8;
 };
-
-v1::ModelSpec BenchModel() {
-  v1::ModelSpec m;
-  m.set_name("bench-moe");
-  m.set_num_layers(4);
-  m.set_num_experts(64);
-  m.set_topk(4);
-  return m;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Every rank's micro-batches through `address`, as deterministic bytes.
 absl::StatusOr<std::vector<std::vector<std::string>>> FetchAll(

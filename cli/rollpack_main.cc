@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/bench_cluster_command.h"
+#include "cli/bench_lifecycle_command.h"
 #include "cli/bench_layout_command.h"
 #include "cli/bench_load_command.h"
 #include "cli/bench_transport_command.h"
@@ -64,6 +65,8 @@ const Command kBenchmarks[] = {
      rollpack::RunBenchLoadCommand},
     {"cluster", "CreateStep over M members vs one server, bytes to plan, fetch via any member",
      rollpack::RunBenchClusterCommand},
+    {"lifecycle", "CreateStep by groups / tokens / versions vs by count over one pool",
+     rollpack::RunBenchLifecycleCommand},
     // Started by bench transport; listed so that its --help can be found.
     {"grpc-sink", "the server half of bench transport's gRPC-alone rows (internal)",
      rollpack::RunGrpcSinkCommand},

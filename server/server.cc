@@ -38,6 +38,7 @@
 #include "server/store/log_replay.h"
 #include "server/store/sample_store.h"
 #include "server/store/step_directory.h"
+#include "spdlog/spdlog.h"
 
 namespace rollpack {
 
@@ -249,10 +250,15 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     // join below completes they answer UNAVAILABLE, a retryable code.
     RollpackServer* const s = server.get();
     server->store_->SetPoolResolver(
-        [s](const std::string& pool) -> absl::StatusOr<std::optional<ModelSpec>> {
+        [s](const std::string& pool)
+            -> absl::StatusOr<std::optional<SampleStore::PoolDefinition>> {
           Cluster* cluster = s->joined_cluster_.load();
           if (cluster == nullptr) return absl::UnavailableError("this member is not in its cluster");
-          return cluster->LookupPool(pool);
+          ASSIGN_OR_RETURN(std::optional<ModelSpec> model, cluster->LookupPool(pool));
+          if (!model.has_value()) return std::optional<SampleStore::PoolDefinition>();
+          ASSIGN_OR_RETURN(PoolOptions options, cluster->LookupPoolOptions(pool));
+          return std::optional<SampleStore::PoolDefinition>(
+              SampleStore::PoolDefinition{*std::move(model), options});
         });
     server->store_->SetSchemaResolver(
         [s](const std::string& pool, const std::map<std::string, FieldSchema>& proposed)
@@ -268,6 +274,19 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
         absl::StrCat("cannot listen on ", options.listen, WhyCannotBind(options.listen)));
   }
   server->port_ = port;
+  if (!cluster_mode) {
+    SampleStore* const store = server->store_.get();
+    server->group_expiry_ = std::make_unique<PeriodicThread>(absl::Seconds(1), [store] {
+      absl::StatusOr<DropResult> dropped = store->DropExpiredGroups(absl::Now());
+      if (!dropped.ok()) {
+        spdlog::error("rollpackd: dropping incomplete groups: {}", dropped.status().ToString());
+      } else if (dropped->groups > 0) {
+        spdlog::warn("rollpackd: dropped {} groups ({} free samples) still incomplete after their "
+                     "pool's incomplete_group_timeout_ms",
+                     dropped->groups, dropped->group_samples);
+      }
+    });
+  }
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::HttpExporter>> exporter =
         metrics::HttpExporter::Start(options.metrics_listen, server->registry_.get());
@@ -344,6 +363,7 @@ std::string RollpackServer::address() const { return absl::StrCat(host_, ":", po
 void RollpackServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
+  group_expiry_.reset();
   server_->GetHealthCheckService()->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/periodic_thread.h"
 #include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -162,6 +163,10 @@ class RollpackServer {
   std::unique_ptr<Cluster> cluster_;
   // cluster_ once joined, for the store's resolvers; null before and after.
   std::atomic<Cluster*> joined_cluster_{nullptr};
+  // A single server's incomplete groups past their pool's timeout (a
+  // cluster member's ClusterSteps does it over the cluster). Last: stops
+  // before anything it uses goes.
+  std::unique_ptr<PeriodicThread> group_expiry_;
   bool shut_down_ = false;
 };
 

@@ -151,6 +151,15 @@ absl::StatusOr<bool> RollpackClient::RegisterModel(const std::string& pool,
   return response.created();
 }
 
+absl::StatusOr<v1::RegisterModelResponse> RollpackClient::RegisterModel(
+    const v1::RegisterModelRequest& request) {
+  v1::RegisterModelResponse response;
+  auto context = NewContext();
+  grpc::Status status = rollouts_->RegisterModel(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamples(
     const std::string& pool, absl::Span<const v1::Sample> samples) {
   const std::vector<size_t> starts = MessageStarts(samples, options_.batch_bytes);
@@ -292,6 +301,18 @@ absl::StatusOr<v1::ReleaseStepResponse> RollpackClient::ReleaseStep(const std::s
   v1::ReleaseStepResponse response;
   auto context = NewContext();
   grpc::Status status = scheduler_->ReleaseStep(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::PoolInfo> RollpackClient::SetPolicyVersion(const std::string& pool,
+                                                             int64_t policy_version) {
+  v1::SetPolicyVersionRequest request;
+  request.set_pool(pool);
+  request.set_policy_version(policy_version);
+  v1::PoolInfo response;
+  auto context = NewContext();
+  grpc::Status status = scheduler_->SetPolicyVersion(context.get(), request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

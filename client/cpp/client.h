@@ -92,6 +92,8 @@ class RollpackClient {
 
   // OK(true) when created, OK(false) when the pool already had this model.
   absl::StatusOr<bool> RegisterModel(const std::string& pool, const v1::ModelSpec& model);
+  // With the pool's lifecycle options (docs/lifecycle.md).
+  absl::StatusOr<v1::RegisterModelResponse> RegisterModel(const v1::RegisterModelRequest& request);
   // Streams the samples in messages of about batch_bytes, over up to
   // put_streams connections; the server commits each message all or
   // nothing, in the order of `samples`. On a refusal, the messages before
@@ -103,6 +105,8 @@ class RollpackClient {
   absl::StatusOr<v1::StepInfo> CreateStep(const v1::CreateStepRequest& request);
   absl::StatusOr<v1::Plan> GetPlan(const std::string& step_id);
   absl::StatusOr<v1::ReleaseStepResponse> ReleaseStep(const std::string& step_id);
+  // Records the trainer's policy version (docs/lifecycle.md).
+  absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version);
   // Adds one rank's routing agreement counts to the server's metrics
   // (Telemetry.ReportRoutingAgreement); returns the step's totals so far.
   // Not retried: a re-sent report would count twice.

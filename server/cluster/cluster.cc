@@ -15,6 +15,7 @@
 #include "grpcpp/create_channel.h"
 #include "rollpack/v1/member.grpc.pb.h"
 #include "rollpack/v1/rollouts.grpc.pb.h"
+#include "rollpack/v1/scheduler.grpc.pb.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/store/convert.h"
 
@@ -40,6 +41,12 @@ class Cluster::Peers {
     if (peer.rollouts == nullptr) peer.rollouts = v1::Rollouts::NewStub(peer.channel);
     return peer.rollouts.get();
   }
+  v1::Scheduler::Stub* Scheduler(const ClusterMember& member) {
+    absl::MutexLock lock(&mu_);
+    Peer& peer = PeerLocked(member);
+    if (peer.scheduler == nullptr) peer.scheduler = v1::Scheduler::NewStub(peer.channel);
+    return peer.scheduler.get();
+  }
   v1::Member::Stub* Member(const ClusterMember& member) {
     absl::MutexLock lock(&mu_);
     Peer& peer = PeerLocked(member);
@@ -52,6 +59,7 @@ class Cluster::Peers {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Rollouts::Stub> rollouts;
     std::unique_ptr<v1::Member::Stub> member;
+    std::unique_ptr<v1::Scheduler::Stub> scheduler;
   };
   Peer& PeerLocked(const ClusterMember& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Peer& peer = peers_[member.address];
@@ -134,6 +142,48 @@ v1::Member::Stub* Cluster::MemberStub(const ClusterMember& member) {
 
 std::string Cluster::PoolKey(const std::string& pool) const {
   return absl::StrCat("/", options_.name, "/pools/", pool);
+}
+
+absl::StatusOr<PoolOptions> Cluster::FixPoolOptions(const std::string& pool,
+                                                    const PoolOptions& options) {
+  const std::string key = Key("pool-options", pool);
+  bool created = false;
+  ASSIGN_OR_RETURN(std::string held,
+                   etcd_->CreateIfAbsent(key, DeterministicBytes(ToProto(options)), &created));
+  v1::PoolOptions parsed;
+  if (!parsed.ParseFromString(held)) {
+    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold PoolOptions"));
+  }
+  return FromProto(parsed);
+}
+
+absl::StatusOr<PoolOptions> Cluster::LookupPoolOptions(const std::string& pool) {
+  const std::string key = Key("pool-options", pool);
+  ASSIGN_OR_RETURN(std::optional<std::string> held, etcd_->Get(key));
+  if (!held.has_value()) return PoolOptions{};
+  v1::PoolOptions parsed;
+  if (!parsed.ParseFromString(*held)) {
+    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold PoolOptions"));
+  }
+  return FromProto(parsed);
+}
+
+absl::StatusOr<v1::PoolInfo> Cluster::SetPolicyVersionOf(const ClusterMember& member,
+                                                         const std::string& pool,
+                                                         int64_t policy_version) {
+  v1::SetPolicyVersionRequest request;
+  request.set_pool(pool);
+  request.set_policy_version(policy_version);
+  request.set_local_only(true);
+  v1::PoolInfo info;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::microseconds(absl::ToInt64Microseconds(options_.etcd.timeout)));
+  grpc::Status s = peers_->Scheduler(member)->SetPolicyVersion(&context, request, &info);
+  if (s.ok()) return info;
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return absl::NotFoundError(s.error_message());
+  return absl::UnavailableError(absl::StrCat("cluster member ", member.id, " (", member.address,
+                                             "): SetPolicyVersion: ", s.error_message()));
 }
 
 std::string Cluster::SchemaKey(const std::string& pool) const {

@@ -71,6 +71,11 @@ class Cluster {
                                          bool* created);
   // The pool's cluster-wide model, or nullopt when no member registered it.
   absl::StatusOr<std::optional<ModelSpec>> LookupPool(const std::string& pool);
+  // Fixes the pool's lifecycle options for the whole cluster unless they
+  // are fixed; returns the options that hold.
+  absl::StatusOr<PoolOptions> FixPoolOptions(const std::string& pool, const PoolOptions& options);
+  // The pool's cluster-wide options (the defaults when none were fixed).
+  absl::StatusOr<PoolOptions> LookupPoolOptions(const std::string& pool);
 
   // Fixes the pool's token-field schema for the whole cluster unless one is
   // fixed; returns the schema that holds (SampleStore::SchemaResolver).
@@ -86,6 +91,10 @@ class Cluster {
   // GetPool of `member` alone (GetPoolRequest.local_only), over a channel
   // kept per member. UNAVAILABLE naming the member when it does not answer.
   absl::StatusOr<v1::PoolInfo> GetPoolOf(const ClusterMember& member, const std::string& pool);
+  // SetPolicyVersion of `member` alone (local_only); errors as GetPoolOf.
+  absl::StatusOr<v1::PoolInfo> SetPolicyVersionOf(const ClusterMember& member,
+                                                  const std::string& pool,
+                                                  int64_t policy_version);
 
  private:
   explicit Cluster(ClusterOptions options, std::unique_ptr<EtcdClient> etcd);

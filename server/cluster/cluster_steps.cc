@@ -14,6 +14,7 @@
 #include "base/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "proto/wire/deterministic_bytes.h"
+#include "server/cluster/peer_calls.h"
 #include "server/store/convert.h"
 #include "server/store/log_records.h"
 #include "server/store/names.h"
@@ -33,48 +34,7 @@ struct ClusterSteps::CachedStep {
   std::vector<std::shared_ptr<const StoredSample>> samples ABSL_GUARDED_BY(mu);
 };
 
-// The samples a CreateStep takes, in the step's order.
-struct ClusterSteps::Choice {
-  std::vector<std::string> members;
-  std::vector<std::string> sample_ids;
-  std::vector<int64_t> num_tokens;
-  std::vector<int32_t> owner;
-};
-
 namespace {
-
-void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
-  context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
-}
-
-// A peer's answer as the caller's status: the peer's own code (its error
-// names the sample or step), except that a member that does not answer is
-// UNAVAILABLE naming it.
-absl::Status FromPeer(const grpc::Status& status, const std::string& member,
-                      absl::string_view call) {
-  if (status.ok()) return absl::OkStatus();
-  const auto code = status.error_code();
-  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
-      code == grpc::StatusCode::UNIMPLEMENTED) {
-    return absl::UnavailableError(absl::StrCat("cluster member ", member, " does not answer (",
-                                               call, "): ", status.error_message()));
-  }
-  return absl::Status(static_cast<absl::StatusCode>(code),
-                      absl::StrCat("member ", member, ": ", status.error_message()));
-}
-
-// Runs fn(0..n-1) on threads of their own (one per member: few) and waits.
-void ForEachParallel(size_t n, const std::function<void(size_t)>& fn) {
-  if (n == 1) {
-    fn(0);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) threads.emplace_back(fn, i);
-  for (std::thread& t : threads) t.join();
-}
 
 absl::Status Abandoned(const std::string& step_id, const std::string& by) {
   return absl::AbortedError(absl::StrCat(
@@ -128,12 +88,23 @@ std::string ClusterSteps::ReleaseKey(Cluster* cluster, const std::string& member
   return cluster->Key("releases", absl::StrCat(member, "/", step_id));
 }
 
-absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(
-    const std::string& step_id, const std::string& pool, absl::Span<const std::string> sample_ids,
-    int num_samples, const Topology& topology) {
-  RETURN_IF_ERROR(ValidateCreateStep(step_id, pool, !sample_ids.empty(), num_samples, topology));
+absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepRequest& request) {
+  RETURN_IF_ERROR(ValidateCreateStep(request));
+  const std::string& step_id = request.step_id;
+  const std::string& pool = request.pool;
+  const Topology& topology = request.topology;
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
   ASSIGN_OR_RETURN(ModelSpec model, store_->GetOrAdoptModel(pool));
+  // The trainer's version, when it says one, reaches every member first
+  // (their drop_stale), as SetPolicyVersion does.
+  if (request.selection.policy_version > 0) {
+    RETURN_IF_ERROR(
+        SetPolicyVersion(pool, request.selection.policy_version, /*local_only=*/false).status());
+  }
+  ASSIGN_OR_RETURN(PoolStats local_pool, store_->GetPool(pool));
+  SelectionRequest selection = request.selection;
+  selection.policy_version = std::max(selection.policy_version, local_pool.policy_version);
+  if (!selection.max_staleness.has_value()) selection.max_staleness = local_pool.options.max_staleness;
   const std::string key = StepKey(cluster, step_id);
   ASSIGN_OR_RETURN(int64_t existing, cluster->etcd()->CreateRevision(key));
   if (existing != 0) {
@@ -144,11 +115,11 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(
     return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
   }
   ASSIGN_OR_RETURN(std::vector<ClusterMember> members, cluster->Members());
-  ASSIGN_OR_RETURN(Choice choice,
-                   Choose(cluster, members, step_id, pool, sample_ids, num_samples));
+  ASSIGN_OR_RETURN(Choice choice, Choose(cluster, members, request, selection));
 
-  absl::StatusOr<std::shared_ptr<const Step>> step = BuildStepFromMetadata(
-      step_id, pool, model, topology, choice.sample_ids, choice.num_tokens);
+  absl::StatusOr<std::shared_ptr<const Step>> step =
+      BuildStepFromMetadata(step_id, pool, model, topology, choice.sample_ids, choice.num_tokens,
+                            choice.num_groups, request.reuse_samples);
   if (!step.ok()) return Prefixed(step_id, step.status());
 
   v1::ClusterStepRecord record;
@@ -162,6 +133,8 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(
   record.mutable_owner()->Assign(choice.owner.begin(), choice.owner.end());
   record.set_coordinator(cluster->self().id);
   record.set_created_unix_nanos(absl::GetCurrentTimeNanos());
+  record.set_reuse_samples(request.reuse_samples);
+  record.set_num_groups(choice.num_groups);
 
   const absl::Time holding = absl::Now();
   absl::Status held = HoldAll(cluster, record);
@@ -207,120 +180,6 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(
   return step;
 }
 
-absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(
-    Cluster* cluster, const std::vector<ClusterMember>& members, const std::string& step_id,
-    const std::string& pool, absl::Span<const std::string> sample_ids, int num_samples) {
-  std::vector<absl::StatusOr<SampleStore::SampleListing>> listings(
-      members.size(), absl::UnknownError("not asked"));
-  std::vector<int64_t> bytes(members.size(), 0);
-  ForEachParallel(members.size(), [&](size_t i) {
-    if (members[i].id == cluster->self().id) {
-      listings[i] = store_->ListSamples(pool, sample_ids, num_samples);
-      return;
-    }
-    v1::ListFreeSamplesRequest request;
-    request.set_pool(pool);
-    for (const std::string& id : sample_ids) request.add_sample_ids(id);
-    request.set_limit(num_samples);
-    v1::FreeSamples response;
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.member_timeout);
-    absl::Status s = FromPeer(
-        cluster->MemberStub(members[i])->ListFreeSamples(&context, request, &response),
-        members[i].id, "ListFreeSamples");
-    if (!s.ok()) {
-      listings[i] = s;
-      return;
-    }
-    bytes[i] = static_cast<int64_t>(request.ByteSizeLong() + response.ByteSizeLong());
-    SampleStore::SampleListing listing;
-    listing.sample_ids.assign(response.sample_ids().begin(), response.sample_ids().end());
-    listing.num_tokens.assign(response.num_tokens().begin(), response.num_tokens().end());
-    listing.arrival_unix_nanos.assign(response.arrival_unix_nanos().begin(),
-                                      response.arrival_unix_nanos().end());
-    listing.free.assign(response.free().begin(), response.free().end());
-    listings[i] = std::move(listing);
-  });
-  for (int64_t b : bytes) planning_bytes_.fetch_add(b);
-
-  Choice choice;
-  for (const ClusterMember& m : members) choice.members.push_back(m.id);
-  // Where each listed id is: (member, position in its listing).
-  absl::flat_hash_map<std::string, std::pair<int, int>> where;
-  for (size_t i = 0; i < members.size(); ++i) {
-    if (!listings[i].ok()) {
-      // A member that never saw the pool holds none of its samples.
-      if (absl::IsNotFound(listings[i].status())) {
-        listings[i] = SampleStore::SampleListing{};
-        continue;
-      }
-      return listings[i].status();
-    }
-    const SampleStore::SampleListing& l = *listings[i];
-    if (l.sample_ids.size() != l.num_tokens.size() || l.sample_ids.size() != l.free.size() ||
-        l.sample_ids.size() != l.arrival_unix_nanos.size()) {
-      return absl::InternalError(
-          absl::StrCat("member ", members[i].id, " answered ListFreeSamples inconsistently"));
-    }
-    for (size_t j = 0; j < l.sample_ids.size(); ++j) {
-      auto [it, inserted] =
-          where.try_emplace(l.sample_ids[j], static_cast<int>(i), static_cast<int>(j));
-      if (!inserted) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "sample \"", l.sample_ids[j], "\" of pool \"", pool, "\" is held by two members, ",
-            members[it->second.first].id, " and ", members[i].id));
-      }
-    }
-  }
-  auto take = [&](int member, int position) {
-    const SampleStore::SampleListing& l = *listings[member];
-    choice.sample_ids.push_back(l.sample_ids[position]);
-    choice.num_tokens.push_back(l.num_tokens[position]);
-    choice.owner.push_back(member);
-  };
-  if (!sample_ids.empty()) {
-    absl::flat_hash_set<std::string> seen;
-    for (const std::string& id : sample_ids) {
-      if (!seen.insert(id).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("step \"", step_id, "\": sample \"", id, "\" is listed twice"));
-      }
-      auto it = where.find(id);
-      if (it == where.end()) {
-        return absl::NotFoundError(absl::StrCat("sample \"", id, "\" is not in pool \"", pool,
-                                                "\" on any of the ", members.size(),
-                                                " members"));
-      }
-      const auto [member, position] = it->second;
-      if (!listings[member]->free[position]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "sample \"", id, "\" is already in a live step (on member ", members[member].id, ")"));
-      }
-      take(member, position);
-    }
-    return choice;
-  }
-  // Oldest first over every member; ties (same nanosecond) by member id,
-  // then by each member's own order, so the choice is deterministic.
-  std::vector<std::tuple<int64_t, int, int>> candidates;
-  for (size_t i = 0; i < members.size(); ++i) {
-    const SampleStore::SampleListing& l = *listings[i];
-    for (size_t j = 0; j < l.sample_ids.size(); ++j) {
-      if (l.free[j]) candidates.emplace_back(l.arrival_unix_nanos[j], i, j);
-    }
-  }
-  if (static_cast<int64_t>(candidates.size()) < num_samples) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step \"", step_id, "\": pool \"", pool, "\" has ", candidates.size(),
-        " free samples on ", members.size(), " members, ", num_samples, " requested"));
-  }
-  std::partial_sort(candidates.begin(), candidates.begin() + num_samples, candidates.end());
-  for (int k = 0; k < num_samples; ++k) {
-    take(std::get<1>(candidates[k]), std::get<2>(candidates[k]));
-  }
-  return choice;
-}
-
 absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
   const int n = record.members_size();
   std::vector<std::vector<std::string>> ids(n);
@@ -332,7 +191,7 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
     if (ids[i].empty()) return;
     if (record.members(i) == cluster->self().id) {
       results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator(),
-                                record.created_unix_nanos());
+                                record.created_unix_nanos(), record.reuse_samples());
     } else {
       v1::HoldSamplesRequest request;
       request.set_step_id(record.step_id());
@@ -340,6 +199,7 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
       for (const std::string& id : ids[i]) request.add_sample_ids(id);
       request.set_coordinator(record.coordinator());
       request.set_attempt(record.created_unix_nanos());
+      request.set_reuse_samples(record.reuse_samples());
       planning_bytes_.fetch_add(static_cast<int64_t>(request.ByteSizeLong()));
       v1::HoldSamplesResponse response;
       grpc::ClientContext context;
@@ -453,8 +313,9 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
   ASSIGN_OR_RETURN(Topology topology, NormalizeTopology(record.topology()));
   std::vector<std::string> ids(record.sample_ids().begin(), record.sample_ids().end());
   const std::vector<int64_t> lengths(record.num_tokens().begin(), record.num_tokens().end());
-  absl::StatusOr<std::shared_ptr<const Step>> step = BuildStepFromMetadata(
-      step_id, record.pool(), FromProto(record.model()), topology, std::move(ids), lengths);
+  absl::StatusOr<std::shared_ptr<const Step>> step =
+      BuildStepFromMetadata(step_id, record.pool(), FromProto(record.model()), topology,
+                            std::move(ids), lengths, record.num_groups(), record.reuse_samples());
   if (!step.ok()) return Prefixed(step_id, step.status());
   cached = std::make_shared<CachedStep>();
   cached->revision = *revision;
@@ -633,7 +494,8 @@ absl::StatusOr<ReleaseResult> ClusterSteps::ReleaseStep(const std::string& step_
           cluster->MemberStub({member, member})->ReleaseHold(&context, request, &response),
           member, "ReleaseHold");
       if (s.ok()) {
-        results[i] = ReleaseResult{response.released_samples(), response.freed_bytes()};
+        results[i] = ReleaseResult{response.released_samples(), response.freed_bytes(),
+                                   response.returned_samples()};
       } else {
         results[i] = s;
       }
@@ -652,6 +514,7 @@ absl::StatusOr<ReleaseResult> ClusterSteps::ReleaseStep(const std::string& step_
     if (!r.ok()) continue;
     total.released_samples += r->released_samples;
     total.freed_bytes += r->freed_bytes;
+    total.returned_samples += r->returned_samples;
   }
   return total;
 }

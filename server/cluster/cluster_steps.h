@@ -69,14 +69,16 @@ class ClusterSteps final : public StepDirectory {
   void Attach(Cluster* cluster);
   void Detach();
 
-  absl::StatusOr<std::shared_ptr<const Step>> CreateStep(
-      const std::string& step_id, const std::string& pool,
-      absl::Span<const std::string> sample_ids, int num_samples,
-      const Topology& topology) override;
+  absl::StatusOr<std::shared_ptr<const Step>> CreateStep(const StepRequest& request) override;
   absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) override;
   absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
                                           const RankCoords& coords) override;
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) override;
+  // Every live member records the version (and drops its own stale samples
+  // with drop_stale); UNAVAILABLE naming a member that does not answer (a
+  // retry is harmless). The cluster's pool afterwards.
+  absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version,
+                                                bool local_only) override;
   bool MayBlock() const override { return true; }
 
   // Bytes this member exchanged with the others to plan steps (listings
@@ -87,7 +89,14 @@ class ClusterSteps final : public StepDirectory {
 
  private:
   struct CachedStep;
-  struct Choice;
+  // The samples a CreateStep takes, in the step's order (cluster_choice.cc).
+  struct Choice {
+    std::vector<std::string> members;
+    std::vector<std::string> sample_ids;
+    std::vector<int64_t> num_tokens;
+    std::vector<int32_t> owner;
+    int32_t num_groups = 0;
+  };
 
   absl::StatusOr<Cluster*> Joined() const;
   std::string StepKey(Cluster* cluster, const std::string& step_id) const;
@@ -98,9 +107,10 @@ class ClusterSteps final : public StepDirectory {
   // tombstone).
   absl::StatusOr<v1::ClusterStepRecord> ReadRecord(Cluster* cluster, const std::string& step_id);
   absl::StatusOr<std::shared_ptr<CachedStep>> Find(const std::string& step_id);
+  // Selects over every member's listing (lifecycle.md holds cluster-wide:
+  // a group's samples may sit on several members).
   absl::StatusOr<Choice> Choose(Cluster* cluster, const std::vector<ClusterMember>& members,
-                                const std::string& step_id, const std::string& pool,
-                                absl::Span<const std::string> sample_ids, int num_samples);
+                                const StepRequest& request, const SelectionRequest& selection);
   absl::Status HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record);
   void DropAll(Cluster* cluster, const v1::ClusterStepRecord& record);
   void ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record);
@@ -113,6 +123,9 @@ class ClusterSteps final : public StepDirectory {
   bool FinishPendingReleases(Cluster* cluster);
   void ResolveStaleHolds(Cluster* cluster);
   void PruneCache(Cluster* cluster);
+  // Groups incomplete here past their pool's timeout, dropped only when
+  // every member answers and they are incomplete over the whole cluster.
+  void DropExpiredGroups(Cluster* cluster);
 
   SampleStore* const store_;
   const ClusterStepsOptions options_;

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/wire/deterministic_bytes.h"
@@ -22,6 +23,7 @@ void ClusterSteps::BackgroundLoop() {
     if (cluster != nullptr && FinishPendingReleases(cluster)) {
       ResolveStaleHolds(cluster);
       PruneCache(cluster);
+      DropExpiredGroups(cluster);
     }
     absl::MutexLock lock(&mu_);
     if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.tick)) return;
@@ -109,6 +111,57 @@ void ClusterSteps::PruneCache(Cluster* cluster) {
     if (*revision == 0) {
       absl::MutexLock lock(&mu_);
       cache_.erase(id);
+    }
+  }
+}
+
+void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
+  const std::map<std::string, std::vector<std::string>> expired =
+      store_->ExpiredGroups(absl::Now());
+  if (expired.empty()) return;
+  absl::StatusOr<std::vector<ClusterMember>> members = cluster->Members();
+  if (!members.ok()) return;
+  for (const auto& [pool, candidates] : expired) {
+    // Sealed samples of each group over every member.
+    absl::flat_hash_map<std::string, std::pair<int32_t, int64_t>> sealed;  // size, count
+    bool everyone = true;
+    auto add = [&](const std::string& group, int32_t size, int64_t count) {
+      sealed[group].first = size;
+      sealed[group].second += count;
+    };
+    for (const ClusterMember& member : *members) {
+      if (member.id == cluster->self().id) {
+        absl::StatusOr<PoolStats> stats = store_->GetPool(pool);
+        if (!stats.ok()) {
+          everyone = false;
+          break;
+        }
+        for (const GroupShareStats& g : stats->incomplete_groups) {
+          add(g.group_id, g.group_size, g.num_sealed);
+        }
+        continue;
+      }
+      absl::StatusOr<v1::PoolInfo> share = cluster->GetPoolOf(member, pool);
+      if (absl::IsNotFound(share.status())) continue;  // holds none of the pool
+      if (!share.ok()) {
+        everyone = false;  // a member away may hold the missing samples
+        break;
+      }
+      for (const v1::GroupShare& g : share->incomplete_group_shares()) {
+        add(g.group_id(), g.group_size(), g.num_sealed());
+      }
+    }
+    if (!everyone) continue;
+    std::vector<std::string> doomed;
+    for (const std::string& group : candidates) {
+      auto it = sealed.find(group);
+      if (it != sealed.end() && it->second.second < it->second.first) doomed.push_back(group);
+    }
+    absl::StatusOr<DropResult> dropped = store_->DropGroups(pool, doomed);
+    if (dropped.ok() && dropped->groups > 0) {
+      spdlog::warn("rollpackd: pool \"{}\": dropped {} groups ({} samples held here) still "
+                   "incomplete over the cluster after incomplete_group_timeout_ms",
+                   pool, dropped->groups, dropped->group_samples);
     }
   }
 }

@@ -78,14 +78,22 @@ grpc::ServerUnaryReactor* MemberService::ListFreeSamples(grpc::CallbackServerCon
                                                          const v1::ListFreeSamplesRequest* request,
                                                          v1::FreeSamples* response) {
   const std::vector<std::string> ids = Ids(request->sample_ids());
-  absl::StatusOr<SampleStore::SampleListing> listing =
-      store_->ListSamples(request->pool(), ids, request->limit());
+  absl::StatusOr<SampleStore::SampleListing> listing = store_->ListSamples(
+      request->pool(), ids, request->all_with_metadata() ? -1 : request->limit());
   if (listing.ok()) {
     for (const std::string& id : listing->sample_ids) response->add_sample_ids(id);
     response->mutable_num_tokens()->Assign(listing->num_tokens.begin(), listing->num_tokens.end());
     response->mutable_arrival_unix_nanos()->Assign(listing->arrival_unix_nanos.begin(),
                                                    listing->arrival_unix_nanos.end());
     for (bool free : listing->free) response->add_free(free);
+    // Asked for, or explicit ids (their groups and versions are checked).
+    if (request->all_with_metadata() || !ids.empty()) {
+      for (const std::string& group : listing->group_ids) response->add_group_ids(group);
+      response->mutable_group_sizes()->Assign(listing->group_sizes.begin(),
+                                              listing->group_sizes.end());
+      response->mutable_policy_versions()->Assign(listing->policy_versions.begin(),
+                                                  listing->policy_versions.end());
+    }
   }
   return Finish(context, listing.status());
 }
@@ -95,7 +103,7 @@ grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext
                                                      v1::HoldSamplesResponse*) {
   return Finish(context, store_->Hold(request->step_id(), request->pool(),
                                       Ids(request->sample_ids()), request->coordinator(),
-                                      request->attempt()));
+                                      request->attempt(), request->reuse_samples()));
 }
 
 grpc::ServerUnaryReactor* MemberService::ConfirmHold(grpc::CallbackServerContext* context,
@@ -119,6 +127,7 @@ grpc::ServerUnaryReactor* MemberService::ReleaseHold(grpc::CallbackServerContext
   absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(request->step_id());
   if (released.ok()) {
     response->set_released_samples(released->released_samples);
+    response->set_returned_samples(released->returned_samples);
     response->set_freed_bytes(released->freed_bytes);
   }
   return Finish(context, released.status());

@@ -26,6 +26,9 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
   grpc::ServerUnaryReactor* ReleaseStep(grpc::CallbackServerContext* context,
                                         const v1::ReleaseStepRequest* request,
                                         v1::ReleaseStepResponse* response) override;
+  grpc::ServerUnaryReactor* SetPolicyVersion(grpc::CallbackServerContext* context,
+                                             const v1::SetPolicyVersionRequest* request,
+                                             v1::PoolInfo* response) override;
 
  private:
   StepDirectory* const steps_;

@@ -8,6 +8,7 @@
 #include "scheduler/model_spec.h"
 #include "server/store/convert.h"
 #include "server/store/names.h"
+#include "server/store/pool_info.h"
 
 namespace rollpack {
 namespace {
@@ -41,19 +42,32 @@ grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerCon
       return reactor;
     }
   }
-  absl::StatusOr<bool> created = RegisterHere(request->pool(), FromProto(request->model()));
+  std::optional<PoolOptions> options;
+  if (request->has_options()) {
+    absl::StatusOr<PoolOptions> parsed = FromProto(request->options());
+    if (!parsed.ok()) {
+      reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("pool \"", request->pool(), "\": ", parsed.status().message()))));
+      return reactor;
+    }
+    options = *parsed;
+  }
+  absl::StatusOr<bool> created = RegisterHere(request->pool(), FromProto(request->model()), options);
   if (created.ok()) {
     response->set_created(*created);
     *response->mutable_model() = request->model();
+    absl::StatusOr<PoolOptions> held = store_->GetOptions(request->pool());
+    if (held.ok()) *response->mutable_options() = ToProto(*held);
   }
   reactor->Finish(ToGrpcStatus(created.status()));
   return reactor;
 }
 
 absl::StatusOr<bool> RolloutsService::RegisterHere(const std::string& pool,
-                                                   const ModelSpec& model) {
+                                                   const ModelSpec& model,
+                                                   const std::optional<PoolOptions>& options) {
   Cluster* const cluster = cluster_.load();
-  if (!cluster_mode_) return store_->RegisterModel(pool, model);
+  if (!cluster_mode_) return store_->RegisterModel(pool, model, options);
   if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
   // Checked before anything is fixed for the whole cluster.
   RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
@@ -66,7 +80,16 @@ absl::StatusOr<bool> RolloutsService::RegisterHere(const std::string& pool,
         "\" with another spec in cluster \"", cluster->options().name,
         "\"; a pool holds one model"));
   }
-  RETURN_IF_ERROR(store_->RegisterModel(pool, model));
+  // The first registration fixes the options for the whole cluster.
+  ASSIGN_OR_RETURN(PoolOptions held_options,
+                   cluster->FixPoolOptions(pool, options.value_or(PoolOptions{})));
+  if (options.has_value() && held_options != *options) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool \"", pool, "\" was registered with other options (",
+        ToProto(held_options).ShortDebugString(), ") in cluster \"", cluster->options().name,
+        "\"; a pool's options are fixed"));
+  }
+  RETURN_IF_ERROR(store_->RegisterModel(pool, model, held_options));
   return created;
 }
 
@@ -114,20 +137,8 @@ grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* 
 
 absl::StatusOr<v1::PoolInfo> RolloutsService::LocalPool(const std::string& pool) const {
   ASSIGN_OR_RETURN(PoolStats stats, store_->GetPool(pool));
-  v1::PoolInfo info;
-  info.set_pool(stats.pool);
-  *info.mutable_model() = ToProto(stats.model);
-  info.set_num_samples(stats.num_samples);
-  info.set_num_free_samples(stats.num_free_samples);
-  info.set_num_live_steps(stats.num_live_steps);
-  info.set_stored_bytes(stats.stored_bytes);
-  for (const auto& [name, field] : stats.token_fields) {
-    (*info.mutable_token_field_dtypes())[name] = field.dtype;
-  }
-  const StoreStats store = store_->Stats();
-  info.set_server_stored_bytes(store.stored_bytes);
-  info.set_server_max_memory_bytes(store.max_memory_bytes);
-  return info;
+  // A member's answer carries its incomplete groups for the one summing.
+  return PoolInfoToProto(stats, store_->Stats(), /*group_shares=*/cluster_mode_);
 }
 
 absl::Status RolloutsService::ClusterPool(const std::string& pool, v1::PoolInfo* response) {
@@ -143,33 +154,11 @@ absl::Status RolloutsService::ClusterPool(const std::string& pool, v1::PoolInfo*
   response->set_pool(pool);
   *response->mutable_model() = ToProto(*model);
   for (const ClusterMember& member : members) {
-    v1::MemberPoolInfo* share = response->add_members();
-    share->set_member(member.id);
-    absl::StatusOr<v1::PoolInfo> info = member.id == cluster->self().id
-                                             ? LocalPool(pool)
-                                             : cluster->GetPoolOf(member, pool);
-    if (absl::IsNotFound(info.status())) continue;  // no sample of the pool there yet
-    if (!info.ok()) {
-      share->set_error(std::string(info.status().message()));
-      continue;
-    }
-    share->set_num_samples(info->num_samples());
-    share->set_num_free_samples(info->num_free_samples());
-    share->set_stored_bytes(info->stored_bytes());
-    share->set_server_stored_bytes(info->server_stored_bytes());
-    share->set_server_max_memory_bytes(info->server_max_memory_bytes());
-    response->set_num_samples(response->num_samples() + info->num_samples());
-    response->set_num_free_samples(response->num_free_samples() + info->num_free_samples());
-    response->set_num_live_steps(response->num_live_steps() + info->num_live_steps());
-    response->set_stored_bytes(response->stored_bytes() + info->stored_bytes());
-    response->set_server_stored_bytes(response->server_stored_bytes() +
-                                      info->server_stored_bytes());
-    response->set_server_max_memory_bytes(response->server_max_memory_bytes() +
-                                          info->server_max_memory_bytes());
-    for (const auto& [name, dtype] : info->token_field_dtypes()) {
-      (*response->mutable_token_field_dtypes())[name] = dtype;
-    }
+    AddPoolShare(member.id,
+                 member.id == cluster->self().id ? LocalPool(pool) : cluster->GetPoolOf(member, pool),
+                 response);
   }
+  FinishPoolShares(response);
   return absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 #ifndef ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
 #define ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
 
+#include <optional>
 #include <atomic>
 #include <memory>
 
@@ -43,7 +44,9 @@ class RolloutsService final
  private:
   // RegisterModel: in cluster mode the pool's model is fixed cluster-wide
   // first (etcd), then here.
-  absl::StatusOr<bool> RegisterHere(const std::string& pool, const ModelSpec& model);
+  // `options`: nullopt when the request had none (see RegisterModel).
+  absl::StatusOr<bool> RegisterHere(const std::string& pool, const ModelSpec& model,
+                                    const std::optional<PoolOptions>& options);
   // This server's share of a pool (a single server's whole GetPool).
   absl::StatusOr<v1::PoolInfo> LocalPool(const std::string& pool) const;
   // The whole cluster's share of a pool (GetPool without local_only).

@@ -84,6 +84,7 @@ class SampleValidator {
     out.sample_id = sample_.sample_id();
     out.group_id = sample_.group_id();
     out.policy_version = sample_.policy_version();
+    RETURN_IF_ERROR(ConvertGroup(out));
     out.scalars.insert(sample_.scalars().begin(), sample_.scalars().end());
 
     RETURN_IF_ERROR(ConvertTokens(out));
@@ -95,6 +96,25 @@ class SampleValidator {
  private:
   absl::Status Invalid(absl::string_view message) const {
     return absl::InvalidArgumentError(absl::StrCat(who_, message));
+  }
+
+  absl::Status ConvertGroup(StoredSample& out) {
+    if (sample_.partial() || sample_.piece() != 0) {
+      // lifecycle.md section 5 is not built yet: refused rather than stored
+      // as if sealed (docs/producer.md says so).
+      return absl::UnimplementedError(absl::StrCat(
+          who_, "rollouts in pieces (partial ", sample_.partial() ? "true" : "false", ", piece ",
+          sample_.piece(), ") are not supported by this server yet; send the whole sample"));
+    }
+    if (sample_.group_size() < 0) {
+      return Invalid(absl::StrCat("group_size is ", sample_.group_size(), ", must be >= 0"));
+    }
+    if (sample_.group_size() > 0 && sample_.group_id().empty()) {
+      return Invalid(absl::StrCat("group_size is ", sample_.group_size(),
+                                  " but group_id is empty; a group needs an id"));
+    }
+    out.group_size = sample_.group_size();
+    return absl::OkStatus();
   }
 
   absl::Status ConvertTokens(StoredSample& out) {

@@ -117,6 +117,21 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, SampleStore* store)
       pool_free_samples_(registry->AddGauge("rollpack_pool_free_samples",
                                             "Samples in no live step, by pool.")),
       pool_live_steps_(registry->AddGauge("rollpack_pool_live_steps", "Live steps, by pool.")),
+      pool_complete_groups_(registry->AddGauge(
+          "rollpack_pool_complete_groups", "Groups with all their samples stored, by pool.")),
+      pool_incomplete_groups_(registry->AddGauge(
+          "rollpack_pool_incomplete_groups", "Groups still missing samples, by pool.")),
+      pool_policy_version_(registry->AddGauge(
+          "rollpack_pool_policy_version", "The trainer's policy version last reported, by pool.")),
+      pool_stale_samples_(registry->AddGauge(
+          "rollpack_pool_stale_samples",
+          "Free samples older than the policy version minus max_staleness, by pool.")),
+      pool_stale_dropped_(registry->AddGauge(
+          "rollpack_pool_stale_dropped_samples",
+          "Samples deleted as stale (drop_stale) since the pool was created, by pool.")),
+      pool_incomplete_groups_dropped_(registry->AddGauge(
+          "rollpack_pool_incomplete_groups_dropped",
+          "Groups deleted for staying incomplete past incomplete_group_timeout_ms, by pool.")),
       steps_created_(registry->AddCounter("rollpack_steps_created_total",
                                           "Steps created (planned), by pool.")),
       steps_released_(registry->AddCounter("rollpack_steps_released_total", "Steps released.")),
@@ -254,6 +269,13 @@ void ServerMetrics::Collect() {
     pool_samples_.Add(l).Set(static_cast<double>(p->num_samples));
     pool_free_samples_.Add(l).Set(static_cast<double>(p->num_free_samples));
     pool_live_steps_.Add(l).Set(static_cast<double>(p->num_live_steps));
+    pool_complete_groups_.Add(l).Set(static_cast<double>(p->num_complete_groups));
+    pool_incomplete_groups_.Add(l).Set(static_cast<double>(p->num_incomplete_groups));
+    pool_policy_version_.Add(l).Set(static_cast<double>(p->policy_version));
+    pool_stale_samples_.Add(l).Set(static_cast<double>(p->num_stale_samples));
+    pool_stale_dropped_.Add(l).Set(static_cast<double>(p->num_stale_dropped));
+    pool_incomplete_groups_dropped_.Add(l).Set(
+        static_cast<double>(p->num_incomplete_groups_dropped));
   }
 }
 

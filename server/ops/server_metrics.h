@@ -58,6 +58,13 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>& pool_samples_;
   metrics::Family<metrics::Gauge>& pool_free_samples_;
   metrics::Family<metrics::Gauge>& pool_live_steps_;
+  // The sample lifecycle (docs/lifecycle.md), mirrored from the store.
+  metrics::Family<metrics::Gauge>& pool_complete_groups_;
+  metrics::Family<metrics::Gauge>& pool_incomplete_groups_;
+  metrics::Family<metrics::Gauge>& pool_policy_version_;
+  metrics::Family<metrics::Gauge>& pool_stale_samples_;
+  metrics::Family<metrics::Gauge>& pool_stale_dropped_;
+  metrics::Family<metrics::Gauge>& pool_incomplete_groups_dropped_;
   metrics::Family<metrics::Counter>& steps_created_;
   metrics::Family<metrics::Counter>& steps_released_;
   metrics::Family<metrics::Counter>& released_samples_;

@@ -162,12 +162,81 @@ v1::StepInfo StepInfoToProto(const Step& step) {
   out.set_num_microbatches(static_cast<int>(step.plan.microbatches.size()));
   *out.mutable_topology() = ToProto(step.topology);
   *out.mutable_stats() = ToProto(step.plan.stats);
+  out.set_num_tokens(step.plan.stats.num_tokens);
+  out.set_num_groups(step.num_groups);
+  out.set_reuse_samples(step.reuse_samples);
   for (const PipelineStage& stage : step.layout.pipeline().stages()) {
     v1::PipelineStageLayers* s = out.add_stage_layers();
     s->set_pp_rank(stage.pp_rank);
     s->mutable_layers()->Assign(stage.layers.begin(), stage.layers.end());
     s->mutable_replay_layers()->Assign(stage.replay_layers.begin(), stage.replay_layers.end());
   }
+  return out;
+}
+
+absl::StatusOr<PoolOptions> FromProto(const v1::PoolOptions& options) {
+  auto negative = [](absl::string_view field, int64_t value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.", field, " is ", value, ", must be >= 0"));
+  };
+  if (options.default_group_size() < 0) {
+    return negative("default_group_size", options.default_group_size());
+  }
+  if (options.has_max_staleness() && options.max_staleness() < 0) {
+    return negative("max_staleness", options.max_staleness());
+  }
+  if (options.max_uses() < 0) return negative("max_uses", options.max_uses());
+  if (options.incomplete_group_timeout_ms() < 0) {
+    return negative("incomplete_group_timeout_ms", options.incomplete_group_timeout_ms());
+  }
+  if (options.drop_stale() && !options.has_max_staleness()) {
+    return absl::InvalidArgumentError(
+        "options.drop_stale needs options.max_staleness (which samples are stale)");
+  }
+  PoolOptions out;
+  out.default_group_size = options.default_group_size();
+  if (options.has_max_staleness()) out.max_staleness = options.max_staleness();
+  out.drop_stale = options.drop_stale();
+  out.max_uses = options.max_uses();
+  out.incomplete_group_timeout_ms = options.incomplete_group_timeout_ms();
+  return out;
+}
+
+v1::PoolOptions ToProto(const PoolOptions& options) {
+  v1::PoolOptions out;
+  out.set_default_group_size(options.default_group_size);
+  if (options.max_staleness.has_value()) out.set_max_staleness(*options.max_staleness);
+  out.set_drop_stale(options.drop_stale);
+  out.set_max_uses(options.max_uses);
+  out.set_incomplete_group_timeout_ms(options.incomplete_group_timeout_ms);
+  return out;
+}
+
+absl::StatusOr<SelectionRequest> SelectionFromProto(const v1::CreateStepRequest& request) {
+  const std::string who = absl::StrCat("step \"", request.step_id(), "\": ");
+  auto negative = [&](absl::string_view field, int64_t value) {
+    return absl::InvalidArgumentError(absl::StrCat(who, field, " is ", value, ", must be >= 0"));
+  };
+  if (request.num_samples() < 0) return negative("num_samples", request.num_samples());
+  if (request.num_groups() < 0) return negative("num_groups", request.num_groups());
+  if (request.num_tokens() < 0) return negative("num_tokens", request.num_tokens());
+  if (request.policy_version() < 0) return negative("policy_version", request.policy_version());
+  if (request.has_max_staleness() && request.max_staleness() < 0) {
+    return negative("max_staleness", request.max_staleness());
+  }
+  if (request.selection() != v1::OLDEST && request.selection() != v1::NEWEST_VERSION) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, "selection ", static_cast<int>(request.selection()), " is not a SampleSelection"));
+  }
+  SelectionRequest out;
+  out.num_samples = request.num_samples();
+  out.num_groups = request.num_groups();
+  out.num_tokens = request.num_tokens();
+  out.whole_groups = request.whole_groups();
+  out.policy_version = request.policy_version();
+  if (request.has_max_staleness()) out.max_staleness = request.max_staleness();
+  out.order = request.selection() == v1::NEWEST_VERSION ? SelectionOrder::kNewestVersion
+                                                         : SelectionOrder::kOldest;
   return out;
 }
 

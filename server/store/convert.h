@@ -10,13 +10,23 @@
 #include "rollpack/v1/scheduler.pb.h"
 #include "scheduler/model_spec.h"
 #include "scheduler/plan.h"
+#include "scheduler/sample_selection.h"
 #include "scheduler/topology.h"
+#include "server/store/pool_options.h"
 #include "server/store/step.h"
 
 namespace rollpack {
 
 ModelSpec FromProto(const v1::ModelSpec& spec);
 v1::ModelSpec ToProto(const ModelSpec& spec);
+
+// INVALID_ARGUMENT naming a negative option.
+absl::StatusOr<PoolOptions> FromProto(const v1::PoolOptions& options);
+v1::PoolOptions ToProto(const PoolOptions& options);
+
+// The sample selection of a CreateStepRequest (its amounts, staleness,
+// order); INVALID_ARGUMENT naming a negative amount or bound.
+absl::StatusOr<SelectionRequest> SelectionFromProto(const v1::CreateStepRequest& request);
 
 // Sizes of 0 mean 1; unset sequence_parallel means true;
 // microbatch_group_size 0 means pp when vpp > 1, else 1; a cost model with

@@ -69,10 +69,15 @@ enum class RecordType : uint8_t {
   kReleaseStep = 4,    // v1::ReleaseStepRequest (a step or a hold)
   kHoldSamples = 5,    // v1::HoldSamplesRequest (cluster mode)
   kDropHold = 6,       // v1::StepHoldRequest (cluster mode)
+  // The sample lifecycle (../shared/spec/lifecycle.md):
+  kPutGroupedSamples = 7,  // kPutSamples with group sizes (log_records.h)
+  kSetPolicyVersion = 8,   // v1::SetPolicyVersionRequest (sets; drops are kDropSamples)
+  kDropSamples = 9,        // v1::DroppedSamplesRecord
+  kSampleUses = 10,        // v1::SampleUsesRecord (written by compaction)
 };
 // Types 5 and 6 appear only in a cluster member's log; a rollpackd older
 // than them refuses such a log as corrupt rather than misreading it.
-inline constexpr int kMaxRecordType = 6;
+inline constexpr int kMaxRecordType = 10;
 
 // u32 payload length, u32 crc32c(type, payload), u8 type, u32 crc32c of
 // these 9 bytes (format version 2).

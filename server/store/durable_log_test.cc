@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/durable_store.h"
 #include "testing/synthetic_rollouts.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -64,42 +65,6 @@ Topology SmallTopology() {
   t.dp = 2;
   t.max_tokens_per_rank = 2048;
   return t;
-}
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/rollpack_durable_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// A store over the log in `dir`, recovered from it.
-struct Durable {
-  std::unique_ptr<DurableLog> log;
-  std::unique_ptr<SampleStore> store;
-  RecoveryInfo info;
-};
-
-absl::StatusOr<Durable> OpenDurable(const std::string& dir, int64_t compact_min_dead_bytes = 1 << 30,
-                                    int64_t max_memory = int64_t{1} << 32) {
-  DurableLogOptions options;
-  options.dir = dir;
-  options.compact_min_dead_bytes = compact_min_dead_bytes;
-  std::vector<LogRecord> records;
-  Durable d;
-  absl::StatusOr<std::unique_ptr<DurableLog>> log = DurableLog::Open(options, &records, &d.info);
-  if (!log.ok()) return log.status();
-  d.store = std::make_unique<SampleStore>(max_memory);
-  if (absl::Status s = ReplayLog(records, d.store.get()); !s.ok()) return s;
-  d.log = *std::move(log);
-  d.store->AttachLog(d.log.get());
-  return d;
 }
 
 // Everything observable of a step that trainers depend on.

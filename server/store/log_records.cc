@@ -58,7 +58,7 @@ class Reader {
   absl::string_view in_;
 };
 
-void EncodeSample(const StoredSample& s, Writer* w) {
+void EncodeSample(const StoredSample& s, RecordType type, Writer* w) {
   w->Bytes(s.sample_id);
   w->Bytes(s.group_id);
   w->U64(static_cast<uint64_t>(s.policy_version));
@@ -81,9 +81,10 @@ void EncodeSample(const StoredSample& s, Writer* w) {
     std::memcpy(&bits, &value, sizeof(bits));
     w->U64(bits);
   }
+  if (type == RecordType::kPutGroupedSamples) w->U32(static_cast<uint32_t>(s.group_size));
 }
 
-bool DecodeSample(Reader* r, StoredSample* s) {
+bool DecodeSample(Reader* r, RecordType type, StoredSample* s) {
   uint64_t u64;
   uint32_t count;
   std::string bytes;
@@ -116,12 +117,32 @@ bool DecodeSample(Reader* r, StoredSample* s) {
     std::memcpy(&value, &u64, sizeof(value));
     s->scalars.emplace(std::move(name), value);
   }
+  if (type == RecordType::kPutGroupedSamples) {
+    uint32_t group_size;
+    if (!r->U32(&group_size) || group_size > 0x7fffffffu) return false;
+    s->group_size = static_cast<int32_t>(group_size);
+  }
   return true;
 }
 
 }  // namespace
 
-std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample* const> samples) {
+RecordType SamplesRecordType(absl::Span<const StoredSample* const> samples) {
+  for (const StoredSample* s : samples) {
+    if (s->group_size != 0) return RecordType::kPutGroupedSamples;
+  }
+  return RecordType::kPutSamples;
+}
+
+RecordType SamplesRecordType(absl::Span<const StoredSample> samples) {
+  for (const StoredSample& s : samples) {
+    if (s.group_size != 0) return RecordType::kPutGroupedSamples;
+  }
+  return RecordType::kPutSamples;
+}
+
+std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample* const> samples,
+                          RecordType type) {
   std::string out;
   int64_t size = 16 + static_cast<int64_t>(pool.size());
   for (const StoredSample* s : samples) size += EncodedSampleBytes(*s);
@@ -129,19 +150,22 @@ std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample*
   Writer w(&out);
   w.Bytes(pool);
   w.U32(static_cast<uint32_t>(samples.size()));
-  for (const StoredSample* s : samples) EncodeSample(*s, &w);
+  for (const StoredSample* s : samples) EncodeSample(*s, type, &w);
   return out;
 }
 
-std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples) {
+std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples,
+                          RecordType type) {
   std::vector<const StoredSample*> ptrs;
   ptrs.reserve(samples.size());
   for (const StoredSample& s : samples) ptrs.push_back(&s);
-  return EncodeSamples(pool, absl::MakeConstSpan(ptrs));
+  return EncodeSamples(pool, absl::MakeConstSpan(ptrs), type);
 }
 
 int64_t EncodedSampleBytes(const StoredSample& s) {
-  int64_t n = 8 * 6 + 8 + static_cast<int64_t>(s.sample_id.size() + s.group_id.size() +
+  // The group size's 4 bytes counted always: an upper bound is what the
+  // log's dead-byte accounting needs.
+  int64_t n = 8 * 6 + 8 + 4 + static_cast<int64_t>(s.sample_id.size() + s.group_id.size() +
                                                s.tokens.size() * 4 + s.experts.size() +
                                                s.row_valid.size());
   for (const auto& [name, field] : s.token_fields) {
@@ -152,13 +176,13 @@ int64_t EncodedSampleBytes(const StoredSample& s) {
 }
 
 absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
-                           std::vector<StoredSample>* samples) {
+                           std::vector<StoredSample>* samples, RecordType type) {
   Reader r(payload);
   uint32_t count;
   if (!r.Bytes(pool) || !r.U32(&count)) return absl::DataLossError("truncated samples record");
   for (uint32_t i = 0; i < count; ++i) {
     StoredSample s;
-    if (!DecodeSample(&r, &s)) {
+    if (!DecodeSample(&r, type, &s)) {
       return absl::DataLossError(absl::StrCat("samples record: sample ", i, " does not decode"));
     }
     samples->push_back(std::move(s));
@@ -167,10 +191,21 @@ absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
   return absl::OkStatus();
 }
 
-std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model) {
+std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model,
+                                const PoolOptions& options) {
   v1::RegisterModelRequest request;
   request.set_pool(pool);
   *request.mutable_model() = ToProto(model);
+  // Default options are left out: such a record is byte-identical to one
+  // written before pools had options.
+  if (options != PoolOptions{}) *request.mutable_options() = ToProto(options);
+  return request.SerializeAsString();
+}
+
+std::string EncodeSetPolicyVersion(const std::string& pool, int64_t policy_version) {
+  v1::SetPolicyVersionRequest request;
+  request.set_pool(pool);
+  request.set_policy_version(policy_version);
   return request.SerializeAsString();
 }
 
@@ -180,6 +215,7 @@ std::string EncodeCreateStep(const Step& step) {
   request.set_pool(step.pool);
   for (const std::string& id : step.sample_ids) request.add_sample_ids(id);
   *request.mutable_topology() = ToProto(step.topology);
+  request.set_reuse_samples(step.reuse_samples);
   return request.SerializeAsString();
 }
 
@@ -191,13 +227,15 @@ std::string EncodeReleaseStep(const std::string& step_id) {
 
 std::string EncodeHoldSamples(const std::string& step_id, const std::string& pool,
                               absl::Span<const std::string> sample_ids,
-                              const std::string& coordinator, int64_t attempt) {
+                              const std::string& coordinator, int64_t attempt,
+                              bool reuse_samples) {
   v1::HoldSamplesRequest request;
   request.set_step_id(step_id);
   request.set_pool(pool);
   for (const std::string& id : sample_ids) request.add_sample_ids(id);
   request.set_coordinator(coordinator);
   request.set_attempt(attempt);
+  request.set_reuse_samples(reuse_samples);
   return request.SerializeAsString();
 }
 

@@ -11,26 +11,38 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "scheduler/model_spec.h"
+#include "server/store/durable_log.h"
+#include "server/store/pool_options.h"
 #include "server/store/step.h"
 #include "server/store/stored_sample.h"
 
 namespace rollpack {
 
-std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples);
+// kPutSamples, or kPutGroupedSamples when a sample has a group size (so a
+// log without groups stays readable by older servers).
+RecordType SamplesRecordType(absl::Span<const StoredSample* const> samples);
+RecordType SamplesRecordType(absl::Span<const StoredSample> samples);
+std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples,
+                          RecordType type = RecordType::kPutSamples);
 std::string EncodeSamples(absl::string_view pool,
-                          absl::Span<const StoredSample* const> samples);
+                          absl::Span<const StoredSample* const> samples,
+                          RecordType type = RecordType::kPutSamples);
 absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
-                           std::vector<StoredSample>* samples);
+                           std::vector<StoredSample>* samples,
+                           RecordType type = RecordType::kPutSamples);
 // Bytes one sample takes in a kPutSamples payload.
 int64_t EncodedSampleBytes(const StoredSample& sample);
 
-std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model);
+std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model,
+                                const PoolOptions& options);
+std::string EncodeSetPolicyVersion(const std::string& pool, int64_t policy_version);
 // Resolved sample ids in the step's order and its normalised topology.
 std::string EncodeCreateStep(const Step& step);
 std::string EncodeReleaseStep(const std::string& step_id);
 std::string EncodeHoldSamples(const std::string& step_id, const std::string& pool,
                               absl::Span<const std::string> sample_ids,
-                              const std::string& coordinator, int64_t attempt);
+                              const std::string& coordinator, int64_t attempt,
+                              bool reuse_samples);
 std::string EncodeDropHold(const std::string& step_id);
 
 }  // namespace rollpack

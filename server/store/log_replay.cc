@@ -24,13 +24,23 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
           s = absl::DataLossError("RegisterModel record does not parse");
           break;
         }
-        s = store->RegisterModel(request.pool(), FromProto(request.model())).status();
+        std::optional<PoolOptions> options;
+        if (request.has_options()) {
+          absl::StatusOr<PoolOptions> parsed = FromProto(request.options());
+          if (!parsed.ok()) {
+            s = parsed.status();
+            break;
+          }
+          options = *parsed;
+        }
+        s = store->RegisterModel(request.pool(), FromProto(request.model()), options).status();
         break;
       }
-      case RecordType::kPutSamples: {
+      case RecordType::kPutSamples:
+      case RecordType::kPutGroupedSamples: {
         std::string pool;
         std::vector<StoredSample> samples;
-        s = DecodeSamples(record.payload, &pool, &samples);
+        s = DecodeSamples(record.payload, &pool, &samples, record.type);
         if (s.ok()) s = store->Put(pool, std::move(samples)).status();
         break;
       }
@@ -45,8 +55,14 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
           s = topology.status();
           break;
         }
-        const std::vector<std::string> ids(request.sample_ids().begin(), request.sample_ids().end());
-        s = store->CreateStep(request.step_id(), request.pool(), ids, 0, *topology).status();
+        StepRequest step;
+        step.step_id = request.step_id();
+        step.pool = request.pool();
+        step.sample_ids.assign(request.sample_ids().begin(), request.sample_ids().end());
+        step.topology = *topology;
+        step.reuse_samples = request.reuse_samples();
+        step.replay = true;
+        s = store->CreateStep(step).status();
         break;
       }
       case RecordType::kReleaseStep: {
@@ -68,7 +84,34 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
         // Replayed unconfirmed: the member checks it against the cluster's
         // record of steps once it has joined (cluster_steps.h).
         s = store->Hold(request.step_id(), request.pool(), ids, request.coordinator(),
-                        request.attempt());
+                        request.attempt(), request.reuse_samples());
+        break;
+      }
+      case RecordType::kSetPolicyVersion: {
+        v1::SetPolicyVersionRequest request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("SetPolicyVersion record does not parse");
+          break;
+        }
+        s = store->ReplayPolicyVersion(request.pool(), request.policy_version());
+        break;
+      }
+      case RecordType::kDropSamples: {
+        v1::DroppedSamplesRecord request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("DropSamples record does not parse");
+          break;
+        }
+        s = store->ReplayDrop(request);
+        break;
+      }
+      case RecordType::kSampleUses: {
+        v1::SampleUsesRecord request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("SampleUses record does not parse");
+          break;
+        }
+        s = store->ReplayUses(request);
         break;
       }
       case RecordType::kDropHold: {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "server/store/convert.h"
 #include "server/store/durable_log.h"
 #include "server/store/log_records.h"
 #include "server/store/names.h"
@@ -44,7 +45,8 @@ int64_t SampleStore::max_pool_bytes() const {
 }
 
 absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
-                                                const ModelSpec& model) {
+                                                const ModelSpec& model,
+                                                const std::optional<PoolOptions>& options) {
   RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
   RETURN_IF_ERROR(ValidateModelSpec(model));
   int64_t ticket = 0;
@@ -66,11 +68,19 @@ absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
           "pool \"", pool_name, "\" already holds model \"", it->second.model.name,
           "\" with another spec; a pool holds one model"));
     }
-    if (inserted) it->second.model = model;
+    if (!inserted && options.has_value() && it->second.options != *options) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pool \"", pool_name, "\" was registered with other options (",
+          ToProto(it->second.options).ShortDebugString(), "); a pool's options are fixed"));
+    }
+    if (inserted) {
+      it->second.model = model;
+      it->second.options = options.value_or(PoolOptions{});
+    }
     if (log_ == nullptr) return inserted;
     if (inserted) {
-      absl::StatusOr<int64_t> written =
-          log_->Append(RecordType::kRegisterModel, EncodeRegisterModel(pool_name, model));
+      absl::StatusOr<int64_t> written = log_->Append(
+          RecordType::kRegisterModel, EncodeRegisterModel(pool_name, model, it->second.options));
       if (!written.ok()) {
         pools_.erase(it);
         return written.status();
@@ -107,11 +117,11 @@ void SampleStore::SetPoolResolver(PoolResolver resolver) {
 absl::StatusOr<ModelSpec> SampleStore::GetOrAdoptModel(const std::string& pool) {
   absl::StatusOr<ModelSpec> model = GetModel(pool);
   if (model.ok() || !absl::IsNotFound(model.status()) || !pool_resolver_) return model;
-  ASSIGN_OR_RETURN(std::optional<ModelSpec> resolved, pool_resolver_(pool));
+  ASSIGN_OR_RETURN(std::optional<PoolDefinition> resolved, pool_resolver_(pool));
   if (!resolved.has_value()) return model;
   // Another caller may adopt it at the same time: the same model is a no-op.
-  RETURN_IF_ERROR(RegisterModel(pool, *resolved));
-  return *std::move(resolved);
+  RETURN_IF_ERROR(RegisterModel(pool, resolved->model, resolved->options));
+  return std::move(resolved->model);
 }
 
 void SampleStore::SetSchemaResolver(SchemaResolver resolver) {
@@ -181,8 +191,15 @@ absl::StatusOr<PutResult> SampleStore::Put(const std::string& pool_name,
     return PutLocked(pool_name, std::move(samples), std::string(), &unused);
   }
   // Encode outside the lock: the common batch is all new samples.
-  std::string encoded =
-      samples.empty() ? std::string() : EncodeSamples(pool_name, absl::MakeConstSpan(samples));
+  // Default group sizes are applied under the lock: such a batch is
+  // re-encoded there (PutLocked).
+  const bool defaults_apply = std::any_of(samples.begin(), samples.end(), [](const StoredSample& s) {
+    return s.group_size == 0 && !s.group_id.empty();
+  });
+  std::string encoded = samples.empty() || defaults_apply
+                            ? std::string()
+                            : EncodeSamples(pool_name, absl::MakeConstSpan(samples),
+                                            SamplesRecordType(absl::MakeConstSpan(samples)));
   int64_t ticket = 0;
   absl::StatusOr<PutResult> result =
       PutLocked(pool_name, std::move(samples), std::move(encoded), &ticket);
@@ -213,8 +230,12 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
   PutResult result;
   std::vector<bool> is_new(samples.size(), false);
   absl::flat_hash_map<std::string, size_t> batch_index;
+  absl::flat_hash_map<std::string, int32_t> batch_group_counts;
   int64_t new_bytes = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i].group_size == 0 && !samples[i].group_id.empty()) {
+      samples[i].group_size = pool.options.default_group_size;
+    }
     const StoredSample& sample = samples[i];
     RETURN_IF_ERROR(CheckSchema(pool, sample, &batch_schema));
     auto stored = pool.samples.find(sample.sample_id);
@@ -236,6 +257,8 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
       ++result.duplicates;
       continue;
     }
+    RETURN_IF_ERROR(CheckGroup(pool, sample, batch_group_counts));
+    if (sample.grouped()) ++batch_group_counts[sample.group_id];
     is_new[i] = true;
     new_bytes += sample.MemoryBytes();
   }
@@ -254,18 +277,21 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
   if (log_ != nullptr) {
     // Written under the lock so the log's order is the store's order.
     const bool all_new = std::find(is_new.begin(), is_new.end(), false) == is_new.end();
-    if (!all_new) {
-      std::vector<const StoredSample*> fresh;
-      for (size_t i = 0; i < samples.size(); ++i) {
-        if (is_new[i]) fresh.push_back(&samples[i]);
-      }
+    std::vector<const StoredSample*> fresh;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      if (is_new[i]) fresh.push_back(&samples[i]);
+    }
+    const RecordType type = SamplesRecordType(absl::MakeConstSpan(fresh));
+    // Re-encoded when some are duplicates or Put could not encode them
+    // (defaults applied here).
+    if (!all_new || encoded.empty()) {
       encoded = fresh.empty() ? std::string()
-                              : EncodeSamples(pool_name, absl::MakeConstSpan(fresh));
+                              : EncodeSamples(pool_name, absl::MakeConstSpan(fresh), type);
     }
     if (encoded.empty()) {
       *ticket = log_->written();
     } else {
-      ASSIGN_OR_RETURN(int64_t written, log_->Append(RecordType::kPutSamples, encoded));
+      ASSIGN_OR_RETURN(int64_t written, log_->Append(type, encoded));
       *ticket = written;
     }
   }
@@ -283,6 +309,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     pool.free_by_arrival.emplace(arrival, id);
     pool.arrival_of.emplace(id, arrival);
     pool.arrival_unix_nanos.emplace(id, now_nanos);
+    AddToGroup(pool, samples[i], now_nanos);
     pool.samples.emplace(std::move(id), std::make_shared<const StoredSample>(std::move(samples[i])));
     pool.stored_bytes += bytes;
     stored_bytes_ += bytes;
@@ -299,16 +326,7 @@ absl::StatusOr<PoolStats> SampleStore::GetPool(const std::string& pool_name) con
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
   }
-  const Pool& pool = it->second;
-  PoolStats stats;
-  stats.pool = pool_name;
-  stats.model = pool.model;
-  stats.num_samples = static_cast<int64_t>(pool.samples.size());
-  stats.num_free_samples = static_cast<int64_t>(pool.free_by_arrival.size());
-  stats.num_live_steps = pool.live_steps;
-  stats.stored_bytes = pool.stored_bytes;
-  stats.token_fields = pool.schema;
-  return stats;
+  return StatsLocked(pool_name, it->second);
 }
 
 StoreStats SampleStore::Stats() const {
@@ -324,13 +342,30 @@ StoreStats SampleStore::Stats() const {
 absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
     const std::string& step_id, const std::string& pool_name,
     absl::Span<const std::string> sample_ids, int num_samples, const Topology& topology) {
-  RETURN_IF_ERROR(
-      ValidateCreateStep(step_id, pool_name, !sample_ids.empty(), num_samples, topology));
+  StepRequest request;
+  request.step_id = step_id;
+  request.pool = pool_name;
+  request.sample_ids.assign(sample_ids.begin(), sample_ids.end());
+  request.selection.num_samples = num_samples;
+  request.topology = topology;
+  return CreateStep(request);
+}
+
+absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRequest& request) {
+  RETURN_IF_ERROR(ValidateCreateStep(request));
+  const std::string& step_id = request.step_id;
+  const std::string& pool_name = request.pool;
+  // The trainer's version, when it says one, is recorded first (and drops
+  // what it makes stale, with drop_stale), like SetPolicyVersion.
+  if (request.selection.policy_version > 0 && !request.replay) {
+    RETURN_IF_ERROR(SetPolicyVersion(pool_name, request.selection.policy_version).status());
+  }
 
   // Reserve the samples under the lock, plan without it (step_builder.h).
   ModelSpec model;
   std::vector<std::shared_ptr<const StoredSample>> samples;
   std::vector<std::pair<uint64_t, std::string>> reserved;
+  int32_t num_groups = 0;
   {
     absl::MutexLock lock(&mu_);
     if (steps_.contains(step_id) || pending_steps_.contains(step_id) || holds_.contains(step_id)) {
@@ -342,19 +377,36 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
     }
     Pool& pool = pool_it->second;
     model = pool.model;
-    if (!sample_ids.empty()) {
-      RETURN_IF_ERROR(CheckFree(pool, pool_name, step_id, sample_ids));
-      for (const std::string& id : sample_ids) samples.push_back(pool.samples.at(id));
+    const SelectionRequest selection = Effective(pool, request.selection);
+    const std::string what = absl::StrCat("step \"", step_id, "\": pool \"", pool_name, "\"");
+    if (!request.sample_ids.empty()) {
+      RETURN_IF_ERROR(CheckFree(pool, pool_name, step_id, request.sample_ids));
+      std::vector<SampleCandidate> chosen;
+      for (const std::string& id : request.sample_ids) {
+        samples.push_back(pool.samples.at(id));
+        const StoredSample& s = *samples.back();
+        chosen.push_back({s.sample_id, s.num_tokens(), s.policy_version, s.group_id, s.group_size});
+      }
+      if (request.replay) {
+        num_groups = CountCompleteGroups(chosen);
+      } else {
+        ASSIGN_OR_RETURN(num_groups,
+                         CheckExplicitSelection(chosen, selection,
+                                                absl::StrCat("step \"", step_id, "\"")));
+      }
     } else {
-      if (static_cast<int64_t>(pool.free_by_arrival.size()) < num_samples) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step \"", step_id, "\": pool \"", pool_name, "\" has ", pool.free_by_arrival.size(),
-            " free samples, ", num_samples, " requested"));
+      // A plain "oldest N, nothing stale" reads only the first N free
+      // samples (today's cost); any other selection reads every one.
+      const bool plain = selection.num_samples > 0 && !selection.whole_groups &&
+                         selection.order == SelectionOrder::kOldest &&
+                         !(selection.policy_version > 0 && selection.max_staleness.has_value());
+      const std::vector<SampleCandidate> candidates =
+          FreeCandidates(pool, plain ? selection.num_samples : -1);
+      ASSIGN_OR_RETURN(Selection chosen, SelectSamples(candidates, selection, what));
+      for (int32_t i : chosen.chosen) {
+        samples.push_back(pool.samples.at(std::string(candidates[i].sample_id)));
       }
-      for (auto it = pool.free_by_arrival.begin();
-           static_cast<int>(samples.size()) < num_samples; ++it) {
-        samples.push_back(pool.samples.at(it->second));
-      }
+      num_groups = chosen.num_groups;
     }
     for (const auto& sample : samples) {
       const uint64_t arrival = pool.arrival_of.at(sample->sample_id);
@@ -365,7 +417,8 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
   }
 
   absl::StatusOr<std::shared_ptr<const Step>> step =
-      BuildStep(step_id, pool_name, model, topology, std::move(samples));
+      BuildStep(step_id, pool_name, model, request.topology, std::move(samples), num_groups,
+                request.reuse_samples);
 
   int64_t ticket = 0;
   {
@@ -435,14 +488,16 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& 
     *ticket = written;
     int64_t dead =
         LogRecordBytes(record.size()) + LogRecordBytes(EncodeCreateStep(*it->second).size());
-    for (const auto& sample : it->second->samples) dead += EncodedSampleBytes(*sample);
+    if (!it->second->reuse_samples) {
+      for (const auto& sample : it->second->samples) dead += EncodedSampleBytes(*sample);
+    }
     log_->AddDeadBytes(dead);
   }
   std::shared_ptr<const Step> step = std::move(it->second);
   steps_.erase(it);
   Pool& pool = pools_.at(step->pool);
   pool.live_steps--;
-  return EraseSamples(pool, step->sample_ids);
+  return ReleaseSamples(pool, step->sample_ids, step->reuse_samples);
 }
 
 ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string> sample_ids) {
@@ -450,6 +505,11 @@ ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string
   for (const std::string& id : sample_ids) {
     auto it = pool.samples.find(id);
     const int64_t bytes = it->second->MemoryBytes();
+    if (it->second->grouped()) {
+      auto group = pool.groups.find(it->second->group_id);
+      if (group != pool.groups.end() && --group->second.stored == 0) pool.groups.erase(group);
+    }
+    pool.uses.erase(id);
     pool.arrival_of.erase(id);
     pool.arrival_unix_nanos.erase(id);
     pool.samples.erase(it);
@@ -474,7 +534,8 @@ absl::Status SampleStore::CompactLog() {
     };
     std::vector<Item> items;
     for (const auto& [name, pool] : pools_) {
-      if (absl::Status s = out->Add(RecordType::kRegisterModel, EncodeRegisterModel(name, pool.model));
+      if (absl::Status s = out->Add(RecordType::kRegisterModel,
+                                    EncodeRegisterModel(name, pool.model, pool.options));
           !s.ok()) {
         return s;
       }
@@ -494,12 +555,44 @@ absl::Status SampleStore::CompactLog() {
         chunk.push_back(items[j].sample);
         bytes += EncodedSampleBytes(*items[j].sample);
       }
-      if (absl::Status s = out->Add(RecordType::kPutSamples,
-                                    EncodeSamples(*items[i].pool, absl::MakeConstSpan(chunk)));
+      const RecordType type = SamplesRecordType(absl::MakeConstSpan(chunk));
+      if (absl::Status s =
+              out->Add(type, EncodeSamples(*items[i].pool, absl::MakeConstSpan(chunk), type));
           !s.ok()) {
         return s;
       }
       i = j;
+    }
+    // What the lifecycle added to the samples: versions, counters, uses.
+    for (const auto& [name, pool] : pools_) {
+      if (pool.policy_version > 0) {
+        RETURN_IF_ERROR(out->Add(RecordType::kSetPolicyVersion,
+                                 EncodeSetPolicyVersion(name, pool.policy_version)));
+      }
+      if (pool.stale_dropped > 0 || pool.incomplete_groups_dropped > 0) {
+        v1::DroppedSamplesRecord stale;
+        stale.set_pool(name);
+        stale.set_reason(v1::DroppedSamplesRecord::STALE);
+        stale.set_num_samples_counted(pool.stale_dropped);
+        RETURN_IF_ERROR(out->Add(RecordType::kDropSamples, stale.SerializeAsString()));
+        v1::DroppedSamplesRecord groups;
+        groups.set_pool(name);
+        groups.set_reason(v1::DroppedSamplesRecord::INCOMPLETE_GROUP);
+        groups.set_num_groups(pool.incomplete_groups_dropped);
+        RETURN_IF_ERROR(out->Add(RecordType::kDropSamples, groups.SerializeAsString()));
+      }
+      if (!pool.uses.empty()) {
+        // Sorted, so the same state compacts to the same bytes.
+        std::vector<std::pair<std::string, int32_t>> uses(pool.uses.begin(), pool.uses.end());
+        std::sort(uses.begin(), uses.end());
+        v1::SampleUsesRecord record;
+        record.set_pool(name);
+        for (const auto& [id, count] : uses) {
+          record.add_sample_ids(id);
+          record.add_uses(count);
+        }
+        RETURN_IF_ERROR(out->Add(RecordType::kSampleUses, record.SerializeAsString()));
+      }
     }
     for (const auto& [id, step] : steps_) {
       RETURN_IF_ERROR(out->Add(RecordType::kCreateStep, EncodeCreateStep(*step)));
@@ -507,7 +600,7 @@ absl::Status SampleStore::CompactLog() {
     for (const auto& [id, hold] : holds_) {
       RETURN_IF_ERROR(out->Add(RecordType::kHoldSamples,
                                EncodeHoldSamples(id, hold.pool, hold.sample_ids, hold.coordinator,
-                                                 hold.attempt)));
+                                                 hold.attempt, hold.reuse_samples)));
     }
     return absl::OkStatus();
   });

@@ -16,9 +16,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "rollpack/v1/member.pb.h"
 #include "scheduler/model_spec.h"
+#include "scheduler/sample_selection.h"
 #include "scheduler/topology.h"
+#include "server/store/pool_options.h"
 #include "server/store/step.h"
+#include "server/store/step_builder.h"
 #include "server/store/stored_sample.h"
 
 namespace rollpack {
@@ -34,14 +38,33 @@ struct FieldSchema {
   std::vector<int64_t> trailing_shape;
 };
 
+// A group's samples stored here (lifecycle.md section 2).
+struct GroupShareStats {
+  std::string group_id;
+  int32_t group_size = 0;
+  int32_t num_sealed = 0;
+  int64_t first_sealed_unix_nanos = 0;
+};
+
 struct PoolStats {
   std::string pool;
   ModelSpec model;
+  PoolOptions options;
   int64_t num_samples = 0;
   int64_t num_free_samples = 0;
   int64_t num_live_steps = 0;
   int64_t stored_bytes = 0;
   std::map<std::string, FieldSchema> token_fields;
+  int64_t num_complete_groups = 0;
+  int64_t num_incomplete_groups = 0;
+  int64_t num_open_samples = 0;
+  int64_t policy_version = 0;
+  int64_t num_stale_dropped = 0;
+  int64_t num_incomplete_groups_dropped = 0;
+  // Free samples stale at policy_version under the pool's max_staleness.
+  int64_t num_stale_samples = 0;
+  // The incomplete groups, by id (a cluster sums them over its members).
+  std::vector<GroupShareStats> incomplete_groups;
 };
 
 struct StoreStats {
@@ -52,8 +75,18 @@ struct StoreStats {
 };
 
 struct ReleaseResult {
+  // Deleted (a reuse step's samples that reached max_uses).
   int released_samples = 0;
   int64_t freed_bytes = 0;
+  // Returned to the free set (reuse steps).
+  int returned_samples = 0;
+};
+
+// What the store deleted on its own (drop_stale, incomplete groups).
+struct DropResult {
+  int64_t stale_samples = 0;
+  int64_t groups = 0;
+  int64_t group_samples = 0;
 };
 
 class DurableLog;
@@ -63,16 +96,25 @@ class SampleStore {
   explicit SampleStore(int64_t max_memory_bytes);
 
   // OK(true) when the pool was created, OK(false) when it already holds the
-  // same model; FAILED_PRECONDITION when it holds a different one.
-  absl::StatusOr<bool> RegisterModel(const std::string& pool, const ModelSpec& model);
+  // same model; FAILED_PRECONDITION when it holds a different one, or other
+  // `options` (nullopt: whatever options it has, or the defaults for a new
+  // pool).
+  absl::StatusOr<bool> RegisterModel(const std::string& pool, const ModelSpec& model,
+                                     const std::optional<PoolOptions>& options = std::nullopt);
+  // NOT_FOUND when the pool has no registered model.
+  absl::StatusOr<PoolOptions> GetOptions(const std::string& pool) const;
 
   // NOT_FOUND when the pool has no registered model.
   absl::StatusOr<ModelSpec> GetModel(const std::string& pool) const;
 
   // Cluster mode: where a pool this store has not seen is looked up (its
   // cluster-wide model; nullopt when no member registered it).
+  struct PoolDefinition {
+    ModelSpec model;
+    PoolOptions options;
+  };
   using PoolResolver =
-      std::function<absl::StatusOr<std::optional<ModelSpec>>(const std::string& pool)>;
+      std::function<absl::StatusOr<std::optional<PoolDefinition>>(const std::string& pool)>;
   void SetPoolResolver(PoolResolver resolver);
   // GetModel; for a pool unknown here, the resolver's model, registered here
   // first (a pool registered on another member takes samples on this one).
@@ -114,16 +156,37 @@ class SampleStore {
   // sample; FAILED_PRECONDITION for a sample already in a live step or too
   // few free samples; INVALID_ARGUMENT for topologies the model or plan
   // refuses. Nothing changes on error.
+  // Selections by groups, tokens, versions and staleness, and reuse steps:
+  // lifecycle.md (its refusals, FAILED_PRECONDITION or INVALID_ARGUMENT).
+  absl::StatusOr<std::shared_ptr<const Step>> CreateStep(const StepRequest& request);
+  // The plain form: explicit ids, or the oldest `num_samples`.
   absl::StatusOr<std::shared_ptr<const Step>> CreateStep(
       const std::string& step_id, const std::string& pool,
       absl::Span<const std::string> sample_ids, int num_samples,
       const Topology& topology);
 
+  // Records the trainer's policy version (a lower one changes nothing) and,
+  // with the pool's drop_stale, deletes its free stale samples (durably,
+  // counted). NOT_FOUND for an unknown pool. The pool's stats after it.
+  absl::StatusOr<PoolStats> SetPolicyVersion(const std::string& pool, int64_t policy_version);
+  // Deletes the free samples of groups that stayed incomplete past their
+  // pool's incomplete_group_timeout_ms at `now` (the server calls it
+  // periodically).
+  absl::StatusOr<DropResult> DropExpiredGroups(absl::Time now);
+  // The two halves of it, for a cluster member that checks the candidates
+  // against the other members first (a group may be complete over them):
+  // groups incomplete here past their timeout, by pool; and the deletion of
+  // those of `group_ids` still incomplete here.
+  std::map<std::string, std::vector<std::string>> ExpiredGroups(absl::Time now) const;
+  absl::StatusOr<DropResult> DropGroups(const std::string& pool,
+                                        const std::vector<std::string>& group_ids);
+
   // NOT_FOUND naming the step when it is not live.
   absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) const;
 
   // Deletes the step (or this member's hold of a cluster step) and its
-  // samples, freeing their memory.
+  // samples, freeing their memory; a reuse step's samples go back to the
+  // free set (in their ingest order) unless they reached max_uses.
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id);
 
   // Cluster mode (server/cluster/cluster_steps.h): a step planned over
@@ -138,10 +201,14 @@ class SampleStore {
     std::vector<int64_t> num_tokens;
     std::vector<int64_t> arrival_unix_nanos;
     std::vector<bool> free;
+    // Lifecycle metadata (every listing carries it).
+    std::vector<std::string> group_ids;
+    std::vector<int32_t> group_sizes;
+    std::vector<int64_t> policy_versions;
   };
   // Explicit ids: those stored here (free or not), in the order given.
-  // Otherwise the oldest free samples, at most `limit`. NOT_FOUND for an
-  // unknown pool.
+  // Otherwise the oldest free samples, at most `limit` (< 0: all). NOT_FOUND
+  // for an unknown pool.
   absl::StatusOr<SampleListing> ListSamples(const std::string& pool,
                                             absl::Span<const std::string> sample_ids,
                                             int limit) const;
@@ -152,7 +219,7 @@ class SampleStore {
   // created_unix_nanos), which alone may confirm the hold.
   absl::Status Hold(const std::string& step_id, const std::string& pool,
                     absl::Span<const std::string> sample_ids, const std::string& coordinator,
-                    int64_t attempt);
+                    int64_t attempt, bool reuse_samples = false);
   // The attempt of the hold of `step_id`, 0 when there is none.
   int64_t HoldAttempt(const std::string& step_id) const;
   // NOT_FOUND when there is no such hold.
@@ -178,9 +245,28 @@ class SampleStore {
   // out). ReleaseStep calls it when the log's dead bytes pass its limits.
   absl::Status CompactLog();
 
+  // Replaying the log (log_replay.cc): the records the lifecycle calls
+  // above wrote, applied as they were.
+  absl::Status ReplayPolicyVersion(const std::string& pool, int64_t policy_version);
+  absl::Status ReplayDrop(const v1::DroppedSamplesRecord& record);
+  absl::Status ReplayUses(const v1::SampleUsesRecord& record);
+
  private:
+  // A group's samples stored here.
+  struct Group {
+    int32_t size = 0;
+    int32_t stored = 0;
+    int64_t first_sealed_unix_nanos = 0;
+  };
   struct Pool {
     ModelSpec model;
+    PoolOptions options;
+    int64_t policy_version = 0;
+    absl::flat_hash_map<std::string, Group> groups;
+    // Releases from reuse steps, by sample (absent: 0).
+    absl::flat_hash_map<std::string, int32_t> uses;
+    int64_t stale_dropped = 0;
+    int64_t incomplete_groups_dropped = 0;
     bool schema_fixed = false;
     std::map<std::string, FieldSchema> schema;
     absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
@@ -203,6 +289,36 @@ class SampleStore {
   // Deletes the samples of a released step or hold from their pool.
   ReleaseResult EraseSamples(Pool& pool, absl::Span<const std::string> sample_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A released step's or hold's samples: erased, or with `reuse` counted
+  // and returned to the free ones (erased past max_uses).
+  ReleaseResult ReleaseSamples(Pool& pool, absl::Span<const std::string> sample_ids, bool reuse)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuses a new sample its group cannot take (size mismatch, full group);
+  // `batch_counts` counts the batch's new samples per group so far.
+  absl::Status CheckGroup(const Pool& pool, const StoredSample& sample,
+                          const absl::flat_hash_map<std::string, int32_t>& batch_counts) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void AddToGroup(Pool& pool, const StoredSample& sample, int64_t now_nanos)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free samples in ingest order as selection sees them, the first `limit`
+  // (< 0: all).
+  std::vector<SampleCandidate> FreeCandidates(const Pool& pool, int64_t limit) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The request's selection with the pool's policy version and bound.
+  SelectionRequest Effective(const Pool& pool, SelectionRequest selection) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Raises the pool's policy version; with drop_stale deletes free stale
+  // samples. Logs both; *ticket is the last record's.
+  absl::StatusOr<DropResult> AdvanceVersionLocked(const std::string& pool_name, Pool& pool,
+                                                  int64_t policy_version, int64_t* ticket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes free samples for `reason`, logged first.
+  absl::Status DropFreeLocked(const std::string& pool_name, Pool& pool,
+                              const std::vector<std::string>& ids, int reason,
+                              const std::vector<std::string>& groups, int64_t* ticket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PoolStats StatsLocked(const std::string& pool_name, const Pool& pool) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ReleaseResult> ReleaseHoldLocked(const std::string& step_id, int64_t* ticket)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when every id is stored in `pool`, free and listed once; else the
@@ -231,6 +347,7 @@ class SampleStore {
     int64_t attempt = 0;
     absl::Time held_at;
     bool confirmed = false;
+    bool reuse_samples = false;
   };
   absl::flat_hash_map<std::string, SampleHold> holds_ ABSL_GUARDED_BY(mu_);
   // Step ids being planned, reserved so two creates cannot race.

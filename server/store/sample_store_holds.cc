@@ -25,10 +25,14 @@ absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
   const Pool& pool = pool_it->second;
   SampleListing listing;
   auto add = [&](const std::string& id, bool free) {
+    const StoredSample& sample = *pool.samples.at(id);
     listing.sample_ids.push_back(id);
-    listing.num_tokens.push_back(pool.samples.at(id)->num_tokens());
+    listing.num_tokens.push_back(sample.num_tokens());
     listing.arrival_unix_nanos.push_back(pool.arrival_unix_nanos.at(id));
     listing.free.push_back(free);
+    listing.group_ids.push_back(sample.group_id);
+    listing.group_sizes.push_back(sample.group_size);
+    listing.policy_versions.push_back(sample.policy_version);
   };
   if (!sample_ids.empty()) {
     for (const std::string& id : sample_ids) {
@@ -39,7 +43,8 @@ absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
     return listing;
   }
   for (auto it = pool.free_by_arrival.begin();
-       it != pool.free_by_arrival.end() && static_cast<int>(listing.sample_ids.size()) < limit;
+       it != pool.free_by_arrival.end() &&
+       (limit < 0 || static_cast<int>(listing.sample_ids.size()) < limit);
        ++it) {
     add(it->second, true);
   }
@@ -70,7 +75,8 @@ absl::Status SampleStore::CheckFree(const Pool& pool, const std::string& pool_na
 
 absl::Status SampleStore::Hold(const std::string& step_id, const std::string& pool_name,
                                absl::Span<const std::string> sample_ids,
-                               const std::string& coordinator, int64_t attempt) {
+                               const std::string& coordinator, int64_t attempt,
+                               bool reuse_samples) {
   RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
   RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
   int64_t ticket = 0;
@@ -88,13 +94,15 @@ absl::Status SampleStore::Hold(const std::string& step_id, const std::string& po
     if (log_ != nullptr) {
       ASSIGN_OR_RETURN(ticket, log_->Append(RecordType::kHoldSamples,
                                             EncodeHoldSamples(step_id, pool_name, sample_ids,
-                                                              coordinator, attempt)));
+                                                              coordinator, attempt,
+                                                              reuse_samples)));
     }
     for (const std::string& id : sample_ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
     pool.live_steps++;
     holds_[step_id] = SampleHold{pool_name,
                                  std::vector<std::string>(sample_ids.begin(), sample_ids.end()),
-                                 coordinator, attempt, absl::Now(), /*confirmed=*/false};
+                                 coordinator, attempt, absl::Now(), /*confirmed=*/false,
+                                 reuse_samples};
   }
   if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
   return absl::OkStatus();
@@ -133,7 +141,8 @@ absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id,
       const SampleHold& hold = it->second;
       log_->AddDeadBytes(LogRecordBytes(record.size()) +
                          LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
-                                                          hold.coordinator, hold.attempt)
+                                                          hold.coordinator, hold.attempt,
+                                                          hold.reuse_samples)
                                             .size()));
     }
     Pool& pool = pools_.at(it->second.pool);
@@ -158,15 +167,20 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseHoldLocked(const std::string& 
     *ticket = written;
     int64_t dead = LogRecordBytes(record.size()) +
                    LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
-                                                    hold.coordinator, hold.attempt)
+                                                    hold.coordinator, hold.attempt,
+                                                    hold.reuse_samples)
                                       .size());
     const Pool& pool = pools_.at(hold.pool);
-    for (const std::string& id : hold.sample_ids) dead += EncodedSampleBytes(*pool.samples.at(id));
+    if (!hold.reuse_samples) {
+      for (const std::string& id : hold.sample_ids) {
+        dead += EncodedSampleBytes(*pool.samples.at(id));
+      }
+    }
     log_->AddDeadBytes(dead);
   }
   Pool& pool = pools_.at(hold.pool);
   pool.live_steps--;
-  ReleaseResult result = EraseSamples(pool, hold.sample_ids);
+  ReleaseResult result = ReleaseSamples(pool, hold.sample_ids, hold.reuse_samples);
   holds_.erase(it);
   return result;
 }

@@ -4,6 +4,7 @@
 #ifndef ROLLPACK_SERVER_STORE_STEP_H_
 #define ROLLPACK_SERVER_STORE_STEP_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,7 +21,7 @@ struct Step {
   Step(std::string step_id, std::string pool, ModelSpec model, Topology topology,
        std::vector<std::string> sample_ids,
        std::vector<std::shared_ptr<const StoredSample>> samples, Plan plan,
-       StepLayout layout)
+       StepLayout layout, int32_t num_groups = 0, bool reuse_samples = false)
       : step_id(std::move(step_id)),
         pool(std::move(pool)),
         model(std::move(model)),
@@ -28,7 +29,9 @@ struct Step {
         sample_ids(std::move(sample_ids)),
         samples(std::move(samples)),
         plan(std::move(plan)),
-        layout(std::move(layout)) {}
+        layout(std::move(layout)),
+        num_groups(num_groups),
+        reuse_samples(reuse_samples) {}
 
   const std::string step_id;
   const std::string pool;
@@ -42,6 +45,10 @@ struct Step {
   const std::vector<std::shared_ptr<const StoredSample>> samples;
   const Plan plan;
   const StepLayout layout;
+  // Complete groups among the samples (lifecycle.md).
+  const int32_t num_groups;
+  // Releasing the step returns the samples to the free set.
+  const bool reuse_samples;
 };
 
 }  // namespace rollpack

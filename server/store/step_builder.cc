@@ -18,7 +18,8 @@ absl::StatusOr<std::shared_ptr<const Step>> Build(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::string> sample_ids,
     const std::vector<int64_t>& lengths,
-    std::vector<std::shared_ptr<const StoredSample>> samples) {
+    std::vector<std::shared_ptr<const StoredSample>> samples, int32_t num_groups,
+    bool reuse_samples) {
   RETURN_IF_ERROR(PipelineLayers::Create(model, topology));
   if (lengths.size() != sample_ids.size()) {
     return absl::InternalError(absl::StrCat("step \"", step_id, "\": ", sample_ids.size(),
@@ -37,26 +38,37 @@ absl::StatusOr<std::shared_ptr<const Step>> Build(
   ASSIGN_OR_RETURN(Plan plan, ComputePlan(lengths, topology));
   ASSIGN_OR_RETURN(StepLayout layout, StepLayout::Create(plan, lengths, topology, model));
   return std::make_shared<const Step>(step_id, pool, model, topology, std::move(sample_ids),
-                                      std::move(samples), std::move(plan), std::move(layout));
+                                      std::move(samples), std::move(plan), std::move(layout),
+                                      num_groups, reuse_samples);
 }
 
 }  // namespace
 
-absl::Status ValidateCreateStep(const std::string& step_id, const std::string& pool,
-                                bool has_sample_ids, int num_samples, const Topology& topology) {
-  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
-  RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
-  if (!has_sample_ids && num_samples <= 0) {
+absl::Status ValidateCreateStep(const StepRequest& request) {
+  RETURN_IF_ERROR(ValidateName("step_id", request.step_id, kMaxStepIdBytes));
+  RETURN_IF_ERROR(ValidateName("pool name", request.pool, kMaxPoolNameBytes));
+  const SelectionRequest& s = request.selection;
+  const int given = !request.sample_ids.empty() + (s.num_samples > 0) + (s.num_groups > 0) +
+                    (s.num_tokens > 0);
+  if (given != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step \"", step_id, "\": give sample_ids or num_samples > 0 (num_samples is ",
-        num_samples, ")"));
+        "step \"", request.step_id,
+        "\": give exactly one of sample_ids, num_samples, num_groups, num_tokens (> 0); got ",
+        request.sample_ids.size(), " sample_ids, num_samples ", s.num_samples, ", num_groups ",
+        s.num_groups, ", num_tokens ", s.num_tokens));
   }
-  return ValidateTopologySizes(topology);
+  if (s.num_samples < 0 || s.num_groups < 0 || s.num_tokens < 0 ||
+      (s.max_staleness.has_value() && *s.max_staleness < 0) || s.policy_version < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step \"", request.step_id, "\": amounts, policy_version and max_staleness must be >= 0"));
+  }
+  return ValidateTopologySizes(request.topology);
 }
 
 absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
-    const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples) {
+    const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples,
+    int32_t num_groups, bool reuse_samples) {
   std::vector<std::string> ids;
   std::vector<int64_t> lengths;
   ids.reserve(samples.size());
@@ -65,14 +77,16 @@ absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     ids.push_back(sample->sample_id);
     lengths.push_back(sample->num_tokens());
   }
-  return Build(step_id, pool, model, topology, std::move(ids), lengths, std::move(samples));
+  return Build(step_id, pool, model, topology, std::move(ids), lengths, std::move(samples),
+               num_groups, reuse_samples);
 }
 
 absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::string> sample_ids,
-    const std::vector<int64_t>& num_tokens) {
-  return Build(step_id, pool, model, topology, std::move(sample_ids), num_tokens, {});
+    const std::vector<int64_t>& num_tokens, int32_t num_groups, bool reuse_samples) {
+  return Build(step_id, pool, model, topology, std::move(sample_ids), num_tokens, {}, num_groups,
+               reuse_samples);
 }
 
 }  // namespace rollpack

@@ -11,16 +11,31 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/model_spec.h"
+#include "scheduler/sample_selection.h"
 #include "scheduler/topology.h"
 #include "server/store/step.h"
 #include "server/store/stored_sample.h"
 
 namespace rollpack {
 
-// INVALID_ARGUMENT for a CreateStep's names (names.h), neither sample_ids
-// nor num_samples > 0, or topology sizes the scheduler refuses.
-absl::Status ValidateCreateStep(const std::string& step_id, const std::string& pool,
-                                bool has_sample_ids, int num_samples, const Topology& topology);
+// What a CreateStep asks for: explicit ids, or an amount of free samples
+// (lifecycle.md), on a topology.
+struct StepRequest {
+  std::string step_id;
+  std::string pool;
+  std::vector<std::string> sample_ids;
+  SelectionRequest selection;
+  Topology topology;
+  bool reuse_samples = false;
+  // Replaying the durable log: the ids were checked when the step was made
+  // (their staleness then, not now).
+  bool replay = false;
+};
+
+// INVALID_ARGUMENT for a CreateStep's names (names.h), not exactly one of
+// sample_ids / num_samples / num_groups / num_tokens, or topology sizes the
+// scheduler refuses.
+absl::Status ValidateCreateStep(const StepRequest& request);
 
 // The plan and per-rank layout of `samples` (in the step's order) on
 // `topology`. INVALID_ARGUMENT when the model's layers do not split over the
@@ -29,14 +44,15 @@ absl::Status ValidateCreateStep(const std::string& step_id, const std::string& p
 // otherwise (FAILED_PRECONDITION for too few samples).
 absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
-    const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples);
+    const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples,
+    int32_t num_groups = 0, bool reuse_samples = false);
 
 // The same plan and layout from the samples' ids and lengths alone; the
 // step's `samples` is empty (the bytes are elsewhere).
 absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::string> sample_ids,
-    const std::vector<int64_t>& num_tokens);
+    const std::vector<int64_t>& num_tokens, int32_t num_groups = 0, bool reuse_samples = false);
 
 }  // namespace rollpack
 

@@ -13,6 +13,7 @@
 #include "absl/types/span.h"
 #include "scheduler/layout.h"
 #include "scheduler/topology.h"
+#include "server/store/pool_info.h"
 #include "server/store/sample_store.h"
 #include "server/store/step.h"
 
@@ -34,9 +35,7 @@ class StepDirectory {
  public:
   virtual ~StepDirectory() = default;
   // SampleStore::CreateStep's contract.
-  virtual absl::StatusOr<std::shared_ptr<const Step>> CreateStep(
-      const std::string& step_id, const std::string& pool,
-      absl::Span<const std::string> sample_ids, int num_samples, const Topology& topology) = 0;
+  virtual absl::StatusOr<std::shared_ptr<const Step>> CreateStep(const StepRequest& request) = 0;
   // The step's plan and layout (its samples may be elsewhere). NOT_FOUND
   // naming the step when it is not live.
   virtual absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) = 0;
@@ -45,6 +44,11 @@ class StepDirectory {
   virtual absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
                                                   const RankCoords& coords) = 0;
   virtual absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) = 0;
+  // SampleStore::SetPolicyVersion, over every member of a cluster (this one
+  // only with `local_only`); the pool as GetPool reports it afterwards.
+  virtual absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool,
+                                                        int64_t policy_version,
+                                                        bool local_only) = 0;
   // True when calls may wait on other processes (a cluster member's pulls):
   // callers keep them off threads those processes' answers need.
   virtual bool MayBlock() const = 0;
@@ -55,11 +59,8 @@ class LocalSteps final : public StepDirectory {
  public:
   explicit LocalSteps(SampleStore* store) : store_(store) {}
 
-  absl::StatusOr<std::shared_ptr<const Step>> CreateStep(
-      const std::string& step_id, const std::string& pool,
-      absl::Span<const std::string> sample_ids, int num_samples,
-      const Topology& topology) override {
-    return store_->CreateStep(step_id, pool, sample_ids, num_samples, topology);
+  absl::StatusOr<std::shared_ptr<const Step>> CreateStep(const StepRequest& request) override {
+    return store_->CreateStep(request);
   }
   absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) override {
     return store_->GetStep(step_id);
@@ -73,6 +74,12 @@ class LocalSteps final : public StepDirectory {
   }
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) override {
     return store_->ReleaseStep(step_id);
+  }
+  absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version,
+                                                bool local_only) override {
+    absl::StatusOr<PoolStats> stats = store_->SetPolicyVersion(pool, policy_version);
+    if (!stats.ok()) return stats.status();
+    return PoolInfoToProto(*stats, store_->Stats(), /*group_shares=*/false);
   }
   bool MayBlock() const override { return false; }
 

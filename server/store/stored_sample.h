@@ -44,6 +44,9 @@ struct StoredSample {
   std::string sample_id;
   std::string group_id;
   int64_t policy_version = 0;
+  // Samples in the group (lifecycle.md); 0 = ungrouped. The pool's
+  // default_group_size is applied when the store takes the sample.
+  int32_t group_size = 0;
   std::vector<int32_t> tokens;
   // [n, |M|, K] expert ids, 1 byte each when E <= 256, else 2 (little
   // endian); empty for dense models. Rows with row_valid 0 hold zeros.
@@ -56,13 +59,15 @@ struct StoredSample {
   std::map<std::string, double> scalars;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  bool grouped() const { return group_size > 0 && !group_id.empty(); }
   // Bytes this sample holds in memory (payloads plus bookkeeping), the unit
   // of the store's memory limit.
   int64_t MemoryBytes() const;
 
   friend bool operator==(const StoredSample& a, const StoredSample& b) {
     return a.sample_id == b.sample_id && a.group_id == b.group_id &&
-           a.policy_version == b.policy_version && a.tokens == b.tokens &&
+           a.policy_version == b.policy_version && a.group_size == b.group_size &&
+           a.tokens == b.tokens &&
            a.experts == b.experts && a.row_valid == b.row_valid &&
            a.token_fields == b.token_fields && SameScalars(a.scalars, b.scalars);
   }

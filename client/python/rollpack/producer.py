@@ -322,13 +322,23 @@ class Producer(_Base):
                     raise self._fail(err, what, attempt) from None
                 time.sleep(self.backoff.delay(attempt))
 
-    def register_model(self, spec=None, timeout=None, **fields):
+    def register_model(self, spec=None, timeout=None, options=None, **fields):
         """Registers the pool's model (a ModelSpec, a dict, or its fields as
         keyword arguments). Returns True when created, False when the pool
         already had this exact model. Raises FailedPrecondition when the pool
-        holds a different one."""
+        holds a different one.
+
+        ``options``: the pool's lifecycle options (docs/lifecycle.md), a dict
+        of PoolOptions fields (``default_group_size``, ``max_staleness``,
+        ``drop_stale``, ``max_uses``, ``incomplete_group_timeout_ms``) or a
+        ``rollouts_pb2.PoolOptions``; fixed by the pool's first registration
+        (other options later raise FailedPrecondition; None leaves them)."""
         spec = self._spec_arg(spec, fields)
         req = rollouts_pb2.RegisterModelRequest(pool=self.pool, model=spec.to_proto())
+        if options is not None:
+            if isinstance(options, dict):
+                options = rollouts_pb2.PoolOptions(**options)
+            req.options.CopyFrom(options)
         resp = self._call("RegisterModel of pool %r" % self.pool, lambda: self._stub.RegisterModel(
             req, timeout=self._deadline(timeout), metadata=self._metadata))
         self._spec = ModelSpec.from_proto(resp.model) if resp.HasField("model") else spec

@@ -92,7 +92,8 @@ class Sample:
     """One rollout.
 
     ``Sample(sample_id, tokens, routed_experts=None, row_offset=0, *,
-    token_fields=None, scalars=None, group_id="", policy_version=0)``
+    token_fields=None, scalars=None, group_id="", policy_version=0,
+    group_size=0)``
 
     ``tokens``: int [n]. ``routed_experts``: [rows, L, K] integer array
     covering tokens ``[row_offset, row_offset + rows)`` (L = num_layers or
@@ -100,13 +101,17 @@ class Sample:
     ``(routed_experts, row_offset)``, so ``Sample(id, tokens,
     *from_vllm_choice(choice, tokens, spec))`` works. ``token_fields``: name ->
     array with first dimension n. ``scalars``: name -> float.
+    ``group_id`` / ``group_size``: the sample's GRPO/RLOO group and its number
+    of samples (0 = ungrouped, or the pool's ``default_group_size``); whole
+    groups are what ``CreateStep(num_groups=...)`` takes.
+    ``policy_version``: the version of the weights that generated it.
     """
 
     __slots__ = ("sample_id", "tokens", "routed_experts", "row_offset", "token_fields",
-                 "scalars", "group_id", "policy_version")
+                 "scalars", "group_id", "policy_version", "group_size")
 
     def __init__(self, sample_id, tokens, routed_experts=None, row_offset=0, *,
-                 token_fields=None, scalars=None, group_id="", policy_version=0):
+                 token_fields=None, scalars=None, group_id="", policy_version=0, group_size=0):
         if not isinstance(sample_id, str) or not sample_id:
             raise PayloadError("sample_id must be a non-empty string, got %r" % (sample_id,))
         self.sample_id = sample_id
@@ -133,6 +138,13 @@ class Sample:
         self.scalars = {str(k): float(v) for k, v in (scalars or {}).items()}
         self.group_id = str(group_id)
         self.policy_version = int(policy_version)
+        self.group_size = int(group_size)
+        if self.group_size < 0:
+            raise PayloadError("sample %r: group_size is %d, must be >= 0"
+                               % (sample_id, self.group_size))
+        if self.group_size > 0 and not self.group_id:
+            raise PayloadError("sample %r: group_size is %d but group_id is empty"
+                               % (sample_id, self.group_size))
         self._check_fields()
 
     @property
@@ -186,6 +198,7 @@ class Sample:
         pb.sample_id = self.sample_id
         pb.group_id = self.group_id
         pb.policy_version = self.policy_version
+        pb.group_size = self.group_size
         _nd.fill(pb.tokens, self.tokens)
         if self.routed_experts is not None and not spec.is_dense:
             _nd.fill(pb.routed_experts,

@@ -1,0 +1,31 @@
+// What the benchmark commands share: the model their synthetic rollouts
+// use and the statistic their tables report.
+#ifndef ROLLPACK_CLI_BENCH_SUPPORT_H_
+#define ROLLPACK_CLI_BENCH_SUPPORT_H_
+
+#include <algorithm>
+#include <vector>
+
+#include "rollpack/v1/rollouts.pb.h"
+
+namespace rollpack {
+
+// A small MoE model: 4 layers, 64 experts, top-4.
+inline v1::ModelSpec BenchModel() {
+  v1::ModelSpec m;
+  m.set_name("bench-moe");
+  m.set_num_layers(4);
+  m.set_num_experts(64);
+  m.set_topk(4);
+  return m;
+}
+
+// The median of `v` (the upper one of an even count); 0 when empty.
+inline double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_CLI_BENCH_SUPPORT_H_

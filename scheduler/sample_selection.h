@@ -1,0 +1,80 @@
+// Which free samples a step takes (../shared/spec/lifecycle.md sections
+// 1-3): by count, by whole groups, by a token budget, skipping stale
+// samples, oldest or newest version first. Pure metadata, so a single
+// server and a cluster's planner (over every member's listing) select
+// alike.
+#ifndef ROLLPACK_SCHEDULER_SAMPLE_SELECTION_H_
+#define ROLLPACK_SCHEDULER_SAMPLE_SELECTION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace rollpack {
+
+enum class SelectionOrder { kOldest = 0, kNewestVersion = 1 };
+
+// A stored sample as selection sees it. Views into the caller's storage.
+struct SampleCandidate {
+  absl::string_view sample_id;
+  int64_t num_tokens = 0;
+  int64_t policy_version = 0;
+  // Empty, or group_size 0: ungrouped.
+  absl::string_view group_id;
+  int32_t group_size = 0;
+};
+
+struct SelectionRequest {
+  // Exactly one of these is set (> 0); explicit ids are checked by
+  // CheckExplicitSelection instead.
+  int64_t num_samples = 0;
+  int64_t num_groups = 0;
+  int64_t num_tokens = 0;
+  bool whole_groups = false;
+  // 0 = unknown: nothing is stale.
+  int64_t policy_version = 0;
+  std::optional<int64_t> max_staleness;
+  SelectionOrder order = SelectionOrder::kOldest;
+
+  bool selects_groups() const { return whole_groups || num_groups > 0; }
+};
+
+// True when `version` is stale under the request's policy version and bound.
+bool IsStale(const SelectionRequest& request, int64_t policy_version);
+
+struct Selection {
+  // Indices into the candidates, in the step's order (selection order; a
+  // group's samples together, in ingest order).
+  std::vector<int32_t> chosen;
+  int64_t num_tokens = 0;
+  // Complete groups among the chosen samples.
+  int32_t num_groups = 0;
+};
+
+// Selects from `free_candidates`: the pool's free, sealed samples in ingest
+// order (index = ingest rank). FAILED_PRECONDITION, naming what is
+// available, when the request cannot be met; INVALID_ARGUMENT when it
+// selects nothing. `what` prefixes errors (e.g. `step "s1": pool "p"`).
+absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> free_candidates,
+                                        const SelectionRequest& request, absl::string_view what);
+
+// Explicit ids, already known to be free and stored (`chosen`, in the
+// order given): FAILED_PRECONDITION naming a stale sample and its version,
+// or, with whole_groups, a group not covered whole and how many of its
+// samples are missing. Returns the count of complete groups among them.
+absl::StatusOr<int32_t> CheckExplicitSelection(absl::Span<const SampleCandidate> chosen,
+                                               const SelectionRequest& request,
+                                               absl::string_view what);
+
+// Complete groups among `samples` (each group counted once, when all its
+// group_size samples are among them).
+int32_t CountCompleteGroups(absl::Span<const SampleCandidate> samples);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SCHEDULER_SAMPLE_SELECTION_H_

@@ -1,0 +1,266 @@
+#include "scheduler/sample_selection.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Owns the strings the candidates view.
+struct Pool {
+  std::vector<std::string> ids, groups;
+  std::vector<SampleCandidate> candidates;
+
+  void Add(std::string id, int64_t tokens, int64_t version = 0, std::string group = "",
+           int32_t size = 0) {
+    ids.push_back(std::move(id));
+    groups.push_back(std::move(group));
+    candidates.push_back({{}, tokens, version, {}, size});
+  }
+  std::vector<SampleCandidate> Span() {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      candidates[i].sample_id = ids[i];
+      candidates[i].group_id = groups[i];
+    }
+    return candidates;
+  }
+  std::vector<std::string> Chosen(const Selection& s) {
+    std::vector<std::string> out;
+    for (int32_t i : s.chosen) out.push_back(ids[i]);
+    return out;
+  }
+};
+
+TEST(SampleSelection, OldestByCountAndNewestVersionWithIngestTies) {
+  Pool p;
+  p.Add("a", 10, 3);
+  p.Add("b", 10, 5);
+  p.Add("c", 10, 5);
+  p.Add("d", 10, 4);
+  SelectionRequest r;
+  r.num_samples = 2;
+  auto s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("a", "b"));
+  r.order = SelectionOrder::kNewestVersion;
+  r.num_samples = 3;
+  s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("b", "c", "d"));
+}
+
+TEST(SampleSelection, StaleSamplesAreNeverSelectedAndNamedInTheShortfall) {
+  Pool p;
+  p.Add("old", 10, 1);
+  p.Add("new", 10, 9);
+  SelectionRequest r;
+  r.num_samples = 1;
+  r.policy_version = 10;
+  r.max_staleness = 2;  // versions below 8 are stale
+  auto s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("new"));
+  r.num_samples = 2;
+  s = SelectSamples(p.Span(), r, "step \"x\"");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("has 1 free samples (1 more are stale: policy_version 10, max_staleness 2), "
+                        "2 requested"));
+  // Version 0 is "unknown": nothing is stale.
+  r.policy_version = 0;
+  EXPECT_TRUE(SelectSamples(p.Span(), r, "step").ok());
+  // The bound is inclusive: version - bound is still fresh.
+  SelectionRequest edge;
+  edge.policy_version = 10;
+  edge.max_staleness = 9;
+  EXPECT_FALSE(IsStale(edge, 1));
+  EXPECT_TRUE(IsStale(edge, 0));
+}
+
+TEST(SampleSelection, GroupsAreTakenWholeInTheOrderTheyCompleted) {
+  Pool p;
+  p.Add("g1a", 5, 1, "g1", 2);
+  p.Add("g2a", 5, 1, "g2", 2);
+  p.Add("g2b", 5, 1, "g2", 2);  // g2 completes first
+  p.Add("u", 5);                // ungrouped: never in a group selection
+  p.Add("g1b", 5, 1, "g1", 2);
+  p.Add("g3a", 5, 1, "g3", 3);  // incomplete
+  SelectionRequest r;
+  r.num_groups = 2;
+  auto s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("g2a", "g2b", "g1a", "g1b"));
+  EXPECT_EQ(s->num_groups, 2);
+  EXPECT_EQ(s->num_tokens, 20);
+  r.num_groups = 3;
+  s = SelectSamples(p.Span(), r, "step");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("has 2 complete free groups, 3 requested"));
+}
+
+TEST(SampleSelection, NewestVersionOrdersGroupsByTheirLowestVersion) {
+  Pool p;
+  p.Add("a1", 1, 7, "a", 2);
+  p.Add("a2", 1, 2, "a", 2);  // a's version is 2
+  p.Add("b1", 1, 5, "b", 2);
+  p.Add("b2", 1, 5, "b", 2);
+  SelectionRequest r;
+  r.num_groups = 1;
+  r.order = SelectionOrder::kNewestVersion;
+  auto s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("b1", "b2"));
+}
+
+TEST(SampleSelection, AGroupWithAStaleSampleOrDisagreeingSizesIsNotSelectable) {
+  Pool p;
+  p.Add("a1", 1, 1, "a", 2);  // stale
+  p.Add("a2", 1, 9, "a", 2);
+  p.Add("b1", 1, 9, "b", 2);
+  p.Add("b2", 1, 9, "b", 3);  // disagrees (two cluster members)
+  SelectionRequest r;
+  r.num_groups = 1;
+  r.policy_version = 9;
+  r.max_staleness = 1;
+  EXPECT_EQ(SelectSamples(p.Span(), r, "step").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(SampleSelection, TokenBudgetStopsAtTheFirstItemThatWouldPassIt) {
+  Pool p;
+  p.Add("a", 40);
+  p.Add("b", 50);
+  p.Add("c", 5);  // smaller, later: not skipped to
+  SelectionRequest r;
+  r.num_tokens = 60;
+  auto s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("a"));
+  EXPECT_EQ(s->num_tokens, 40);
+  // At least one item, even past the budget.
+  r.num_tokens = 30;
+  s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("a"));
+  // Exactly the budget.
+  r.num_tokens = 90;
+  s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("a", "b"));
+  r.num_tokens = 96;
+  s = SelectSamples(p.Span(), r, "pool \"p\"");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("pool \"p\" has 95 tokens in 3 free samples, num_tokens 96 requested"));
+}
+
+TEST(SampleSelection, TokenBudgetOverWholeGroupsCountsAGroupAsItsTokens) {
+  Pool p;
+  p.Add("a1", 10, 0, "a", 2);
+  p.Add("a2", 10, 0, "a", 2);
+  p.Add("b1", 30, 0, "b", 2);
+  p.Add("b2", 30, 0, "b", 2);
+  SelectionRequest r;
+  r.num_tokens = 79;
+  r.whole_groups = true;
+  auto s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("a1", "a2"));
+  EXPECT_EQ(s->num_groups, 1);
+}
+
+TEST(SampleSelection, CountOverWholeGroupsMustBeReachedExactly) {
+  Pool p;
+  for (const char* g : {"a", "b"}) {
+    for (int i = 0; i < 3; ++i) p.Add(std::string(g) + std::to_string(i), 1, 0, g, 3);
+  }
+  SelectionRequest r;
+  r.num_samples = 6;
+  r.whole_groups = true;
+  auto s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->chosen.size(), 6u);
+  EXPECT_EQ(s->num_groups, 2);
+  r.num_samples = 4;
+  s = SelectSamples(p.Span(), r, "step");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("whole groups in selection order reach 3 samples, not 4 (the next group "
+                        "has 3)"));
+}
+
+TEST(SampleSelection, CountWithoutWholeGroupsIgnoresGroupsButCountsCompleteOnes) {
+  Pool p;
+  p.Add("a1", 1, 0, "a", 2);
+  p.Add("a2", 1, 0, "a", 2);
+  p.Add("b1", 1, 0, "b", 2);
+  SelectionRequest r;
+  r.num_samples = 3;
+  auto s = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->num_groups, 1);
+}
+
+TEST(SampleSelection, RequestMustSetExactlyOneAmount) {
+  Pool p;
+  p.Add("a", 1);
+  SelectionRequest r;
+  EXPECT_EQ(SelectSamples(p.Span(), r, "step").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  r.num_samples = 1;
+  r.num_tokens = 1;
+  EXPECT_EQ(SelectSamples(p.Span(), r, "step").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SampleSelection, ExplicitIdsNameAStaleSampleAndAGroupNotCoveredWhole) {
+  Pool p;
+  p.Add("a1", 1, 4, "a", 3);
+  p.Add("a2", 1, 4, "a", 3);
+  p.Add("old", 1, 1);
+  SelectionRequest r;
+  r.policy_version = 5;
+  r.max_staleness = 2;
+  std::vector<SampleCandidate> all = p.Span();
+  auto checked = CheckExplicitSelection({all[2]}, r, "step \"s\"");
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(checked.status().message(),
+              HasSubstr("sample \"old\" is stale: its policy_version 1 is older than 5 - "
+                        "max_staleness 2"));
+  r.whole_groups = true;
+  checked = CheckExplicitSelection({all[0], all[1]}, r, "step \"s\"");
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(checked.status().message(),
+              HasSubstr("group \"a\" is not covered whole: 1 of its 3 samples are missing"));
+  r.whole_groups = false;
+  checked = CheckExplicitSelection({all[0], all[1]}, r, "step \"s\"");
+  ASSERT_TRUE(checked.ok());
+  EXPECT_EQ(*checked, 0);
+}
+
+TEST(SampleSelection, SameInputsSameSelection) {
+  Pool p;
+  for (int i = 0; i < 200; ++i) {
+    p.Add("s" + std::to_string(i), 1 + (i * 37) % 101, i % 7, "g" + std::to_string(i % 23), 0);
+    p.candidates.back().group_size = (i % 23) == 0 ? 9 : 8 + (i % 23 == 0);
+  }
+  SelectionRequest r;
+  r.num_tokens = 1000;
+  r.whole_groups = true;
+  r.order = SelectionOrder::kNewestVersion;
+  auto a = SelectSamples(p.Span(), r, "step");
+  auto b = SelectSamples(p.Span(), r, "step");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->chosen, b->chosen);
+  EXPECT_GT(a->num_groups, 0);
+}
+
+}  // namespace
+}  // namespace rollpack

@@ -1,0 +1,210 @@
+// ClusterSteps' selection of a step's samples over every member's listing,
+// and the trainer's policy version reaching every member
+// (../shared/spec/lifecycle.md: it holds cluster-wide).
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "server/cluster/cluster_steps.h"
+#include "server/cluster/peer_calls.h"
+#include "server/store/pool_info.h"
+
+namespace rollpack {
+namespace {
+
+// Only a plain "oldest N, nothing stale" needs no more than each member's
+// oldest N; anything else selects over every free sample's metadata.
+bool NeedsEveryFreeSample(const SelectionRequest& selection) {
+  return selection.num_samples == 0 || selection.whole_groups ||
+         selection.order != SelectionOrder::kOldest ||
+         (selection.policy_version > 0 && selection.max_staleness.has_value());
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
+                                                          const std::vector<ClusterMember>& members,
+                                                          const StepRequest& request,
+                                                          const SelectionRequest& selection) {
+  const std::string& step_id = request.step_id;
+  const std::string& pool = request.pool;
+  const std::vector<std::string>& sample_ids = request.sample_ids;
+  const bool every = sample_ids.empty() && NeedsEveryFreeSample(selection);
+  const int limit = every ? -1 : static_cast<int>(selection.num_samples);
+  std::vector<absl::StatusOr<SampleStore::SampleListing>> listings(
+      members.size(), absl::UnknownError("not asked"));
+  std::vector<int64_t> bytes(members.size(), 0);
+  ForEachParallel(members.size(), [&](size_t i) {
+    if (members[i].id == cluster->self().id) {
+      listings[i] = store_->ListSamples(pool, sample_ids, limit);
+      return;
+    }
+    v1::ListFreeSamplesRequest list;
+    list.set_pool(pool);
+    for (const std::string& id : sample_ids) list.add_sample_ids(id);
+    list.set_limit(limit);
+    list.set_all_with_metadata(every);
+    v1::FreeSamples response;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.member_timeout);
+    absl::Status s = FromPeer(
+        cluster->MemberStub(members[i])->ListFreeSamples(&context, list, &response),
+        members[i].id, "ListFreeSamples");
+    if (!s.ok()) {
+      listings[i] = s;
+      return;
+    }
+    bytes[i] = static_cast<int64_t>(list.ByteSizeLong() + response.ByteSizeLong());
+    SampleStore::SampleListing listing;
+    listing.sample_ids.assign(response.sample_ids().begin(), response.sample_ids().end());
+    listing.num_tokens.assign(response.num_tokens().begin(), response.num_tokens().end());
+    listing.arrival_unix_nanos.assign(response.arrival_unix_nanos().begin(),
+                                      response.arrival_unix_nanos().end());
+    listing.free.assign(response.free().begin(), response.free().end());
+    listing.group_ids.assign(response.group_ids().begin(), response.group_ids().end());
+    listing.group_sizes.assign(response.group_sizes().begin(), response.group_sizes().end());
+    listing.policy_versions.assign(response.policy_versions().begin(),
+                                   response.policy_versions().end());
+    listings[i] = std::move(listing);
+  });
+  for (int64_t b : bytes) planning_bytes_.fetch_add(b);
+
+  Choice choice;
+  for (const ClusterMember& m : members) choice.members.push_back(m.id);
+  // Where each listed id is: (member, position in its listing).
+  absl::flat_hash_map<std::string, std::pair<int, int>> where;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!listings[i].ok()) {
+      // A member that never saw the pool holds none of its samples.
+      if (absl::IsNotFound(listings[i].status())) {
+        listings[i] = SampleStore::SampleListing{};
+        continue;
+      }
+      return listings[i].status();
+    }
+    SampleStore::SampleListing& l = *listings[i];
+    const size_t n = l.sample_ids.size();
+    if (l.num_tokens.size() != n || l.free.size() != n || l.arrival_unix_nanos.size() != n) {
+      return absl::InternalError(
+          absl::StrCat("member ", members[i].id, " answered ListFreeSamples inconsistently"));
+    }
+    if (l.group_ids.empty() && l.group_sizes.empty() && l.policy_versions.empty()) {
+      // Not asked for (the plain path): selection does not read them.
+      l.group_ids.assign(n, "");
+      l.group_sizes.assign(n, 0);
+      l.policy_versions.assign(n, 0);
+    }
+    if (l.group_ids.size() != n || l.group_sizes.size() != n || l.policy_versions.size() != n) {
+      return absl::InternalError(absl::StrCat("member ", members[i].id,
+                                              " answered ListFreeSamples without sample metadata"));
+    }
+    for (size_t j = 0; j < n; ++j) {
+      auto [it, inserted] =
+          where.try_emplace(l.sample_ids[j], static_cast<int>(i), static_cast<int>(j));
+      if (!inserted) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sample \"", l.sample_ids[j], "\" of pool \"", pool, "\" is held by two members, ",
+            members[it->second.first].id, " and ", members[i].id));
+      }
+    }
+  }
+  auto candidate = [&](int member, int position) {
+    const SampleStore::SampleListing& l = *listings[member];
+    return SampleCandidate{l.sample_ids[position], l.num_tokens[position],
+                           l.policy_versions[position], l.group_ids[position],
+                           l.group_sizes[position]};
+  };
+  auto take = [&](int member, int position) {
+    const SampleStore::SampleListing& l = *listings[member];
+    choice.sample_ids.push_back(l.sample_ids[position]);
+    choice.num_tokens.push_back(l.num_tokens[position]);
+    choice.owner.push_back(member);
+  };
+  if (!sample_ids.empty()) {
+    absl::flat_hash_set<std::string> seen;
+    std::vector<SampleCandidate> chosen;
+    for (const std::string& id : sample_ids) {
+      if (!seen.insert(id).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step \"", step_id, "\": sample \"", id, "\" is listed twice"));
+      }
+      auto it = where.find(id);
+      if (it == where.end()) {
+        return absl::NotFoundError(absl::StrCat("sample \"", id, "\" is not in pool \"", pool,
+                                                "\" on any of the ", members.size(),
+                                                " members"));
+      }
+      const auto [member, position] = it->second;
+      if (!listings[member]->free[position]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sample \"", id, "\" is already in a live step (on member ", members[member].id, ")"));
+      }
+      chosen.push_back(candidate(member, position));
+      take(member, position);
+    }
+    ASSIGN_OR_RETURN(choice.num_groups,
+                     CheckExplicitSelection(chosen, selection, absl::StrCat("step \"", step_id, "\"")));
+    return choice;
+  }
+  // Oldest first over every member; ties (same nanosecond) by member id,
+  // then by each member's own order, so the choice is deterministic.
+  std::vector<std::tuple<int64_t, int, int>> order;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const SampleStore::SampleListing& l = *listings[i];
+    for (size_t j = 0; j < l.sample_ids.size(); ++j) {
+      if (l.free[j]) order.emplace_back(l.arrival_unix_nanos[j], i, j);
+    }
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<SampleCandidate> candidates;
+  candidates.reserve(order.size());
+  for (const auto& [nanos, member, position] : order) {
+    candidates.push_back(candidate(member, position));
+  }
+  ASSIGN_OR_RETURN(
+      Selection selected,
+      SelectSamples(candidates, selection,
+                    absl::StrCat("step \"", step_id, "\": pool \"", pool, "\" (", members.size(),
+                                 " members)")));
+  for (int32_t k : selected.chosen) take(std::get<1>(order[k]), std::get<2>(order[k]));
+  choice.num_groups = selected.num_groups;
+  return choice;
+}
+
+absl::StatusOr<v1::PoolInfo> ClusterSteps::SetPolicyVersion(const std::string& pool,
+                                                            int64_t policy_version,
+                                                            bool local_only) {
+  auto local = [&]() -> absl::StatusOr<v1::PoolInfo> {
+    ASSIGN_OR_RETURN(ModelSpec model, store_->GetOrAdoptModel(pool));
+    (void)model;
+    ASSIGN_OR_RETURN(PoolStats stats, store_->SetPolicyVersion(pool, policy_version));
+    return PoolInfoToProto(stats, store_->Stats(), /*group_shares=*/true);
+  };
+  if (local_only) return local();
+  ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  ASSIGN_OR_RETURN(std::vector<ClusterMember> members, cluster->Members());
+  std::vector<absl::StatusOr<v1::PoolInfo>> shares(members.size(),
+                                                   absl::UnknownError("not asked"));
+  ForEachParallel(members.size(), [&](size_t i) {
+    shares[i] = members[i].id == cluster->self().id
+                    ? local()
+                    : cluster->SetPolicyVersionOf(members[i], pool, policy_version);
+  });
+  v1::PoolInfo total;
+  total.set_pool(pool);
+  for (size_t i = 0; i < members.size(); ++i) {
+    // Every member must have it: a member that missed it would select
+    // samples the trainer no longer wants. A retry is harmless.
+    if (!shares[i].ok() && !absl::IsNotFound(shares[i].status())) return shares[i].status();
+    if (shares[i].ok() && !total.has_model()) *total.mutable_model() = shares[i]->model();
+    AddPoolShare(members[i].id, shares[i], &total);
+  }
+  FinishPoolShares(&total);
+  return total;
+}
+
+}  // namespace rollpack

@@ -1,0 +1,322 @@
+// SampleStore's sample lifecycle (../shared/spec/lifecycle.md): groups,
+// the trainer's policy version and stale samples, reuse at release, and the
+// pool statistics that report them.
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "server/store/convert.h"
+#include "server/store/durable_log.h"
+#include "server/store/log_records.h"
+#include "server/store/names.h"
+#include "server/store/sample_store.h"
+
+namespace rollpack {
+
+absl::StatusOr<PoolOptions> SampleStore::GetOptions(const std::string& pool_name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = pools_.find(pool_name);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+  }
+  return it->second.options;
+}
+
+absl::Status SampleStore::CheckGroup(
+    const Pool& pool, const StoredSample& sample,
+    const absl::flat_hash_map<std::string, int32_t>& batch_counts) const {
+  if (!sample.grouped()) return absl::OkStatus();
+  int32_t stored = 0;
+  if (auto it = pool.groups.find(sample.group_id); it != pool.groups.end()) {
+    if (it->second.size != sample.group_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample \"", sample.sample_id, "\": group \"", sample.group_id, "\" has group_size ",
+          it->second.size, ", this sample declares ", sample.group_size));
+    }
+    stored = it->second.stored;
+  }
+  int32_t in_batch = 0;
+  if (auto it = batch_counts.find(sample.group_id); it != batch_counts.end()) in_batch = it->second;
+  if (stored + in_batch + 1 > sample.group_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sample \"", sample.sample_id, "\": group \"", sample.group_id, "\" already has ",
+        stored + in_batch, " samples, its group_size is ", sample.group_size));
+  }
+  return absl::OkStatus();
+}
+
+void SampleStore::AddToGroup(Pool& pool, const StoredSample& sample, int64_t now_nanos) {
+  if (!sample.grouped()) return;
+  Group& group = pool.groups[sample.group_id];
+  group.size = sample.group_size;
+  if (group.stored++ == 0) group.first_sealed_unix_nanos = now_nanos;
+}
+
+std::vector<SampleCandidate> SampleStore::FreeCandidates(const Pool& pool, int64_t limit) const {
+  std::vector<SampleCandidate> candidates;
+  const int64_t free = static_cast<int64_t>(pool.free_by_arrival.size());
+  candidates.reserve(static_cast<size_t>(limit < 0 ? free : std::min(limit, free)));
+  for (const auto& [arrival, id] : pool.free_by_arrival) {
+    if (limit >= 0 && static_cast<int64_t>(candidates.size()) >= limit) break;
+    const StoredSample& s = *pool.samples.at(id);
+    candidates.push_back({s.sample_id, s.num_tokens(), s.policy_version, s.group_id, s.group_size});
+  }
+  return candidates;
+}
+
+SelectionRequest SampleStore::Effective(const Pool& pool, SelectionRequest selection) const {
+  selection.policy_version = std::max(selection.policy_version, pool.policy_version);
+  if (!selection.max_staleness.has_value()) selection.max_staleness = pool.options.max_staleness;
+  return selection;
+}
+
+absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& pool,
+                                         const std::vector<std::string>& ids, int reason,
+                                         const std::vector<std::string>& groups,
+                                         int64_t* ticket) {
+  if (ids.empty() && groups.empty()) return absl::OkStatus();
+  if (log_ != nullptr) {
+    v1::DroppedSamplesRecord record;
+    record.set_pool(pool_name);
+    for (const std::string& id : ids) record.add_sample_ids(id);
+    record.set_reason(static_cast<v1::DroppedSamplesRecord::Reason>(reason));
+    record.set_num_groups(static_cast<int64_t>(groups.size()));
+    for (const std::string& group : groups) record.add_group_ids(group);
+    const std::string bytes = record.SerializeAsString();
+    ASSIGN_OR_RETURN(*ticket, log_->Append(RecordType::kDropSamples, bytes));
+    int64_t dead = LogRecordBytes(bytes.size());
+    for (const std::string& id : ids) dead += EncodedSampleBytes(*pool.samples.at(id));
+    log_->AddDeadBytes(dead);
+  }
+  for (const std::string& id : ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
+  EraseSamples(pool, ids);
+  if (reason == v1::DroppedSamplesRecord::STALE) {
+    pool.stale_dropped += static_cast<int64_t>(ids.size());
+  } else {
+    pool.incomplete_groups_dropped += static_cast<int64_t>(groups.size());
+    // A group whose samples are all in steps is counted once: forgotten.
+    for (const std::string& group : groups) pool.groups.erase(group);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DropResult> SampleStore::AdvanceVersionLocked(const std::string& pool_name,
+                                                             Pool& pool, int64_t policy_version,
+                                                             int64_t* ticket) {
+  DropResult result;
+  if (policy_version <= pool.policy_version) return result;
+  if (log_ != nullptr) {
+    ASSIGN_OR_RETURN(*ticket, log_->Append(RecordType::kSetPolicyVersion,
+                                           EncodeSetPolicyVersion(pool_name, policy_version)));
+  }
+  pool.policy_version = policy_version;
+  if (!pool.options.drop_stale || !pool.options.max_staleness.has_value()) return result;
+  SelectionRequest staleness;
+  staleness.policy_version = policy_version;
+  staleness.max_staleness = pool.options.max_staleness;
+  std::vector<std::string> stale;
+  for (const auto& [arrival, id] : pool.free_by_arrival) {
+    if (IsStale(staleness, pool.samples.at(id)->policy_version)) stale.push_back(id);
+  }
+  RETURN_IF_ERROR(
+      DropFreeLocked(pool_name, pool, stale, v1::DroppedSamplesRecord::STALE, {}, ticket));
+  result.stale_samples = static_cast<int64_t>(stale.size());
+  return result;
+}
+
+absl::StatusOr<PoolStats> SampleStore::SetPolicyVersion(const std::string& pool_name,
+                                                        int64_t policy_version) {
+  RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
+  if (policy_version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy_version is ", policy_version, ", must be >= 0"));
+  }
+  int64_t ticket = 0;
+  PoolStats stats;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pools_.find(pool_name);
+    if (it == pools_.end()) {
+      return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+    }
+    RETURN_IF_ERROR(AdvanceVersionLocked(pool_name, it->second, policy_version, &ticket).status());
+    stats = StatsLocked(pool_name, it->second);
+  }
+  if (log_ != nullptr && ticket > 0) RETURN_IF_ERROR(log_->Sync(ticket));
+  return stats;
+}
+
+std::map<std::string, std::vector<std::string>> SampleStore::ExpiredGroups(
+    absl::Time now) const {
+  const int64_t now_nanos = absl::ToUnixNanos(now);
+  std::map<std::string, std::vector<std::string>> expired;
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [name, pool] : pools_) {
+    if (pool.options.incomplete_group_timeout_ms <= 0) continue;
+    const int64_t limit = pool.options.incomplete_group_timeout_ms * 1'000'000;
+    for (const auto& [id, group] : pool.groups) {
+      if (group.stored < group.size && now_nanos - group.first_sealed_unix_nanos >= limit) {
+        expired[name].push_back(id);
+      }
+    }
+    if (auto it = expired.find(name); it != expired.end()) {
+      std::sort(it->second.begin(), it->second.end());
+    }
+  }
+  return expired;
+}
+
+absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
+                                                   const std::vector<std::string>& group_ids) {
+  DropResult result;
+  int64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pools_.find(pool_name);
+    if (it == pools_.end()) return result;
+    Pool& pool = it->second;
+    std::vector<std::string> groups;
+    for (const std::string& id : group_ids) {
+      auto group = pool.groups.find(id);
+      if (group != pool.groups.end() && group->second.stored < group->second.size) {
+        groups.push_back(id);
+      }
+    }
+    if (groups.empty()) return result;
+    const absl::flat_hash_set<std::string> doomed(groups.begin(), groups.end());
+    // Only free samples: one in a live step stays until its release.
+    std::vector<std::string> ids;
+    for (const auto& [arrival, id] : pool.free_by_arrival) {
+      const StoredSample& s = *pool.samples.at(id);
+      if (s.grouped() && doomed.contains(s.group_id)) ids.push_back(id);
+    }
+    RETURN_IF_ERROR(DropFreeLocked(pool_name, pool, ids, v1::DroppedSamplesRecord::INCOMPLETE_GROUP,
+                                   groups, &ticket));
+    result.groups = static_cast<int64_t>(groups.size());
+    result.group_samples = static_cast<int64_t>(ids.size());
+  }
+  if (log_ != nullptr && ticket > 0) RETURN_IF_ERROR(log_->Sync(ticket));
+  return result;
+}
+
+absl::StatusOr<DropResult> SampleStore::DropExpiredGroups(absl::Time now) {
+  DropResult total;
+  for (const auto& [pool, groups] : ExpiredGroups(now)) {
+    ASSIGN_OR_RETURN(DropResult dropped, DropGroups(pool, groups));
+    total.groups += dropped.groups;
+    total.group_samples += dropped.group_samples;
+  }
+  return total;
+}
+
+ReleaseResult SampleStore::ReleaseSamples(Pool& pool, absl::Span<const std::string> sample_ids,
+                                          bool reuse) {
+  if (!reuse) return EraseSamples(pool, sample_ids);
+  std::vector<std::string> spent;
+  ReleaseResult result;
+  for (const std::string& id : sample_ids) {
+    const int32_t uses = ++pool.uses[id];
+    if (pool.options.max_uses > 0 && uses >= pool.options.max_uses) {
+      spent.push_back(id);
+      continue;
+    }
+    pool.free_by_arrival.emplace(pool.arrival_of.at(id), id);
+    result.returned_samples++;
+  }
+  const ReleaseResult erased = EraseSamples(pool, spent);
+  result.released_samples = erased.released_samples;
+  result.freed_bytes = erased.freed_bytes;
+  return result;
+}
+
+PoolStats SampleStore::StatsLocked(const std::string& pool_name, const Pool& pool) const {
+  PoolStats stats;
+  stats.pool = pool_name;
+  stats.model = pool.model;
+  stats.options = pool.options;
+  stats.num_samples = static_cast<int64_t>(pool.samples.size());
+  stats.num_free_samples = static_cast<int64_t>(pool.free_by_arrival.size());
+  stats.num_live_steps = pool.live_steps;
+  stats.stored_bytes = pool.stored_bytes;
+  stats.token_fields = pool.schema;
+  stats.policy_version = pool.policy_version;
+  stats.num_stale_dropped = pool.stale_dropped;
+  stats.num_incomplete_groups_dropped = pool.incomplete_groups_dropped;
+  for (const auto& [id, group] : pool.groups) {
+    if (group.stored == group.size) {
+      stats.num_complete_groups++;
+      continue;
+    }
+    stats.num_incomplete_groups++;
+    stats.incomplete_groups.push_back(
+        {id, group.size, group.stored, group.first_sealed_unix_nanos});
+  }
+  std::sort(stats.incomplete_groups.begin(), stats.incomplete_groups.end(),
+            [](const GroupShareStats& a, const GroupShareStats& b) { return a.group_id < b.group_id; });
+  SelectionRequest staleness;
+  staleness.policy_version = pool.policy_version;
+  staleness.max_staleness = pool.options.max_staleness;
+  if (staleness.max_staleness.has_value() && staleness.policy_version > 0) {
+    for (const auto& [arrival, id] : pool.free_by_arrival) {
+      if (IsStale(staleness, pool.samples.at(id)->policy_version)) stats.num_stale_samples++;
+    }
+  }
+  return stats;
+}
+
+absl::Status SampleStore::ReplayPolicyVersion(const std::string& pool_name,
+                                              int64_t policy_version) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(pool_name);
+  if (it == pools_.end()) {
+    return absl::DataLossError(absl::StrCat("policy version of unknown pool \"", pool_name, "\""));
+  }
+  it->second.policy_version = std::max(it->second.policy_version, policy_version);
+  return absl::OkStatus();
+}
+
+absl::Status SampleStore::ReplayDrop(const v1::DroppedSamplesRecord& record) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(record.pool());
+  if (it == pools_.end()) {
+    return absl::DataLossError(absl::StrCat("drop in unknown pool \"", record.pool(), "\""));
+  }
+  Pool& pool = it->second;
+  std::vector<std::string> ids(record.sample_ids().begin(), record.sample_ids().end());
+  for (const std::string& id : ids) {
+    auto arrival = pool.arrival_of.find(id);
+    if (arrival == pool.arrival_of.end() || pool.free_by_arrival.count(arrival->second) == 0) {
+      return absl::DataLossError(absl::StrCat("dropped sample \"", id, "\" is not free"));
+    }
+  }
+  for (const std::string& id : ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
+  EraseSamples(pool, ids);
+  if (record.reason() == v1::DroppedSamplesRecord::STALE) {
+    pool.stale_dropped += static_cast<int64_t>(ids.size()) + record.num_samples_counted();
+  } else {
+    pool.incomplete_groups_dropped += record.num_groups();
+    for (const std::string& group : record.group_ids()) pool.groups.erase(group);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SampleStore::ReplayUses(const v1::SampleUsesRecord& record) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(record.pool());
+  if (it == pools_.end() || record.sample_ids_size() != record.uses_size()) {
+    return absl::DataLossError(absl::StrCat("uses record of pool \"", record.pool(),
+                                            "\" does not match the store"));
+  }
+  for (int i = 0; i < record.sample_ids_size(); ++i) {
+    if (!it->second.samples.contains(record.sample_ids(i))) {
+      return absl::DataLossError(absl::StrCat("uses of unknown sample \"", record.sample_ids(i), "\""));
+    }
+    it->second.uses[record.sample_ids(i)] = record.uses(i);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rollpack

@@ -1,0 +1,320 @@
+// The sample lifecycle at the store (../shared/spec/lifecycle.md): groups,
+// versions and staleness, token budgets, reuse, incomplete groups, and all
+// of it through the durable log.
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/store/sample_store.h"
+#include "testing/durable_store.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+ModelSpec Model() {
+  ModelSpec m;
+  m.name = "m";
+  m.num_layers = 2;
+  m.num_experts = 4;
+  m.topk = 1;
+  return m;
+}
+
+StoredSample Sample(const std::string& id, int64_t n, const std::string& group = "",
+                    int32_t group_size = 0, int64_t version = 0) {
+  StoredSample s;
+  s.sample_id = id;
+  s.group_id = group;
+  s.group_size = group_size;
+  s.policy_version = version;
+  s.tokens.assign(n, 3);
+  s.experts.assign(n * 2, '\x01');
+  s.row_valid.assign(n, 1);
+  return s;
+}
+
+Topology Topo() {
+  Topology t;
+  t.max_tokens_per_rank = 4096;
+  return t;
+}
+
+StepRequest Request(const std::string& step_id) {
+  StepRequest r;
+  r.step_id = step_id;
+  r.pool = "p";
+  r.topology = Topo();
+  return r;
+}
+
+std::vector<std::string> Ids(const Step& step) { return step.sample_ids; }
+
+TEST(SampleStoreLifecycle, GroupsAreCheckedAtPutAndNothingChangesOnRefusal) {
+  SampleStore store(1 << 24);
+  PoolOptions options;
+  options.default_group_size = 2;
+  ASSERT_TRUE(store.RegisterModel("p", Model(), options).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("a1", 4, "a", 3)}).ok());
+  absl::StatusOr<PutResult> other_size = store.Put("p", {Sample("a2", 4, "a", 4)});
+  EXPECT_EQ(other_size.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other_size.status().message(),
+              HasSubstr("sample \"a2\": group \"a\" has group_size 3, this sample declares 4"));
+  ASSERT_TRUE(store.Put("p", {Sample("a2", 4, "a", 3), Sample("a3", 4, "a", 3)}).ok());
+  // A batch that would overfill the group is refused whole.
+  absl::StatusOr<PutResult> full = store.Put("p", {Sample("x", 4), Sample("a4", 4, "a", 3)});
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(full.status().message(),
+              HasSubstr("sample \"a4\": group \"a\" already has 3 samples, its group_size is 3"));
+  EXPECT_EQ(store.GetPool("p")->num_samples, 3);
+  // The pool's default size applies to a group_id without a size.
+  ASSERT_TRUE(store.Put("p", {Sample("b1", 4, "b")}).ok());
+  PoolStats pool = *store.GetPool("p");
+  EXPECT_EQ(pool.num_complete_groups, 1);
+  EXPECT_EQ(pool.num_incomplete_groups, 1);
+  ASSERT_EQ(pool.incomplete_groups.size(), 1u);
+  EXPECT_EQ(pool.incomplete_groups[0].group_id, "b");
+  EXPECT_EQ(pool.incomplete_groups[0].group_size, 2);
+  EXPECT_EQ(pool.incomplete_groups[0].num_sealed, 1);
+  // An identical re-send is a duplicate, default applied the same way.
+  absl::StatusOr<PutResult> again = store.Put("p", {Sample("b1", 4, "b")});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->duplicates, 1);
+}
+
+TEST(SampleStoreLifecycle, OptionsAreFixedAtRegistration) {
+  SampleStore store(1 << 20);
+  PoolOptions options;
+  options.max_uses = 3;
+  ASSERT_TRUE(*store.RegisterModel("p", Model(), options));
+  EXPECT_FALSE(*store.RegisterModel("p", Model(), options));
+  EXPECT_FALSE(*store.RegisterModel("p", Model()));  // no options: whatever it has
+  PoolOptions other = options;
+  other.max_uses = 4;
+  absl::StatusOr<bool> refused = store.RegisterModel("p", Model(), other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("max_uses: 3"));
+  EXPECT_EQ(store.GetOptions("p")->max_uses, 3);
+}
+
+TEST(SampleStoreLifecycle, NumGroupsTakesCompleteGroupsWholeAndExplicitIdsMustCoverThem) {
+  SampleStore store(1 << 24);
+  ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("a1", 4, "a", 2), Sample("b1", 4, "b", 2),
+                              Sample("u", 4), Sample("b2", 4, "b", 2), Sample("c1", 4, "c", 2)})
+                  .ok());
+  StepRequest whole = Request("w");
+  whole.sample_ids = {"a1", "u"};
+  whole.selection.whole_groups = true;
+  absl::StatusOr<std::shared_ptr<const Step>> refused = store.CreateStep(whole);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("group \"a\" is not covered whole: 1 of its 2 samples are missing"));
+  EXPECT_EQ(store.GetPool("p")->num_free_samples, 5);
+
+  StepRequest groups = Request("g");
+  groups.selection.num_groups = 1;
+  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(groups);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_THAT(Ids(**step), ElementsAre("b1", "b2"));
+  EXPECT_EQ((*step)->num_groups, 1);
+  groups.step_id = "g2";
+  refused = store.CreateStep(groups);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("has 0 complete free groups, 1 requested"));
+  // Plain num_samples ignores groups (today's behaviour).
+  StepRequest plain = Request("n");
+  plain.selection.num_samples = 2;
+  step = store.CreateStep(plain);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_THAT(Ids(**step), ElementsAre("a1", "u"));
+  EXPECT_EQ((*step)->num_groups, 0);
+}
+
+TEST(SampleStoreLifecycle, TokenBudgetAndNewestVersionSelection) {
+  SampleStore store(1 << 24);
+  ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("old", 100, "", 0, 1), Sample("mid", 50, "", 0, 2),
+                              Sample("new", 30, "", 0, 3)})
+                  .ok());
+  StepRequest tokens = Request("t");
+  tokens.selection.num_tokens = 85;
+  tokens.selection.order = SelectionOrder::kNewestVersion;
+  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(tokens);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_THAT(Ids(**step), ElementsAre("new", "mid"));
+  EXPECT_EQ((*step)->plan.stats.num_tokens, 80);
+  tokens.step_id = "t2";
+  tokens.selection.num_tokens = 101;
+  absl::StatusOr<std::shared_ptr<const Step>> refused = store.CreateStep(tokens);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("has 100 tokens in 1 free samples"));
+}
+
+TEST(SampleStoreLifecycle, StaleSamplesAreSkippedRefusedByNameAndDroppedWhenAsked) {
+  SampleStore store(1 << 24);
+  PoolOptions options;
+  options.max_staleness = 1;
+  options.drop_stale = true;
+  ASSERT_TRUE(store.RegisterModel("p", Model(), options).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("v1", 4, "", 0, 1), Sample("v2", 4, "", 0, 2),
+                              Sample("v3", 4, "", 0, 3), Sample("v1b", 4, "", 0, 1)})
+                  .ok());
+  // v1b sits in a live step: never touched by a drop.
+  StepRequest held = Request("held");
+  held.sample_ids = {"v1b"};
+  ASSERT_TRUE(store.CreateStep(held).ok());
+  absl::StatusOr<PoolStats> after = store.SetPolicyVersion("p", 3);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->policy_version, 3);
+  EXPECT_EQ(after->num_stale_dropped, 1);  // v1; v2 is 3 - 1, still fresh
+  EXPECT_EQ(after->num_samples, 3);
+  // A lower version changes nothing.
+  EXPECT_EQ(store.SetPolicyVersion("p", 2)->policy_version, 3);
+  // Advanced by CreateStep itself, v2 is now stale: named when asked for.
+  StepRequest explicit_stale = Request("x");
+  explicit_stale.sample_ids = {"v2"};
+  explicit_stale.selection.policy_version = 4;
+  explicit_stale.selection.max_staleness = 0;
+  absl::StatusOr<std::shared_ptr<const Step>> refused = store.CreateStep(explicit_stale);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
+  // Dropped by the advance to 4 (pool bound 1): v2 is gone.
+  EXPECT_THAT(refused.status().message(), HasSubstr("sample \"v2\" is not in pool \"p\""));
+  StepRequest count = Request("c");
+  count.selection.num_samples = 1;
+  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(count);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_THAT(Ids(**step), ElementsAre("v3"));
+  EXPECT_EQ(store.GetPool("p")->num_stale_dropped, 2);
+  EXPECT_TRUE(store.GetStep("held").ok());
+}
+
+TEST(SampleStoreLifecycle, StaleWithoutDropIsSkippedAndExplicitIdIsNamed) {
+  SampleStore store(1 << 24);
+  PoolOptions options;
+  options.max_staleness = 0;
+  ASSERT_TRUE(store.RegisterModel("p", Model(), options).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("v1", 4, "", 0, 1), Sample("v2", 4, "", 0, 2)}).ok());
+  ASSERT_TRUE(store.SetPolicyVersion("p", 2).ok());
+  EXPECT_EQ(store.GetPool("p")->num_stale_samples, 1);
+  StepRequest explicit_stale = Request("x");
+  explicit_stale.sample_ids = {"v1"};
+  absl::StatusOr<std::shared_ptr<const Step>> refused = store.CreateStep(explicit_stale);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("sample \"v1\" is stale: its policy_version 1 is older than 2 - "
+                        "max_staleness 0"));
+  // A step may loosen the bound.
+  explicit_stale.selection.max_staleness = 5;
+  EXPECT_TRUE(store.CreateStep(explicit_stale).ok());
+}
+
+TEST(SampleStoreLifecycle, ReuseReturnsSamplesInIngestOrderUntilMaxUses) {
+  SampleStore store(1 << 24);
+  PoolOptions options;
+  options.max_uses = 2;
+  ASSERT_TRUE(store.RegisterModel("p", Model(), options).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("a", 4), Sample("b", 4), Sample("c", 4)}).ok());
+  StepRequest epoch = Request("e1");
+  epoch.selection.num_samples = 2;
+  epoch.reuse_samples = true;
+  ASSERT_TRUE(store.CreateStep(epoch).ok());
+  absl::StatusOr<ReleaseResult> released = store.ReleaseStep("e1");
+  ASSERT_TRUE(released.ok());
+  EXPECT_EQ(released->returned_samples, 2);
+  EXPECT_EQ(released->released_samples, 0);
+  // Back in ingest order: a and b are again the oldest.
+  epoch.step_id = "e2";
+  absl::StatusOr<std::shared_ptr<const Step>> again = store.CreateStep(epoch);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(Ids(**again), ElementsAre("a", "b"));
+  // A sample in a live step is in no other.
+  StepRequest explicit_a = Request("x");
+  explicit_a.sample_ids = {"a"};
+  EXPECT_EQ(store.CreateStep(explicit_a).status().code(), absl::StatusCode::kFailedPrecondition);
+  released = store.ReleaseStep("e2");
+  ASSERT_TRUE(released.ok());
+  EXPECT_EQ(released->returned_samples, 0);
+  EXPECT_EQ(released->released_samples, 2);  // second use: max_uses reached
+  EXPECT_GT(released->freed_bytes, 0);
+  EXPECT_EQ(store.GetPool("p")->num_samples, 1);
+}
+
+TEST(SampleStoreLifecycle, IncompleteGroupsPastTheirTimeoutAreDroppedAndCounted) {
+  SampleStore store(1 << 24);
+  PoolOptions options;
+  options.incomplete_group_timeout_ms = 1000;
+  ASSERT_TRUE(store.RegisterModel("p", Model(), options).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("a1", 4, "a", 2), Sample("b1", 4, "b", 2),
+                              Sample("b2", 4, "b", 2), Sample("u", 4)})
+                  .ok());
+  EXPECT_EQ(store.DropExpiredGroups(absl::Now())->groups, 0);
+  absl::StatusOr<DropResult> dropped = store.DropExpiredGroups(absl::Now() + absl::Seconds(2));
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(dropped->groups, 1);
+  EXPECT_EQ(dropped->group_samples, 1);
+  PoolStats pool = *store.GetPool("p");
+  EXPECT_EQ(pool.num_samples, 3);
+  EXPECT_EQ(pool.num_incomplete_groups_dropped, 1);
+  EXPECT_EQ(pool.num_incomplete_groups, 0);
+  EXPECT_EQ(pool.num_complete_groups, 1);
+}
+
+// Every lifecycle change is in the log: a reopened store (and one reopened
+// after compaction) is the same pool.
+TEST(SampleStoreLifecycle, TheDurableLogKeepsGroupsVersionsDropsAndUses) {
+  TempDir dir;
+  PoolOptions options;
+  options.max_staleness = 0;
+  options.drop_stale = true;
+  options.max_uses = 2;
+  options.default_group_size = 2;
+  auto check = [](SampleStore& store) {
+    PoolStats pool = *store.GetPool("p");
+    EXPECT_EQ(pool.options.max_uses, 2);
+    EXPECT_EQ(pool.policy_version, 5);
+    EXPECT_EQ(pool.num_stale_dropped, 1);
+    EXPECT_EQ(pool.num_complete_groups, 1);
+    EXPECT_EQ(pool.num_samples, 3);
+  };
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(d->store->RegisterModel("p", Model(), options).ok());
+    ASSERT_TRUE(d->store->Put("p", {Sample("old", 4, "", 0, 1), Sample("g1", 4, "g", 0, 5),
+                                    Sample("g2", 4, "g", 0, 5), Sample("r", 4, "", 0, 5)})
+                    .ok());
+    ASSERT_TRUE(d->store->SetPolicyVersion("p", 5).ok());
+    StepRequest reuse = Request("r1");
+    reuse.sample_ids = {"r"};
+    reuse.reuse_samples = true;
+    ASSERT_TRUE(d->store->CreateStep(reuse).ok());
+    ASSERT_EQ(d->store->ReleaseStep("r1")->returned_samples, 1);
+    check(*d->store);
+  }
+  for (int round = 0; round < 2; ++round) {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    check(*d->store);
+    if (round == 0) ASSERT_TRUE(d->store->CompactLog().ok());
+  }
+  // The use count came back: r's second use deletes it.
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  StepRequest reuse = Request("r2");
+  reuse.sample_ids = {"r"};
+  reuse.reuse_samples = true;
+  ASSERT_TRUE(d->store->CreateStep(reuse).ok());
+  EXPECT_EQ(d->store->ReleaseStep("r2")->released_samples, 1);
+  StepRequest group = Request("g");
+  group.selection.num_groups = 1;
+  absl::StatusOr<std::shared_ptr<const Step>> step = d->store->CreateStep(group);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_THAT(Ids(**step), ElementsAre("g1", "g2"));
+}
+
+}  // namespace
+}  // namespace rollpack

@@ -1,0 +1,215 @@
+// The sample lifecycle over a cluster with real processes
+// (../shared/spec/lifecycle.md: "Everything holds cluster-wide"): a GRPO
+// group's samples on several members is one group; whole groups, token
+// budgets, staleness, reuse and options hold over every member.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cpp/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/cluster_fixture.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAreArray;
+
+v1::Topology Topo() {
+  v1::Topology t;
+  t.set_dp(2);
+  t.set_max_tokens_per_rank(4096);
+  return t;
+}
+
+v1::CreateStepRequest Request(const std::string& step_id) {
+  v1::CreateStepRequest request;
+  request.set_step_id(step_id);
+  request.set_pool("pool");
+  *request.mutable_topology() = Topo();
+  return request;
+}
+
+class ClusterLifecycleTest : public ClusterFixture {
+ protected:
+  void StartThree(const v1::PoolOptions& options) {
+    for (size_t i = 0; i < 3; ++i) StartMember(i);
+    v1::RegisterModelRequest request;
+    request.set_pool("pool");
+    *request.mutable_model() = ClusterModel();
+    *request.mutable_options() = options;
+    ASSERT_TRUE(Client(0).RegisterModel(request).ok());
+  }
+
+  // `count` samples of group `group` (of `size`) put on member `member`.
+  void PutGroup(size_t member, const std::string& group, int size, int first, int count,
+                int64_t version = 0) {
+    std::vector<v1::Sample> samples =
+        ClusterSamples(count, 100 + member * 10 + first, absl::StrCat(group, "-", first, "-"));
+    for (v1::Sample& s : samples) {
+      s.set_group_id(group);
+      s.set_group_size(size);
+      s.set_policy_version(version);
+    }
+    absl::StatusOr<v1::PutSamplesResponse> put = Client(member).PutSamples("pool", samples);
+    ASSERT_TRUE(put.ok()) << put.status();
+    for (const v1::Sample& s : samples) ids_[group].push_back(s.sample_id());
+  }
+
+  std::vector<std::string> PlanIds(size_t via, const std::string& step_id) {
+    absl::StatusOr<v1::Plan> plan = Client(via).GetPlan(step_id);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    std::vector<std::string> out;
+    if (!plan.ok()) return out;
+    for (const auto& mb : plan->microbatches()) {
+      for (const auto& g : mb.groups()) out.insert(out.end(), g.sample_ids().begin(), g.sample_ids().end());
+    }
+    return out;
+  }
+
+  std::map<std::string, std::vector<std::string>> ids_;
+};
+
+TEST_F(ClusterLifecycleTest, GroupsSpreadOverMembersAreTakenWholeAndCountedOnce) {
+  StartThree(v1::PoolOptions());
+  // Group "a" on members 0 and 2; group "b" on member 1 alone; group "c"
+  // incomplete over 0 and 1.
+  PutGroup(0, "a", 4, 0, 2);
+  PutGroup(1, "b", 3, 0, 3);
+  PutGroup(2, "a", 4, 2, 2);
+  PutGroup(0, "c", 4, 0, 1);
+  PutGroup(1, "c", 4, 1, 1);
+  absl::StatusOr<v1::PoolInfo> pool = Client(1).GetPool("pool");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(pool->num_complete_groups(), 2);
+  EXPECT_EQ(pool->num_incomplete_groups(), 1);
+  EXPECT_EQ(pool->incomplete_group_shares_size(), 0);  // summed, not listed
+
+  // Oldest complete first: "b" completed before "a".
+  v1::CreateStepRequest groups = Request("g1");
+  groups.set_num_groups(1);
+  absl::StatusOr<v1::StepInfo> step = Client(2).CreateStep(groups);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->num_groups(), 1);
+  EXPECT_THAT(PlanIds(0, "g1"), UnorderedElementsAreArray(ids_["b"]));
+  groups.set_step_id("g2");
+  step = Client(0).CreateStep(groups);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_THAT(PlanIds(1, "g2"), UnorderedElementsAreArray(ids_["a"]));
+  groups.set_step_id("g3");
+  absl::StatusOr<v1::StepInfo> none = Client(1).CreateStep(groups);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("0 complete free groups"));
+
+  // Explicit ids covering part of "c" (its samples on two members).
+  v1::CreateStepRequest partial = Request("c1");
+  partial.add_sample_ids(ids_["c"][0]);
+  partial.add_sample_ids(ids_["c"][1]);
+  partial.set_whole_groups(true);
+  absl::StatusOr<v1::StepInfo> refused = Client(2).CreateStep(partial);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("group \"c\" is not covered whole: 2 of its 4 samples are missing"));
+  EXPECT_EQ(Client(0).GetPool("pool")->num_free_samples(), 2);
+}
+
+TEST_F(ClusterLifecycleTest, PolicyVersionReachesEveryMemberAndStaleSamplesGo) {
+  v1::PoolOptions options;
+  options.set_max_staleness(1);
+  options.set_drop_stale(true);
+  StartThree(options);
+  PutGroup(0, "x", 0, 0, 2, /*version=*/1);
+  PutGroup(1, "y", 0, 0, 2, /*version=*/1);
+  PutGroup(2, "z", 0, 0, 2, /*version=*/3);
+  // Another member adopted the pool with the cluster's options.
+  absl::StatusOr<v1::PoolInfo> info = Client(2).SetPolicyVersion("pool", 3);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->policy_version(), 3);
+  EXPECT_EQ(info->num_stale_dropped(), 4);
+  EXPECT_EQ(info->num_samples(), 2);
+  absl::StatusOr<v1::PoolInfo> pool = Client(0).GetPool("pool");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->policy_version(), 3);
+  EXPECT_EQ(pool->options().max_staleness(), 1);
+  for (const v1::MemberPoolInfo& m : pool->members()) EXPECT_TRUE(m.error().empty()) << m.error();
+  // Other options on the cluster's pool are refused by any member.
+  v1::RegisterModelRequest other;
+  other.set_pool("pool");
+  *other.mutable_model() = ClusterModel();
+  other.mutable_options()->set_max_uses(2);
+  EXPECT_EQ(Client(1).RegisterModel(other).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ClusterLifecycleTest, ReuseStepsReturnSamplesOnEveryOwnerAndTokenBudgetsSpanMembers) {
+  v1::PoolOptions options;
+  options.set_max_uses(2);
+  StartThree(options);
+  PutGroup(0, "u", 0, 0, 2);
+  PutGroup(1, "v", 0, 0, 2);
+  int64_t total = 0;
+  absl::StatusOr<v1::PoolInfo> pool = Client(0).GetPool("pool");
+  ASSERT_TRUE(pool.ok());
+  ASSERT_EQ(pool->num_samples(), 4);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    v1::CreateStepRequest request = Request(absl::StrCat("e", epoch));
+    request.set_num_samples(4);
+    request.set_reuse_samples(true);
+    absl::StatusOr<v1::StepInfo> step = Client(2).CreateStep(request);
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_TRUE(step->reuse_samples());
+    total = step->num_tokens();
+    absl::StatusOr<v1::ReleaseStepResponse> released = Client(epoch).ReleaseStep(request.step_id());
+    ASSERT_TRUE(released.ok()) << released.status();
+    EXPECT_EQ(released->returned_samples(), epoch == 0 ? 4 : 0);
+    EXPECT_EQ(released->released_samples(), epoch == 0 ? 0 : 4);
+  }
+  EXPECT_GT(total, 0);
+  EXPECT_EQ(Client(1).GetPool("pool")->num_samples(), 0);
+
+  // A budget over samples on two members, and its refusal naming the total.
+  PutGroup(0, "w", 0, 0, 2);
+  PutGroup(1, "t", 0, 0, 2);
+  const int64_t free_tokens = [&] {
+    v1::CreateStepRequest probe = Request("probe");
+    probe.set_num_tokens(int64_t{1} << 40);
+    absl::StatusOr<v1::StepInfo> refused = Client(0).CreateStep(probe);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    const std::string message(refused.status().message());
+    const size_t at = message.find(" has ");
+    return at == std::string::npos ? int64_t{-1} : std::stoll(message.substr(at + 5));
+  }();
+  ASSERT_GT(free_tokens, 0);
+  v1::CreateStepRequest budget = Request("budget");
+  budget.set_num_tokens(free_tokens);
+  absl::StatusOr<v1::StepInfo> step = Client(2).CreateStep(budget);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->num_samples(), 4);
+  EXPECT_EQ(step->num_tokens(), free_tokens);
+}
+
+TEST_F(ClusterLifecycleTest, AGroupIncompleteOverTheClusterIsDroppedAndOneCompleteIsNot) {
+  v1::PoolOptions options;
+  options.set_incomplete_group_timeout_ms(500);
+  StartThree(options);
+  PutGroup(0, "done", 2, 0, 1);
+  PutGroup(1, "done", 2, 1, 1);  // complete only over two members
+  PutGroup(2, "lost", 2, 0, 1);
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<v1::PoolInfo> pool = Client(0).GetPool("pool");
+        return pool.ok() && pool->num_incomplete_groups_dropped() == 1;
+      },
+      absl::Seconds(15)));
+  absl::StatusOr<v1::PoolInfo> pool = Client(1).GetPool("pool");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_samples(), 2);
+  EXPECT_EQ(pool->num_complete_groups(), 1);
+  EXPECT_EQ(pool->num_incomplete_groups(), 0);
+}
+
+}  // namespace
+}  // namespace rollpack
