@@ -65,7 +65,13 @@ int32_t CountCompleteGroups(absl::Span<const SampleCandidate> samples) {
 }
 
 absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candidates,
-                                        const SelectionRequest& request, absl::string_view what) {
+                                        const SelectionRequest& request, absl::string_view what,
+                                        bool prefix) {
+  if (prefix && request.order != SelectionOrder::kOldest) {
+    return absl::InternalError("a prefix of the free samples decides only OLDEST selections");
+  }
+  Selection more;
+  more.needs_more = true;
   const int set = (request.num_samples > 0) + (request.num_groups > 0) + (request.num_tokens > 0);
   if (set != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -151,6 +157,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
   int64_t tokens = 0;
   if (request.num_groups > 0) {
     if (static_cast<int64_t>(items.size()) < request.num_groups) {
+      if (prefix) return more;
       return absl::FailedPreconditionError(absl::StrCat(what, " has ", items.size(), " ", unit,
                                                         StalenessNote(request, stale), ", ",
                                                         request.num_groups, " requested"));
@@ -159,6 +166,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
   } else if (request.num_samples > 0) {
     if (!request.whole_groups) {
       if (static_cast<int64_t>(items.size()) < request.num_samples) {
+        if (prefix) return more;
         return absl::FailedPreconditionError(absl::StrCat(what, " has ", items.size(), " ", unit,
                                                           StalenessNote(request, stale), ", ",
                                                           request.num_samples, " requested"));
@@ -169,6 +177,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
         samples += items[taken++].count;
       }
       if (samples != request.num_samples) {
+        if (prefix && taken == items.size()) return more;
         return absl::FailedPreconditionError(absl::StrCat(
             what, ": whole groups in selection order reach ", samples, " samples, not ",
             request.num_samples,
@@ -181,6 +190,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
     int64_t total = 0;
     for (const Item& item : items) total += item.num_tokens;
     if (total < request.num_tokens) {
+      if (prefix) return more;
       return absl::FailedPreconditionError(absl::StrCat(
           what, " has ", total, " tokens in ", items.size(), " ", unit,
           StalenessNote(request, stale), ", num_tokens ", request.num_tokens, " requested"));

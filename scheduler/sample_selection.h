@@ -54,14 +54,23 @@ struct Selection {
   int64_t num_tokens = 0;
   // Complete groups among the chosen samples.
   int32_t num_groups = 0;
+  // With `prefix`: the prefix did not decide the selection (nothing chosen).
+  bool needs_more = false;
 };
 
 // Selects from `free_candidates`: the pool's free, sealed samples in ingest
 // order (index = ingest rank). FAILED_PRECONDITION, naming what is
 // available, when the request cannot be met; INVALID_ARGUMENT when it
 // selects nothing. `what` prefixes errors (e.g. `step "s1": pool "p"`).
+//
+// `prefix`: the candidates are only the oldest free samples (OLDEST order
+// only). Items that complete within a prefix come first in the whole order
+// too, so a selection the prefix meets is the whole pool's; when it falls
+// short, the result has needs_more set and the caller asks again with more.
+// A pool of 10^5 free samples then costs what the step takes, not the pool.
 absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> free_candidates,
-                                        const SelectionRequest& request, absl::string_view what);
+                                        const SelectionRequest& request, absl::string_view what,
+                                        bool prefix = false);
 
 // Explicit ids, already known to be free and stored (`chosen`, in the
 // order given): FAILED_PRECONDITION naming a stale sample and its version,

@@ -244,6 +244,44 @@ TEST(SampleSelection, ExplicitIdsNameAStaleSampleAndAGroupNotCoveredWhole) {
   EXPECT_EQ(*checked, 0);
 }
 
+// A prefix of the oldest free samples decides an OLDEST selection exactly
+// when the whole pool would choose the same; otherwise it asks for more.
+TEST(SampleSelection, APrefixDecidesOnlyWhatTheWholePoolWouldChoose) {
+  Pool p;
+  for (int i = 0; i < 40; ++i) {
+    const std::string g = "g" + std::to_string(i % 10);
+    p.Add("s" + std::to_string(i), 1 + (i * 7) % 13, 0, g, 4);
+  }
+  const std::vector<SampleCandidate> all = p.Span();
+  for (int64_t amount : {1, 2, 5, 9, 10}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SelectionRequest r;
+      if (kind == 0) r.num_groups = amount;
+      if (kind == 1 || kind == 2) r.num_tokens = amount * 20;
+      if (kind == 3) r.num_samples = amount * 4;
+      r.whole_groups = kind >= 2;
+      auto whole = SelectSamples(all, r, "step");
+      for (size_t n = 0; n <= all.size(); ++n) {
+        auto part = SelectSamples(absl::MakeConstSpan(all).subspan(0, n), r, "step",
+                                  /*prefix=*/n < all.size());
+        ASSERT_TRUE(part.ok() || !whole.ok()) << part.status();
+        if (!part.ok()) {
+          EXPECT_EQ(part.status().code(), whole.status().code());
+          continue;
+        }
+        if (part->needs_more) continue;
+        ASSERT_TRUE(whole.ok()) << "kind " << kind << " amount " << amount << " prefix " << n;
+        EXPECT_EQ(part->chosen, whole->chosen) << "kind " << kind << " prefix " << n;
+      }
+    }
+  }
+  SelectionRequest newest;
+  newest.num_samples = 1;
+  newest.order = SelectionOrder::kNewestVersion;
+  EXPECT_EQ(SelectSamples(all, newest, "step", /*prefix=*/true).status().code(),
+            absl::StatusCode::kInternal);
+}
+
 TEST(SampleSelection, SameInputsSameSelection) {
   Pool p;
   for (int i = 0; i < 200; ++i) {

@@ -395,14 +395,22 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
                                                 absl::StrCat("step \"", step_id, "\"")));
       }
     } else {
-      // A plain "oldest N, nothing stale" reads only the first N free
-      // samples (today's cost); any other selection reads every one.
-      const bool plain = selection.num_samples > 0 && !selection.whole_groups &&
-                         selection.order == SelectionOrder::kOldest &&
-                         !(selection.policy_version > 0 && selection.max_staleness.has_value());
-      const std::vector<SampleCandidate> candidates =
-          FreeCandidates(pool, plain ? selection.num_samples : -1);
-      ASSIGN_OR_RETURN(Selection chosen, SelectSamples(candidates, selection, what));
+      // Oldest-first selections read a growing prefix of the free samples
+      // until it decides them (sample_selection.h), so a step costs what it
+      // takes, not what the pool holds; newest-first reads every one.
+      const int64_t free = static_cast<int64_t>(pool.free_by_arrival.size());
+      int64_t limit = selection.order == SelectionOrder::kOldest
+                          ? std::max<int64_t>(selection.num_samples, 4096)
+                          : free;
+      std::vector<SampleCandidate> candidates;
+      Selection chosen;
+      while (true) {
+        candidates = FreeCandidates(pool, std::min(limit, free));
+        const bool prefix = static_cast<int64_t>(candidates.size()) < free;
+        ASSIGN_OR_RETURN(chosen, SelectSamples(candidates, selection, what, prefix));
+        if (!chosen.needs_more) break;
+        limit *= 4;
+      }
       for (int32_t i : chosen.chosen) {
         samples.push_back(pool.samples.at(std::string(candidates[i].sample_id)));
       }

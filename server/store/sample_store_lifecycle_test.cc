@@ -134,6 +134,34 @@ TEST(SampleStoreLifecycle, NumGroupsTakesCompleteGroupsWholeAndExplicitIdsMustCo
   EXPECT_EQ((*step)->num_groups, 0);
 }
 
+// Oldest-first selections read a growing prefix of the free samples: a
+// group that completes only after thousands of others is still found, and
+// the answer is the whole pool's.
+TEST(SampleStoreLifecycle, SelectionsFindWhatLiesPastTheFirstThousands) {
+  SampleStore store(int64_t{1} << 30);
+  ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+  std::vector<StoredSample> samples;
+  samples.push_back(Sample("late-0", 4, "late", 2));
+  for (int i = 0; i < 20000; ++i) samples.push_back(Sample("u" + std::to_string(i), 2));
+  samples.push_back(Sample("late-1", 4, "late", 2));
+  ASSERT_TRUE(store.Put("p", std::move(samples)).ok());
+  StepRequest groups = Request("g");
+  groups.selection.num_groups = 1;
+  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(groups);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_THAT(Ids(**step), ElementsAre("late-0", "late-1"));
+  StepRequest tokens = Request("t");
+  tokens.selection.num_tokens = 30000;
+  step = store.CreateStep(tokens);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ((*step)->sample_ids.size(), 15000u);
+  StepRequest too_many = Request("x");
+  too_many.selection.num_tokens = 10001;
+  absl::StatusOr<std::shared_ptr<const Step>> refused = store.CreateStep(too_many);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("has 10000 tokens in 5000 free samples"));
+}
+
 TEST(SampleStoreLifecycle, TokenBudgetAndNewestVersionSelection) {
   SampleStore store(1 << 24);
   ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
