@@ -43,10 +43,13 @@ std::string StalenessNote(const SelectionRequest& request, int64_t stale) {
 }  // namespace
 
 bool IsStale(const SelectionRequest& request, int64_t policy_version) {
-  if (request.policy_version == 0 || !request.max_staleness.has_value()) return false;
-  // Written so that no subtraction can overflow.
-  return policy_version < request.policy_version &&
-         request.policy_version - policy_version > *request.max_staleness;
+  if (request.policy_version <= 0 || !request.max_staleness.has_value() ||
+      *request.max_staleness < 0) {
+    return false;
+  }
+  // Both are >= 0 here, so the difference cannot overflow (a sample's own
+  // version may be any int64).
+  return policy_version < request.policy_version - *request.max_staleness;
 }
 
 int32_t CountCompleteGroups(absl::Span<const SampleCandidate> samples) {
@@ -236,10 +239,7 @@ absl::StatusOr<int32_t> CheckExplicitSelection(absl::Span<const SampleCandidate>
       if (Grouped(c)) ++counts[c.group_id];
     }
     for (const SampleCandidate& c : chosen) {
-      if (!Grouped(c)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what, ": sample \"", c.sample_id, "\" belongs to no group and whole_groups is set"));
-      }
+      if (!Grouped(c)) continue;  // an ungrouped sample is whole by itself
       const int32_t have = counts.at(c.group_id);
       if (have < c.group_size) {
         return absl::FailedPreconditionError(absl::StrCat(

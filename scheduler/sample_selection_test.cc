@@ -1,5 +1,6 @@
 #include "scheduler/sample_selection.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,9 @@ TEST(SampleSelection, StaleSamplesAreNeverSelectedAndNamedInTheShortfall) {
   edge.max_staleness = 9;
   EXPECT_FALSE(IsStale(edge, 1));
   EXPECT_TRUE(IsStale(edge, 0));
+  // Any version a producer sends is compared without overflow.
+  EXPECT_TRUE(IsStale(edge, std::numeric_limits<int64_t>::min()));
+  EXPECT_FALSE(IsStale(edge, std::numeric_limits<int64_t>::max()));
 }
 
 TEST(SampleSelection, GroupsAreTakenWholeInTheOrderTheyCompleted) {
@@ -242,6 +246,11 @@ TEST(SampleSelection, ExplicitIdsNameAStaleSampleAndAGroupNotCoveredWhole) {
   checked = CheckExplicitSelection({all[0], all[1]}, r, "step \"s\"");
   ASSERT_TRUE(checked.ok());
   EXPECT_EQ(*checked, 0);
+  // An ungrouped sample is whole by itself.
+  r.whole_groups = true;
+  r.policy_version = 0;
+  checked = CheckExplicitSelection({all[2]}, r, "step \"s\"");
+  EXPECT_TRUE(checked.ok()) << checked.status();
 }
 
 // A prefix of the oldest free samples decides an OLDEST selection exactly

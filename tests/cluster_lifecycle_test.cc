@@ -89,6 +89,15 @@ TEST_F(ClusterLifecycleTest, GroupsSpreadOverMembersAreTakenWholeAndCountedOnce)
   EXPECT_EQ(pool->num_incomplete_groups(), 1);
   EXPECT_EQ(pool->incomplete_group_shares_size(), 0);  // summed, not listed
 
+  // A plain oldest-7 step holds "a" (two members) and "b" whole: counted.
+  v1::CreateStepRequest plain = Request("plain");
+  plain.set_num_samples(7);
+  plain.set_reuse_samples(true);
+  absl::StatusOr<v1::StepInfo> counted = Client(1).CreateStep(plain);
+  ASSERT_TRUE(counted.ok()) << counted.status();
+  EXPECT_EQ(counted->num_groups(), 2);
+  ASSERT_EQ(Client(1).ReleaseStep("plain")->returned_samples(), 7);
+
   // Oldest complete first: "b" completed before "a".
   v1::CreateStepRequest groups = Request("g1");
   groups.set_num_groups(1);
@@ -197,14 +206,19 @@ TEST_F(ClusterLifecycleTest, AGroupIncompleteOverTheClusterIsDroppedAndOneComple
   StartThree(options);
   PutGroup(0, "done", 2, 0, 1);
   PutGroup(1, "done", 2, 1, 1);  // complete only over two members
-  PutGroup(2, "lost", 2, 0, 1);
+  PutGroup(2, "lost", 3, 0, 1);  // incomplete over two members
+  PutGroup(0, "lost", 3, 1, 1);
   ASSERT_TRUE(Eventually(
       [&] {
         absl::StatusOr<v1::PoolInfo> pool = Client(0).GetPool("pool");
-        return pool.ok() && pool->num_incomplete_groups_dropped() == 1;
+        return pool.ok() && pool->num_samples() == 2;
       },
       absl::Seconds(15)));
+  // Both members dropped their share; one counted it. Checks go on.
+  absl::SleepFor(absl::Seconds(3));
   absl::StatusOr<v1::PoolInfo> pool = Client(1).GetPool("pool");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_incomplete_groups_dropped(), 1);
   ASSERT_TRUE(pool.ok());
   EXPECT_EQ(pool->num_samples(), 2);
   EXPECT_EQ(pool->num_complete_groups(), 1);

@@ -59,6 +59,14 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
       return;
     }
     bytes[i] = static_cast<int64_t>(list.ByteSizeLong() + response.ByteSizeLong());
+    // An older member leaves out the groups and versions (and lists nothing
+    // for "every free sample"): selecting without them would be wrong.
+    if (!response.lifecycle()) {
+      listings[i] = absl::FailedPreconditionError(absl::StrCat(
+          "member ", members[i].id, " runs a rollpackd without the sample lifecycle; every "
+          "member must run the same version (docs/cluster.md)"));
+      return;
+    }
     SampleStore::SampleListing listing;
     listing.sample_ids.assign(response.sample_ids().begin(), response.sample_ids().end());
     listing.num_tokens.assign(response.num_tokens().begin(), response.num_tokens().end());
@@ -91,12 +99,6 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
     if (l.num_tokens.size() != n || l.free.size() != n || l.arrival_unix_nanos.size() != n) {
       return absl::InternalError(
           absl::StrCat("member ", members[i].id, " answered ListFreeSamples inconsistently"));
-    }
-    if (l.group_ids.empty() && l.group_sizes.empty() && l.policy_versions.empty()) {
-      // Not asked for (the plain path): selection does not read them.
-      l.group_ids.assign(n, "");
-      l.group_sizes.assign(n, 0);
-      l.policy_versions.assign(n, 0);
     }
     if (l.group_ids.size() != n || l.group_sizes.size() != n || l.policy_versions.size() != n) {
       return absl::InternalError(absl::StrCat("member ", members[i].id,

@@ -95,16 +95,11 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
   const Topology& topology = request.topology;
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
   ASSIGN_OR_RETURN(ModelSpec model, store_->GetOrAdoptModel(pool));
-  // The trainer's version, when it says one, reaches every member first
-  // (their drop_stale), as SetPolicyVersion does.
-  if (request.selection.policy_version > 0) {
-    RETURN_IF_ERROR(
-        SetPolicyVersion(pool, request.selection.policy_version, /*local_only=*/false).status());
-  }
-  ASSIGN_OR_RETURN(PoolStats local_pool, store_->GetPool(pool));
+  // Staleness at the request's version (0: no check), under its bound or
+  // the pool's, which every member holds alike.
+  ASSIGN_OR_RETURN(PoolOptions pool_options, store_->GetOptions(pool));
   SelectionRequest selection = request.selection;
-  selection.policy_version = std::max(selection.policy_version, local_pool.policy_version);
-  if (!selection.max_staleness.has_value()) selection.max_staleness = local_pool.options.max_staleness;
+  if (!selection.max_staleness.has_value()) selection.max_staleness = pool_options.max_staleness;
   const std::string key = StepKey(cluster, step_id);
   ASSIGN_OR_RETURN(int64_t existing, cluster->etcd()->CreateRevision(key));
   if (existing != 0) {
@@ -164,6 +159,17 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
     return absl::AlreadyExistsError(absl::StrCat("step \"", step_id, "\" already exists"));
   }
   ConfirmAll(cluster, record);
+  // The trainer's version, when it says one, reaches every member once the
+  // step exists (a refused CreateStep changes nothing). The step stands
+  // either way; a member that missed it learns it at the next report.
+  if (request.selection.policy_version > 0) {
+    absl::Status reported =
+        SetPolicyVersion(pool, request.selection.policy_version, /*local_only=*/false).status();
+    if (!reported.ok()) {
+      spdlog::warn("rollpackd: step \"{}\": recording policy version {}: {}", step_id,
+                   request.selection.policy_version, reported.ToString());
+    }
+  }
   // The revision that tells this step from one created later under its id.
   absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(key);
   if (!revision.ok() || *revision == 0) return step;  // looked up (and cached) later
@@ -207,6 +213,12 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
       results[i] = FromPeer(cluster->MemberStub({record.members(i), record.members(i)})
                                 ->HoldSamples(&context, request, &response),
                             record.members(i), "HoldSamples");
+      // An older member would delete a reuse step's samples at release.
+      if (results[i].ok() && record.reuse_samples() && !response.lifecycle()) {
+        results[i] = absl::FailedPreconditionError(absl::StrCat(
+            "member ", record.members(i), " runs a rollpackd without reuse steps; every member "
+            "must run the same version (docs/cluster.md)"));
+      }
     }
   });
   for (size_t i = 0; i < results.size(); ++i) {

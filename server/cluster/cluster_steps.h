@@ -126,6 +126,8 @@ class ClusterSteps final : public StepDirectory {
   // Groups incomplete here past their pool's timeout, dropped only when
   // every member answers and they are incomplete over the whole cluster.
   void DropExpiredGroups(Cluster* cluster);
+  // Only the background thread reads and writes it.
+  absl::Time next_group_check_ = absl::InfinitePast();
 
   SampleStore* const store_;
   const ClusterStepsOptions options_;

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/cluster/cluster_steps.h"
+#include "server/cluster/peer_calls.h"
 #include "spdlog/spdlog.h"
 
 namespace rollpack {
@@ -116,18 +117,32 @@ void ClusterSteps::PruneCache(Cluster* cluster) {
 }
 
 void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
-  const std::map<std::string, std::vector<std::string>> expired =
-      store_->ExpiredGroups(absl::Now());
+  // A group complete over the cluster but not here stays a candidate: its
+  // check (a GetPool of every member) runs at most every few seconds.
+  const absl::Time now = absl::Now();
+  if (now < next_group_check_) return;
+  const std::map<std::string, std::vector<std::string>> expired = store_->ExpiredGroups(now);
   if (expired.empty()) return;
+  next_group_check_ = now + absl::Seconds(2);
   absl::StatusOr<std::vector<ClusterMember>> members = cluster->Members();
   if (!members.ok()) return;
   for (const auto& [pool, candidates] : expired) {
     // Sealed samples of each group over every member.
-    absl::flat_hash_map<std::string, std::pair<int32_t, int64_t>> sealed;  // size, count
+    struct Share {
+      int32_t size = 0;
+      int64_t sealed = 0;
+      // The first member in id order holding some of it: the one that
+      // counts the drop, so a group over k members is counted once.
+      std::string first_holder;
+    };
+    absl::flat_hash_map<std::string, Share> shares;
     bool everyone = true;
-    auto add = [&](const std::string& group, int32_t size, int64_t count) {
-      sealed[group].first = size;
-      sealed[group].second += count;
+    auto add = [&](const std::string& group, int32_t size, int64_t count,
+                   const std::string& member) {
+      Share& share = shares[group];
+      share.size = size;
+      share.sealed += count;
+      if (share.first_holder.empty()) share.first_holder = member;
     };
     for (const ClusterMember& member : *members) {
       if (member.id == cluster->self().id) {
@@ -137,7 +152,7 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
           break;
         }
         for (const GroupShareStats& g : stats->incomplete_groups) {
-          add(g.group_id, g.group_size, g.num_sealed);
+          add(g.group_id, g.group_size, g.num_sealed, member.id);
         }
         continue;
       }
@@ -148,16 +163,39 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
         break;
       }
       for (const v1::GroupShare& g : share->incomplete_group_shares()) {
-        add(g.group_id(), g.group_size(), g.num_sealed());
+        add(g.group_id(), g.group_size(), g.num_sealed(), member.id);
       }
     }
     if (!everyone) continue;
+    // Only the group's first holder acts: it asks the other holders to
+    // drop their shares, then drops (and counts) its own. Another member
+    // whose clock ran out first waits for it.
     std::vector<std::string> doomed;
     for (const std::string& group : candidates) {
-      auto it = sealed.find(group);
-      if (it != sealed.end() && it->second.second < it->second.first) doomed.push_back(group);
+      auto it = shares.find(group);
+      if (it == shares.end() || it->second.sealed >= it->second.size) continue;
+      if (it->second.first_holder == cluster->self().id) doomed.push_back(group);
     }
-    absl::StatusOr<DropResult> dropped = store_->DropGroups(pool, doomed);
+    if (doomed.empty()) continue;
+    bool others_dropped = true;
+    for (const ClusterMember& member : *members) {
+      if (member.id == cluster->self().id) continue;
+      v1::DropGroupsRequest request;
+      request.set_pool(pool);
+      for (const std::string& group : doomed) request.add_group_ids(group);
+      v1::DropGroupsResponse response;
+      grpc::ClientContext context;
+      SetDeadline(&context, options_.member_timeout);
+      absl::Status s = FromPeer(cluster->MemberStub(member)->DropGroups(&context, request, &response),
+                                member.id, "DropGroups");
+      if (!s.ok() && !absl::IsNotFound(s)) {
+        spdlog::warn("rollpackd: pool \"{}\": dropping expired groups: {}", pool, s.ToString());
+        others_dropped = false;
+      }
+    }
+    // Counted once every share is gone, so that a retry does not count twice.
+    if (!others_dropped) continue;
+    absl::StatusOr<DropResult> dropped = store_->DropGroups(pool, doomed, /*count=*/true);
     if (dropped.ok() && dropped->groups > 0) {
       spdlog::warn("rollpackd: pool \"{}\": dropped {} groups ({} samples held here) still "
                    "incomplete over the cluster after incomplete_group_timeout_ms",

@@ -86,21 +86,20 @@ grpc::ServerUnaryReactor* MemberService::ListFreeSamples(grpc::CallbackServerCon
     response->mutable_arrival_unix_nanos()->Assign(listing->arrival_unix_nanos.begin(),
                                                    listing->arrival_unix_nanos.end());
     for (bool free : listing->free) response->add_free(free);
-    // Asked for, or explicit ids (their groups and versions are checked).
-    if (request->all_with_metadata() || !ids.empty()) {
-      for (const std::string& group : listing->group_ids) response->add_group_ids(group);
-      response->mutable_group_sizes()->Assign(listing->group_sizes.begin(),
-                                              listing->group_sizes.end());
-      response->mutable_policy_versions()->Assign(listing->policy_versions.begin(),
-                                                  listing->policy_versions.end());
-    }
+    for (const std::string& group : listing->group_ids) response->add_group_ids(group);
+    response->mutable_group_sizes()->Assign(listing->group_sizes.begin(),
+                                            listing->group_sizes.end());
+    response->mutable_policy_versions()->Assign(listing->policy_versions.begin(),
+                                                listing->policy_versions.end());
+    response->set_lifecycle(true);
   }
   return Finish(context, listing.status());
 }
 
 grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext* context,
                                                      const v1::HoldSamplesRequest* request,
-                                                     v1::HoldSamplesResponse*) {
+                                                     v1::HoldSamplesResponse* response) {
+  response->set_lifecycle(true);
   return Finish(context, store_->Hold(request->step_id(), request->pool(),
                                       Ids(request->sample_ids()), request->coordinator(),
                                       request->attempt(), request->reuse_samples()));
@@ -131,6 +130,15 @@ grpc::ServerUnaryReactor* MemberService::ReleaseHold(grpc::CallbackServerContext
     response->set_freed_bytes(released->freed_bytes);
   }
   return Finish(context, released.status());
+}
+
+grpc::ServerUnaryReactor* MemberService::DropGroups(grpc::CallbackServerContext* context,
+                                                    const v1::DropGroupsRequest* request,
+                                                    v1::DropGroupsResponse* response) {
+  absl::StatusOr<DropResult> dropped = store_->DropGroups(
+      request->pool(), Ids(request->group_ids()), /*count=*/false);
+  if (dropped.ok()) response->set_dropped_samples(dropped->group_samples);
+  return Finish(context, dropped.status());
 }
 
 grpc::ServerWriteReactor<v1::SampleBatch>* MemberService::ReadSamples(

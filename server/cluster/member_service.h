@@ -27,6 +27,9 @@ class MemberService final : public v1::Member::CallbackService {
   grpc::ServerUnaryReactor* ReleaseHold(grpc::CallbackServerContext* context,
                                         const v1::StepHoldRequest* request,
                                         v1::DropHoldResponse* response) override;
+  grpc::ServerUnaryReactor* DropGroups(grpc::CallbackServerContext* context,
+                                       const v1::DropGroupsRequest* request,
+                                       v1::DropGroupsResponse* response) override;
   grpc::ServerWriteReactor<v1::SampleBatch>* ReadSamples(
       grpc::CallbackServerContext* context, const v1::ReadSamplesRequest* request) override;
 

@@ -72,6 +72,10 @@ absl::StatusOr<bool> RolloutsService::RegisterHere(const std::string& pool,
   // Checked before anything is fixed for the whole cluster.
   RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
   RETURN_IF_ERROR(ValidateModelSpec(model));
+  // Options before the model: a member that adopts the pool once its model
+  // is in etcd finds its options there too.
+  ASSIGN_OR_RETURN(PoolOptions held_options,
+                   cluster->FixPoolOptions(pool, options.value_or(PoolOptions{})));
   bool created = false;
   ASSIGN_OR_RETURN(ModelSpec held, cluster->RegisterPool(pool, model, &created));
   if (!(held == model)) {
@@ -80,9 +84,7 @@ absl::StatusOr<bool> RolloutsService::RegisterHere(const std::string& pool,
         "\" with another spec in cluster \"", cluster->options().name,
         "\"; a pool holds one model"));
   }
-  // The first registration fixes the options for the whole cluster.
-  ASSIGN_OR_RETURN(PoolOptions held_options,
-                   cluster->FixPoolOptions(pool, options.value_or(PoolOptions{})));
+  // The first registration fixed the options for the whole cluster.
   if (options.has_value() && held_options != *options) {
     return absl::FailedPreconditionError(absl::StrCat(
         "pool \"", pool, "\" was registered with other options (",

@@ -61,6 +61,7 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Member/ConfirmHold", {Role::kAdmin}},
       {"/rollpack.v1.Member/DropHold", {Role::kAdmin}},
       {"/rollpack.v1.Member/ReleaseHold", {Role::kAdmin}},
+      {"/rollpack.v1.Member/DropGroups", {Role::kAdmin}},
       {"/rollpack.v1.Member/ReadSamples", {Role::kAdmin}},
   };
   return *kTable;

@@ -355,12 +355,6 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
   RETURN_IF_ERROR(ValidateCreateStep(request));
   const std::string& step_id = request.step_id;
   const std::string& pool_name = request.pool;
-  // The trainer's version, when it says one, is recorded first (and drops
-  // what it makes stale, with drop_stale), like SetPolicyVersion.
-  if (request.selection.policy_version > 0 && !request.replay) {
-    RETURN_IF_ERROR(SetPolicyVersion(pool_name, request.selection.policy_version).status());
-  }
-
   // Reserve the samples under the lock, plan without it (step_builder.h).
   ModelSpec model;
   std::vector<std::shared_ptr<const StoredSample>> samples;
@@ -452,6 +446,12 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
   }
   if (log_ != nullptr) {
     RETURN_IF_ERROR(log_->Sync(ticket));
+  }
+  // The trainer's version, when it says one, is recorded once the step
+  // exists (a refused CreateStep changes nothing), as SetPolicyVersion
+  // would: with drop_stale, the free samples it makes stale go.
+  if (request.selection.policy_version > 0 && !request.replay) {
+    RETURN_IF_ERROR(SetPolicyVersion(pool_name, request.selection.policy_version).status());
   }
   return step;
 }
@@ -577,16 +577,25 @@ absl::Status SampleStore::CompactLog() {
         RETURN_IF_ERROR(out->Add(RecordType::kSetPolicyVersion,
                                  EncodeSetPolicyVersion(name, pool.policy_version)));
       }
-      if (pool.stale_dropped > 0 || pool.incomplete_groups_dropped > 0) {
+      // Counters, and the expired groups that still have samples in steps.
+      std::vector<std::string> expired;
+      for (const auto& [id, group] : pool.groups) {
+        if (group.expired) expired.push_back(id);
+      }
+      std::sort(expired.begin(), expired.end());
+      if (pool.stale_dropped > 0) {
         v1::DroppedSamplesRecord stale;
         stale.set_pool(name);
         stale.set_reason(v1::DroppedSamplesRecord::STALE);
         stale.set_num_samples_counted(pool.stale_dropped);
         RETURN_IF_ERROR(out->Add(RecordType::kDropSamples, stale.SerializeAsString()));
+      }
+      if (pool.incomplete_groups_dropped > 0 || !expired.empty()) {
         v1::DroppedSamplesRecord groups;
         groups.set_pool(name);
         groups.set_reason(v1::DroppedSamplesRecord::INCOMPLETE_GROUP);
         groups.set_num_groups(pool.incomplete_groups_dropped);
+        for (const std::string& id : expired) groups.add_group_ids(id);
         RETURN_IF_ERROR(out->Add(RecordType::kDropSamples, groups.SerializeAsString()));
       }
       if (!pool.uses.empty()) {

@@ -178,8 +178,10 @@ class SampleStore {
   // groups incomplete here past their timeout, by pool; and the deletion of
   // those of `group_ids` still incomplete here.
   std::map<std::string, std::vector<std::string>> ExpiredGroups(absl::Time now) const;
+  // `count`: this member counts the drop (in a cluster, one member counts a
+  // group spread over several).
   absl::StatusOr<DropResult> DropGroups(const std::string& pool,
-                                        const std::vector<std::string>& group_ids);
+                                        const std::vector<std::string>& group_ids, bool count);
 
   // NOT_FOUND naming the step when it is not live.
   absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) const;
@@ -257,6 +259,8 @@ class SampleStore {
     int32_t size = 0;
     int32_t stored = 0;
     int64_t first_sealed_unix_nanos = 0;
+    // Dropped for staying incomplete while some samples were in live steps.
+    bool expired = false;
   };
   struct Pool {
     ModelSpec model;
@@ -315,7 +319,10 @@ class SampleStore {
   // Deletes free samples for `reason`, logged first.
   absl::Status DropFreeLocked(const std::string& pool_name, Pool& pool,
                               const std::vector<std::string>& ids, int reason,
-                              const std::vector<std::string>& groups, int64_t* ticket)
+                              const std::vector<std::string>& groups, bool count_groups,
+                              int64_t* ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the groups, or marks those with samples in live steps expired.
+  void ExpireGroups(Pool& pool, absl::Span<const std::string> groups)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PoolStats StatsLocked(const std::string& pool_name, const Pool& pool) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 // the trainer's policy version and stale samples, reuse at release, and the
 // pool statistics that report them.
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -31,6 +32,14 @@ absl::Status SampleStore::CheckGroup(
   if (!sample.grouped()) return absl::OkStatus();
   int32_t stored = 0;
   if (auto it = pool.groups.find(sample.group_id); it != pool.groups.end()) {
+    if (it->second.expired) {
+      // Its free samples are gone: it can never be complete again.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample \"", sample.sample_id, "\": group \"", sample.group_id,
+          "\" was dropped for staying incomplete past incomplete_group_timeout_ms (",
+          pool.options.incomplete_group_timeout_ms, " ms); ", it->second.stored,
+          " of its samples are still in live steps"));
+    }
     if (it->second.size != sample.group_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sample \"", sample.sample_id, "\": group \"", sample.group_id, "\" has group_size ",
@@ -68,7 +77,8 @@ std::vector<SampleCandidate> SampleStore::FreeCandidates(const Pool& pool, int64
 }
 
 SelectionRequest SampleStore::Effective(const Pool& pool, SelectionRequest selection) const {
-  selection.policy_version = std::max(selection.policy_version, pool.policy_version);
+  // Staleness is judged at the request's version (lifecycle.md: 0 = unknown,
+  // no check), under its bound or else the pool's.
   if (!selection.max_staleness.has_value()) selection.max_staleness = pool.options.max_staleness;
   return selection;
 }
@@ -76,14 +86,14 @@ SelectionRequest SampleStore::Effective(const Pool& pool, SelectionRequest selec
 absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& pool,
                                          const std::vector<std::string>& ids, int reason,
                                          const std::vector<std::string>& groups,
-                                         int64_t* ticket) {
+                                         bool count_groups, int64_t* ticket) {
   if (ids.empty() && groups.empty()) return absl::OkStatus();
   if (log_ != nullptr) {
     v1::DroppedSamplesRecord record;
     record.set_pool(pool_name);
     for (const std::string& id : ids) record.add_sample_ids(id);
     record.set_reason(static_cast<v1::DroppedSamplesRecord::Reason>(reason));
-    record.set_num_groups(static_cast<int64_t>(groups.size()));
+    record.set_num_groups(count_groups ? static_cast<int64_t>(groups.size()) : 0);
     for (const std::string& group : groups) record.add_group_ids(group);
     const std::string bytes = record.SerializeAsString();
     ASSIGN_OR_RETURN(*ticket, log_->Append(RecordType::kDropSamples, bytes));
@@ -96,11 +106,25 @@ absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& poo
   if (reason == v1::DroppedSamplesRecord::STALE) {
     pool.stale_dropped += static_cast<int64_t>(ids.size());
   } else {
-    pool.incomplete_groups_dropped += static_cast<int64_t>(groups.size());
-    // A group whose samples are all in steps is counted once: forgotten.
-    for (const std::string& group : groups) pool.groups.erase(group);
+    if (count_groups) pool.incomplete_groups_dropped += static_cast<int64_t>(groups.size());
+    ExpireGroups(pool, groups);
   }
   return absl::OkStatus();
+}
+
+void SampleStore::ExpireGroups(Pool& pool, absl::Span<const std::string> groups) {
+  // A group with samples still in live steps stays known, marked, so that it
+  // is neither counted nor dropped again and takes no late samples; it is
+  // forgotten with its last sample.
+  for (const std::string& id : groups) {
+    auto it = pool.groups.find(id);
+    if (it == pool.groups.end()) continue;
+    if (it->second.stored == 0) {
+      pool.groups.erase(it);
+    } else {
+      it->second.expired = true;
+    }
+  }
 }
 
 absl::StatusOr<DropResult> SampleStore::AdvanceVersionLocked(const std::string& pool_name,
@@ -122,7 +146,7 @@ absl::StatusOr<DropResult> SampleStore::AdvanceVersionLocked(const std::string& 
     if (IsStale(staleness, pool.samples.at(id)->policy_version)) stale.push_back(id);
   }
   RETURN_IF_ERROR(
-      DropFreeLocked(pool_name, pool, stale, v1::DroppedSamplesRecord::STALE, {}, ticket));
+      DropFreeLocked(pool_name, pool, stale, v1::DroppedSamplesRecord::STALE, {}, true, ticket));
   result.stale_samples = static_cast<int64_t>(stale.size());
   return result;
 }
@@ -155,10 +179,13 @@ std::map<std::string, std::vector<std::string>> SampleStore::ExpiredGroups(
   std::map<std::string, std::vector<std::string>> expired;
   absl::ReaderMutexLock lock(&mu_);
   for (const auto& [name, pool] : pools_) {
-    if (pool.options.incomplete_group_timeout_ms <= 0) continue;
-    const int64_t limit = pool.options.incomplete_group_timeout_ms * 1'000'000;
+    const int64_t timeout_ms = pool.options.incomplete_group_timeout_ms;
+    // Past ~292 years in nanoseconds: never.
+    if (timeout_ms <= 0 || timeout_ms > std::numeric_limits<int64_t>::max() / 1'000'000) continue;
+    const int64_t limit = timeout_ms * 1'000'000;
     for (const auto& [id, group] : pool.groups) {
-      if (group.stored < group.size && now_nanos - group.first_sealed_unix_nanos >= limit) {
+      if (!group.expired && group.stored < group.size &&
+          now_nanos - group.first_sealed_unix_nanos >= limit) {
         expired[name].push_back(id);
       }
     }
@@ -170,7 +197,8 @@ std::map<std::string, std::vector<std::string>> SampleStore::ExpiredGroups(
 }
 
 absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
-                                                   const std::vector<std::string>& group_ids) {
+                                                   const std::vector<std::string>& group_ids,
+                                                   bool count) {
   DropResult result;
   int64_t ticket = 0;
   {
@@ -181,7 +209,8 @@ absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
     std::vector<std::string> groups;
     for (const std::string& id : group_ids) {
       auto group = pool.groups.find(id);
-      if (group != pool.groups.end() && group->second.stored < group->second.size) {
+      if (group != pool.groups.end() && !group->second.expired &&
+          group->second.stored < group->second.size) {
         groups.push_back(id);
       }
     }
@@ -194,7 +223,7 @@ absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
       if (s.grouped() && doomed.contains(s.group_id)) ids.push_back(id);
     }
     RETURN_IF_ERROR(DropFreeLocked(pool_name, pool, ids, v1::DroppedSamplesRecord::INCOMPLETE_GROUP,
-                                   groups, &ticket));
+                                   groups, count, &ticket));
     result.groups = static_cast<int64_t>(groups.size());
     result.group_samples = static_cast<int64_t>(ids.size());
   }
@@ -205,7 +234,7 @@ absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
 absl::StatusOr<DropResult> SampleStore::DropExpiredGroups(absl::Time now) {
   DropResult total;
   for (const auto& [pool, groups] : ExpiredGroups(now)) {
-    ASSIGN_OR_RETURN(DropResult dropped, DropGroups(pool, groups));
+    ASSIGN_OR_RETURN(DropResult dropped, DropGroups(pool, groups, /*count=*/true));
     total.groups += dropped.groups;
     total.group_samples += dropped.group_samples;
   }
@@ -221,6 +250,8 @@ ReleaseResult SampleStore::ReleaseSamples(Pool& pool, absl::Span<const std::stri
     const int32_t uses = ++pool.uses[id];
     if (pool.options.max_uses > 0 && uses >= pool.options.max_uses) {
       spent.push_back(id);
+      // Its log bytes are dead now (a plain release counts them itself).
+      if (log_ != nullptr) log_->AddDeadBytes(EncodedSampleBytes(*pool.samples.at(id)));
       continue;
     }
     pool.free_by_arrival.emplace(pool.arrival_of.at(id), id);
@@ -246,6 +277,7 @@ PoolStats SampleStore::StatsLocked(const std::string& pool_name, const Pool& poo
   stats.num_stale_dropped = pool.stale_dropped;
   stats.num_incomplete_groups_dropped = pool.incomplete_groups_dropped;
   for (const auto& [id, group] : pool.groups) {
+    if (group.expired) continue;  // counted as dropped
     if (group.stored == group.size) {
       stats.num_complete_groups++;
       continue;
@@ -298,7 +330,8 @@ absl::Status SampleStore::ReplayDrop(const v1::DroppedSamplesRecord& record) {
     pool.stale_dropped += static_cast<int64_t>(ids.size()) + record.num_samples_counted();
   } else {
     pool.incomplete_groups_dropped += record.num_groups();
-    for (const std::string& group : record.group_ids()) pool.groups.erase(group);
+    std::vector<std::string> groups(record.group_ids().begin(), record.group_ids().end());
+    ExpireGroups(pool, groups);
   }
   return absl::OkStatus();
 }

@@ -202,20 +202,27 @@ TEST(SampleStoreLifecycle, StaleSamplesAreSkippedRefusedByNameAndDroppedWhenAske
   EXPECT_EQ(after->num_samples, 3);
   // A lower version changes nothing.
   EXPECT_EQ(store.SetPolicyVersion("p", 2)->policy_version, 3);
-  // Advanced by CreateStep itself, v2 is now stale: named when asked for.
+  // Stale at the request's version (4, bound 0): named, and the refused
+  // CreateStep records nothing (v2 is still there, the version still 3).
   StepRequest explicit_stale = Request("x");
   explicit_stale.sample_ids = {"v2"};
   explicit_stale.selection.policy_version = 4;
   explicit_stale.selection.max_staleness = 0;
   absl::StatusOr<std::shared_ptr<const Step>> refused = store.CreateStep(explicit_stale);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
-  // Dropped by the advance to 4 (pool bound 1): v2 is gone.
-  EXPECT_THAT(refused.status().message(), HasSubstr("sample \"v2\" is not in pool \"p\""));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("sample \"v2\" is stale: its policy_version 2 is older than 4"));
+  EXPECT_EQ(store.GetPool("p")->policy_version, 3);
+  EXPECT_EQ(store.GetPool("p")->num_samples, 3);
+  // At version 4 under the pool's bound (1), v2 is skipped; the step then
+  // records 4, and drop_stale deletes v2.
   StepRequest count = Request("c");
   count.selection.num_samples = 1;
+  count.selection.policy_version = 4;
   absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(count);
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_THAT(Ids(**step), ElementsAre("v3"));
+  EXPECT_EQ(store.GetPool("p")->policy_version, 4);
   EXPECT_EQ(store.GetPool("p")->num_stale_dropped, 2);
   EXPECT_TRUE(store.GetStep("held").ok());
 }
@@ -230,6 +237,13 @@ TEST(SampleStoreLifecycle, StaleWithoutDropIsSkippedAndExplicitIdIsNamed) {
   EXPECT_EQ(store.GetPool("p")->num_stale_samples, 1);
   StepRequest explicit_stale = Request("x");
   explicit_stale.sample_ids = {"v1"};
+  // Version 0 is "unknown": no staleness check, whatever the pool's.
+  StepRequest unknown = explicit_stale;
+  unknown.step_id = "unknown";
+  ASSERT_TRUE(store.CreateStep(unknown).ok());
+  ASSERT_TRUE(store.ReleaseStep("unknown").ok());
+  ASSERT_TRUE(store.Put("p", {Sample("v1", 4, "", 0, 1)}).ok());
+  explicit_stale.selection.policy_version = 2;
   absl::StatusOr<std::shared_ptr<const Step>> refused = store.CreateStep(explicit_stale);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(),
@@ -269,6 +283,45 @@ TEST(SampleStoreLifecycle, ReuseReturnsSamplesInIngestOrderUntilMaxUses) {
   EXPECT_EQ(released->released_samples, 2);  // second use: max_uses reached
   EXPECT_GT(released->freed_bytes, 0);
   EXPECT_EQ(store.GetPool("p")->num_samples, 1);
+}
+
+// A group that expires while some of its samples are in a live step is
+// counted once, takes no late sample, and comes back the same from the log
+// (compacted too) until its last sample goes.
+TEST(SampleStoreLifecycle, AGroupExpiredWithSamplesInAStepIsCountedOnceAndClosed) {
+  TempDir dir;
+  PoolOptions options;
+  options.incomplete_group_timeout_ms = 1000;
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    SampleStore& store = *d->store;
+    ASSERT_TRUE(store.RegisterModel("p", Model(), options).ok());
+    ASSERT_TRUE(store.Put("p", {Sample("x", 4, "g", 3), Sample("y", 4, "g", 3)}).ok());
+    StepRequest held = Request("held");
+    held.sample_ids = {"x"};
+    ASSERT_TRUE(store.CreateStep(held).ok());
+    const absl::Time later = absl::Now() + absl::Seconds(2);
+    EXPECT_EQ(store.DropExpiredGroups(later)->groups, 1);
+    EXPECT_EQ(store.DropExpiredGroups(later)->groups, 0);  // not again
+    absl::StatusOr<PutResult> late = store.Put("p", {Sample("z", 4, "g", 3)});
+    EXPECT_EQ(late.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(late.status().message(), HasSubstr("group \"g\" was dropped"));
+    ASSERT_TRUE(store.CompactLog().ok());
+  }
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  PoolStats pool = *d->store->GetPool("p");
+  EXPECT_EQ(pool.num_incomplete_groups_dropped, 1);
+  EXPECT_EQ(pool.num_incomplete_groups, 0);
+  EXPECT_EQ(pool.num_samples, 1);
+  EXPECT_EQ(d->store->DropExpiredGroups(absl::Now() + absl::Seconds(2))->groups, 0);
+  EXPECT_EQ(d->store->Put("p", {Sample("z", 4, "g", 3)}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Its last sample released, the id may start a new group.
+  ASSERT_TRUE(d->store->ReleaseStep("held").ok());
+  EXPECT_TRUE(d->store->Put("p", {Sample("z", 4, "g", 3)}).ok());
+  EXPECT_EQ(d->store->GetPool("p")->num_incomplete_groups_dropped, 1);
 }
 
 TEST(SampleStoreLifecycle, IncompleteGroupsPastTheirTimeoutAreDroppedAndCounted) {
