@@ -71,14 +71,20 @@ bool Packer::Repair(int i) {
        ++it) {
     roomy.push_back(it->second);
   }
-  for (int a : roomy) {
+  // Only lengths matter below: the first item of each length stands for
+  // the rest (the same move or swap is found, EqualizeSteps explains).
+  std::vector<std::vector<int>> distinct(roomy.size());
+  for (size_t k = 0; k < roomy.size(); ++k) distinct[k] = FirstOfEachLength(bins_[roomy[k]].items);
+  for (size_t ka = 0; ka < roomy.size(); ++ka) {
+    const int a = roomy[ka];
     const int wa = bins_[a].width;
     const int64_t need = Padded(i, wa) - Residual(bins_[a]);
-    for (int b : roomy) {
+    for (size_t kb = 0; kb < roomy.size(); ++kb) {
+      const int b = roomy[kb];
       if (b == a) continue;
       const int wb = bins_[b].width;
       const int64_t room_b = Residual(bins_[b]);
-      for (int y : bins_[a].items) {
+      for (int y : distinct[ka]) {
         if (opt_.min_width[y] > wb) continue;
         const int64_t ya = Padded(y, wa), yb = Padded(y, wb);
         if (ya >= need && yb <= room_b) {  // move y from A to B
@@ -87,7 +93,7 @@ bool Packer::Repair(int i) {
           Add(i, a);
           return true;
         }
-        for (int z : bins_[b].items) {
+        for (int z : distinct[kb]) {
           if (opt_.min_width[z] > wa) continue;
           const int64_t za = Padded(z, wa), zb = Padded(z, wb);
           if (ya - za >= need && yb - zb <= room_b) {  // swap y and z

@@ -138,6 +138,8 @@ class Packer {
   absl::Status FillEmptyBins();
   absl::Status ComposeSteps();
   void EqualizeSteps();
+  // `items` with only the first of each length kept, in order.
+  std::vector<int> FirstOfEachLength(const std::vector<int>& items) const;
   void AssignPositions();
   void BalanceRanks();
   Plan Emit() const;
