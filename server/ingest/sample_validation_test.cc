@@ -144,6 +144,34 @@ TEST(SampleValidationTest, RefusesEmptySampleId) {
   ExpectInvalid(s, {"sample_id is empty"});
 }
 
+TEST(SampleValidationTest, GroupSizeNeedsAGroupAndIsNotNegative) {
+  v1::Sample s = ValidSample();
+  s.set_group_size(-1);
+  s.set_group_id("g");
+  ExpectInvalid(s, {"sample \"s17\": group_size is -1, must be >= 0"});
+  s.set_group_size(8);
+  s.clear_group_id();
+  ExpectInvalid(s, {"sample \"s17\": group_size is 8 but group_id is empty"});
+  s.set_group_id("g");
+  absl::StatusOr<StoredSample> stored = ValidateSample(s, TestModel());
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->group_size, 8);
+}
+
+// Rollouts in pieces (lifecycle.md section 5) are not built: refused by
+// name with a code that says so, never stored as if whole.
+TEST(SampleValidationTest, APieceIsRefusedAsUnimplemented) {
+  for (int variant = 0; variant < 2; ++variant) {
+    v1::Sample s = ValidSample();
+    if (variant == 0) s.set_partial(true);
+    if (variant == 1) s.set_piece(1);
+    absl::StatusOr<StoredSample> stored = ValidateSample(s, TestModel());
+    EXPECT_EQ(stored.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(std::string(stored.status().message()),
+                ::testing::HasSubstr("sample \"s17\": rollouts in pieces"));
+  }
+}
+
 TEST(SampleValidationTest, RefusesMissingTokens) {
   v1::Sample s = ValidSample();
   s.clear_tokens();

@@ -324,6 +324,31 @@ TEST(SampleStoreLifecycle, AGroupExpiredWithSamplesInAStepIsCountedOnceAndClosed
   EXPECT_EQ(d->store->GetPool("p")->num_incomplete_groups_dropped, 1);
 }
 
+// Reused samples keep holding memory: --max-memory refuses more until a
+// release deletes them (max_uses) or a plain release frees them.
+TEST(SampleStoreLifecycle, ReusedSamplesHoldMemoryUntilTheirLastUse) {
+  const int64_t one = Sample("x", 64).MemoryBytes();  // every id here is one character
+  SampleStore store(3 * one);
+  PoolOptions options;
+  options.max_uses = 2;
+  ASSERT_TRUE(store.RegisterModel("p", Model(), options).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("a", 64), Sample("b", 64), Sample("c", 64)}).ok());
+  StepRequest epoch = Request("e1");
+  epoch.sample_ids = {"a", "b"};
+  epoch.reuse_samples = true;
+  ASSERT_TRUE(store.CreateStep(epoch).ok());
+  ASSERT_EQ(store.ReleaseStep("e1")->freed_bytes, 0);
+  EXPECT_EQ(store.Put("p", {Sample("d", 64)}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  epoch.step_id = "e2";
+  ASSERT_TRUE(store.CreateStep(epoch).ok());
+  absl::StatusOr<ReleaseResult> last = store.ReleaseStep("e2");
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->released_samples, 2);
+  EXPECT_EQ(last->freed_bytes, 2 * one);
+  EXPECT_TRUE(store.Put("p", {Sample("d", 64)}).ok());
+}
+
 TEST(SampleStoreLifecycle, IncompleteGroupsPastTheirTimeoutAreDroppedAndCounted) {
   SampleStore store(1 << 24);
   PoolOptions options;
