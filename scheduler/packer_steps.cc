@@ -75,10 +75,6 @@ absl::Status Packer::ComposeSteps() {
   return absl::OkStatus();
 }
 
-// Bounded local search within each step: moves or swaps one sequence
-// between the step's most loaded group and one of its least loaded ones
-// while that lowers the step's maximum per-rank load. The budget is a fixed
-// number of attempts per group, so plans stay deterministic.
 std::vector<int> Packer::FirstOfEachLength(const std::vector<int>& items) const {
   // Small bins (long sequences) rarely repeat a length: not worth a set.
   if (items.size() <= 32) return items;
@@ -90,6 +86,10 @@ std::vector<int> Packer::FirstOfEachLength(const std::vector<int>& items) const 
   return out;
 }
 
+// Bounded local search within each step: moves or swaps one sequence
+// between the step's most loaded group and one of its least loaded ones
+// while that lowers the step's maximum per-rank load. The budget is a fixed
+// number of attempts per group, so plans stay deterministic.
 void Packer::EqualizeSteps() {
   constexpr int kPartners = 3;
   for (int s = 0; s < n_mb_; ++s) {

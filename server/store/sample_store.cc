@@ -437,7 +437,12 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
       }
     }
     if (!step.ok()) {
-      for (auto& [arrival, id] : reserved) pool_it->second.free_by_arrival.emplace(arrival, id);
+      std::vector<std::string> ids;
+      for (auto& [arrival, id] : reserved) ids.push_back(id);
+      // No record says this step was tried: a sample of a group dropped
+      // meanwhile gets a drop record of its own.
+      absl::Status back = ReturnToFree(pool_name, pool_it->second, ids, /*log_drop=*/true).status();
+      if (!back.ok()) return back;
       return absl::Status(step.status().code(),
                           absl::StrCat("step \"", step_id, "\": ", step.status().message()));
     }
@@ -451,7 +456,9 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
   // exists (a refused CreateStep changes nothing), as SetPolicyVersion
   // would: with drop_stale, the free samples it makes stale go.
   if (request.selection.policy_version > 0 && !request.replay) {
-    RETURN_IF_ERROR(SetPolicyVersion(pool_name, request.selection.policy_version).status());
+    // The step stands whatever happens here: a version the log refused is
+    // recorded by the trainer's next report (the log counts its failures).
+    SetPolicyVersion(pool_name, request.selection.policy_version).IgnoreError();
   }
   return step;
 }

@@ -321,6 +321,13 @@ class SampleStore {
                               const std::vector<std::string>& ids, int reason,
                               const std::vector<std::string>& groups, bool count_groups,
                               int64_t* ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts samples back among the free ones (in ingest order), except those
+  // of a group already dropped as incomplete: deleted instead (their group
+  // can never be whole again). `log_drop`: the caller's own record does not
+  // imply the deletion, so a drop record is written for it.
+  absl::StatusOr<ReleaseResult> ReturnToFree(const std::string& pool_name, Pool& pool,
+                                             absl::Span<const std::string> ids, bool log_drop)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the groups, or marks those with samples in live steps expired.
   void ExpireGroups(Pool& pool, absl::Span<const std::string> groups)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -146,10 +146,10 @@ absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id,
                                             .size()));
     }
     Pool& pool = pools_.at(it->second.pool);
-    for (const std::string& id : it->second.sample_ids) {
-      pool.free_by_arrival.emplace(pool.arrival_of.at(id), id);
-      result.released_samples++;
-    }
+    // The drop-hold record replays the deletion of closed groups' samples.
+    absl::StatusOr<ReleaseResult> back =
+        ReturnToFree(it->second.pool, pool, it->second.sample_ids, /*log_drop=*/false);
+    result.released_samples = back->returned_samples;
     pool.live_steps--;
     holds_.erase(it);
   }

@@ -112,6 +112,52 @@ absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& poo
   return absl::OkStatus();
 }
 
+absl::StatusOr<ReleaseResult> SampleStore::ReturnToFree(const std::string& pool_name, Pool& pool,
+                                                        absl::Span<const std::string> ids,
+                                                        bool log_drop) {
+  std::vector<std::string> closed;
+  for (const std::string& id : ids) {
+    const StoredSample& s = *pool.samples.at(id);
+    if (s.grouped()) {
+      auto group = pool.groups.find(s.group_id);
+      if (group != pool.groups.end() && group->second.expired) {
+        closed.push_back(id);
+        continue;
+      }
+    }
+  }
+  if (!closed.empty() && log_drop && log_ != nullptr) {
+    v1::DroppedSamplesRecord record;
+    record.set_pool(pool_name);
+    for (const std::string& id : closed) record.add_sample_ids(id);
+    record.set_reason(v1::DroppedSamplesRecord::INCOMPLETE_GROUP);
+    const std::string bytes = record.SerializeAsString();
+    if (log_->Append(RecordType::kDropSamples, bytes).ok()) {
+      log_->AddDeadBytes(LogRecordBytes(bytes.size()));
+    } else {
+      // Not deleted without a record: they go back like the rest (and are
+      // counted against memory until their group's id is reused or the
+      // pool is compacted away; the log's error is counted by the log).
+      closed.clear();
+    }
+  }
+  ReleaseResult result;
+  for (const std::string& id : ids) {
+    pool.free_by_arrival.emplace(pool.arrival_of.at(id), id);
+    result.returned_samples++;
+  }
+  if (closed.empty()) return result;
+  for (const std::string& id : closed) {
+    pool.free_by_arrival.erase(pool.arrival_of.at(id));
+    if (log_ != nullptr) log_->AddDeadBytes(EncodedSampleBytes(*pool.samples.at(id)));
+  }
+  const ReleaseResult erased = EraseSamples(pool, closed);
+  result.returned_samples -= erased.released_samples;
+  result.released_samples = erased.released_samples;
+  result.freed_bytes = erased.freed_bytes;
+  return result;
+}
+
 void SampleStore::ExpireGroups(Pool& pool, absl::Span<const std::string> groups) {
   // A group with samples still in live steps stays known, marked, so that it
   // is neither counted nor dropped again and takes no late samples; it is
@@ -244,8 +290,7 @@ absl::StatusOr<DropResult> SampleStore::DropExpiredGroups(absl::Time now) {
 ReleaseResult SampleStore::ReleaseSamples(Pool& pool, absl::Span<const std::string> sample_ids,
                                           bool reuse) {
   if (!reuse) return EraseSamples(pool, sample_ids);
-  std::vector<std::string> spent;
-  ReleaseResult result;
+  std::vector<std::string> spent, again;
   for (const std::string& id : sample_ids) {
     const int32_t uses = ++pool.uses[id];
     if (pool.options.max_uses > 0 && uses >= pool.options.max_uses) {
@@ -254,12 +299,14 @@ ReleaseResult SampleStore::ReleaseSamples(Pool& pool, absl::Span<const std::stri
       if (log_ != nullptr) log_->AddDeadBytes(EncodedSampleBytes(*pool.samples.at(id)));
       continue;
     }
-    pool.free_by_arrival.emplace(pool.arrival_of.at(id), id);
-    result.returned_samples++;
+    again.push_back(id);
   }
-  const ReleaseResult erased = EraseSamples(pool, spent);
-  result.released_samples = erased.released_samples;
-  result.freed_bytes = erased.freed_bytes;
+  ReleaseResult result = EraseSamples(pool, spent);
+  // The release record replays this deletion of closed groups' samples too.
+  absl::StatusOr<ReleaseResult> back = ReturnToFree("", pool, again, /*log_drop=*/false);
+  result.returned_samples = back->returned_samples;
+  result.released_samples += back->released_samples;
+  result.freed_bytes += back->freed_bytes;
   return result;
 }
 

@@ -349,6 +349,43 @@ TEST(SampleStoreLifecycle, ReusedSamplesHoldMemoryUntilTheirLastUse) {
   EXPECT_TRUE(store.Put("p", {Sample("d", 64)}).ok());
 }
 
+// A sample of a dropped group that comes back from a reuse step, or from a
+// CreateStep that failed while the group was dropped, is deleted, not
+// returned to the free set (where nothing would ever take or drop it); the
+// log replays the same.
+TEST(SampleStoreLifecycle, AClosedGroupsSampleIsDeletedWhenItComesBack) {
+  TempDir dir;
+  PoolOptions options;
+  options.incomplete_group_timeout_ms = 1000;
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    SampleStore& store = *d->store;
+    ASSERT_TRUE(store.RegisterModel("p", Model(), options).ok());
+    ASSERT_TRUE(store.Put("p", {Sample("x", 4, "g", 3), Sample("y", 4, "g", 3),
+                                Sample("u", 4)})
+                    .ok());
+    StepRequest reuse = Request("r");
+    reuse.sample_ids = {"x", "u"};
+    reuse.reuse_samples = true;
+    ASSERT_TRUE(store.CreateStep(reuse).ok());
+    ASSERT_EQ(store.DropExpiredGroups(absl::Now() + absl::Seconds(2))->groups, 1);
+    absl::StatusOr<ReleaseResult> released = store.ReleaseStep("r");
+    ASSERT_TRUE(released.ok());
+    EXPECT_EQ(released->returned_samples, 1);  // u
+    EXPECT_EQ(released->released_samples, 1);  // x, its group closed
+    EXPECT_EQ(store.GetPool("p")->num_samples, 1);
+  }
+  absl::StatusOr<Durable> d = OpenDurable(dir.path());
+  ASSERT_TRUE(d.ok()) << d.status();
+  PoolStats pool = *d->store->GetPool("p");
+  EXPECT_EQ(pool.num_samples, 1);
+  EXPECT_EQ(pool.num_free_samples, 1);
+  EXPECT_EQ(pool.num_incomplete_groups_dropped, 1);
+  // The group is forgotten with its last sample: its id starts afresh.
+  EXPECT_TRUE(d->store->Put("p", {Sample("z", 4, "g", 3)}).ok());
+}
+
 TEST(SampleStoreLifecycle, IncompleteGroupsPastTheirTimeoutAreDroppedAndCounted) {
   SampleStore store(1 << 24);
   PoolOptions options;
