@@ -145,7 +145,7 @@ std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample*
                           RecordType type) {
   std::string out;
   int64_t size = 16 + static_cast<int64_t>(pool.size());
-  for (const StoredSample* s : samples) size += EncodedSampleBytes(*s);
+  for (const StoredSample* s : samples) size += EncodedSampleBytes(*s) + 4;
   out.reserve(static_cast<size_t>(size));
   Writer w(&out);
   w.Bytes(pool);
@@ -163,9 +163,9 @@ std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample>
 }
 
 int64_t EncodedSampleBytes(const StoredSample& s) {
-  // The group size's 4 bytes counted always: an upper bound is what the
-  // log's dead-byte accounting needs.
-  int64_t n = 8 * 6 + 8 + 4 + static_cast<int64_t>(s.sample_id.size() + s.group_id.size() +
+  // A grouped sample carries 4 bytes more (kPutGroupedSamples): exact for a
+  // record of this sample alone; within 4 bytes in a mixed batch.
+  int64_t n = 8 * 6 + 8 + (s.group_size != 0 ? 4 : 0) + static_cast<int64_t>(s.sample_id.size() + s.group_id.size() +
                                                s.tokens.size() * 4 + s.experts.size() +
                                                s.row_valid.size());
   for (const auto& [name, field] : s.token_fields) {
