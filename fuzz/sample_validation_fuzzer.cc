@@ -52,6 +52,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     DecodeSamples(absl::string_view(reinterpret_cast<const char*>(data), size), &pool, &decoded,
                   RecordType::kPutGroupedSamples)
         .IgnoreError();
+    decoded.clear();
+    DecodeSamples(absl::string_view(reinterpret_cast<const char*>(data), size), &pool, &decoded,
+                  RecordType::kPieceSamples)
+        .IgnoreError();
   }
   const ModelSpec model = MakeModel(data[0] % 3);
   v1::Sample sample;
@@ -65,22 +69,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(!taken.ok() || *taken == *stored);
   }
   if (!stored.ok()) {
-    // Pieces (lifecycle.md section 5) are refused as not built yet.
-    FUZZ_CHECK(stored.status().code() == absl::StatusCode::kInvalidArgument ||
-               (stored.status().code() == absl::StatusCode::kUnimplemented &&
-                (sample.partial() || sample.piece() != 0)));
+    FUZZ_CHECK(stored.status().code() == absl::StatusCode::kInvalidArgument);
     FUZZ_CHECK(!stored.status().message().empty());
     return 0;
   }
   const int64_t n = stored->num_tokens();
-  FUZZ_CHECK(n >= 1);
+  // A piece (lifecycle.md section 5) keeps its own rows alone; a later
+  // piece may carry no tokens.
+  const bool is_piece = sample.partial() || sample.piece() != 0;
+  FUZZ_CHECK(is_piece == stored->piece_message.has_value());
+  FUZZ_CHECK(n >= 1 || sample.piece() > 0);
+  const int64_t rows = is_piece ? static_cast<int64_t>(stored->row_valid.size()) : n;
   FUZZ_CHECK(stored->sample_id == sample.sample_id());
-  FUZZ_CHECK(static_cast<int64_t>(stored->row_valid.size()) == (model.is_dense() ? stored->row_valid.size() : n));
+  FUZZ_CHECK(static_cast<int64_t>(stored->row_valid.size()) == (model.is_dense() ? stored->row_valid.size() : rows));
   if (!model.is_dense()) {
     const int64_t m = static_cast<int64_t>(model.ResolvedMoeLayers().size());
     const int w = model.stored_id_bytes();
-    FUZZ_CHECK(static_cast<int64_t>(stored->experts.size()) == n * m * model.topk * w);
-    for (int64_t r = 0; r < n; ++r) {
+    FUZZ_CHECK(static_cast<int64_t>(stored->experts.size()) == rows * m * model.topk * w);
+    for (int64_t r = 0; r < rows; ++r) {
       for (int64_t l = 0; l < m; ++l) {
         std::set<int> ids;
         for (int k = 0; k < model.topk; ++k) {
@@ -115,6 +121,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The store takes it, once.
   SampleStore store(int64_t{1} << 30);
   FUZZ_CHECK(store.RegisterModel("pool", model).ok());
+  if (is_piece) {
+    // A piece 0 opens the sample (twice in one request is refused); a later
+    // piece finds nothing to extend.
+    absl::StatusOr<PutResult> twice = store.Put("pool", {*stored, *stored});
+    FUZZ_CHECK(twice.status().code() == (sample.piece() > 0 ? absl::StatusCode::kNotFound
+                                                            : absl::StatusCode::kInvalidArgument));
+    absl::StatusOr<PutResult> once = store.Put("pool", {*stored});
+    FUZZ_CHECK(sample.piece() > 0 ? absl::IsNotFound(once.status()) : once.ok());
+    FUZZ_CHECK(store.GetPool("pool")->num_open_samples == (sample.piece() > 0 ? 0 : 1));
+    return 0;
+  }
   absl::StatusOr<PutResult> put = store.Put("pool", {*stored, *stored});
   FUZZ_CHECK(put.ok() && put->duplicates == 1);
   FUZZ_CHECK(store.GetPool("pool")->num_samples == 1);

@@ -99,17 +99,19 @@ class SampleValidator {
   }
 
   absl::Status ConvertGroup(StoredSample& out) {
+    if (sample_.piece() < 0) {
+      return Invalid(absl::StrCat("piece is ", sample_.piece(), ", must be >= 0"));
+    }
     if (sample_.partial() || sample_.piece() != 0) {
-      // lifecycle.md section 5 is not built yet: refused rather than stored
-      // as if sealed (docs/producer.md says so).
-      return absl::UnimplementedError(absl::StrCat(
-          who_, "rollouts in pieces (partial ", sample_.partial() ? "true" : "false", ", piece ",
-          sample_.piece(), ") are not supported by this server yet; send the whole sample"));
+      // A piece (lifecycle.md section 5): validated on its own here; where
+      // its rows fall in the whole sample is the store's check.
+      out.piece_message = PieceMessage{sample_.piece(), sample_.partial(), 0};
+      later_piece_ = sample_.piece() > 0;
     }
     if (sample_.group_size() < 0) {
       return Invalid(absl::StrCat("group_size is ", sample_.group_size(), ", must be >= 0"));
     }
-    if (sample_.group_size() > 0 && sample_.group_id().empty()) {
+    if (sample_.group_size() > 0 && sample_.group_id().empty() && !later_piece_) {
       return Invalid(absl::StrCat("group_size is ", sample_.group_size(),
                                   " but group_id is empty; a group needs an id"));
     }
@@ -119,6 +121,8 @@ class SampleValidator {
 
   absl::Status ConvertTokens(StoredSample& out) {
     if (!sample_.has_tokens() || IsEmptyArray(sample_.tokens())) {
+      // A later piece may only seal (or add rows for tokens already sent).
+      if (later_piece_) return absl::OkStatus();
       return Invalid("tokens is missing");
     }
     ASSIGN_OR_RETURN(ArrayView tokens, ViewArray(sample_.tokens(), who_ + "tokens"));
@@ -130,7 +134,7 @@ class SampleValidator {
       return Invalid(absl::StrCat("tokens has rank ", tokens.rank(), ", must be 1"));
     }
     n_ = tokens.dim(0);
-    if (n_ < 1) return Invalid("tokens is empty, need at least 1 token");
+    if (n_ < 1 && !later_piece_) return Invalid("tokens is empty, need at least 1 token");
     out.tokens.resize(n_);
     std::memcpy(out.tokens.data(), tokens.data.data(), tokens.data.size());
     return absl::OkStatus();
@@ -145,8 +149,14 @@ class SampleValidator {
       }
       return absl::OkStatus();
     }
-    if (!sent) return Invalid("routed_experts is missing (the model is MoE)");
+    if (!sent) {
+      // No rows yet (a first piece that is not the last: looser than a
+      // whole sample, whose seal is checked over the whole) or no new ones.
+      if (out_piece()) return absl::OkStatus();
+      return Invalid("routed_experts is missing (the model is MoE)");
+    }
     ASSIGN_OR_RETURN(ExpertsInput input, CheckExpertsShape());
+    if (out.piece_message.has_value()) out.piece_message->rows_sent = true;
     return ConvertExpertRows(input, out);
   }
 
@@ -195,6 +205,20 @@ class SampleValidator {
                                   ", must be >= 0"));
     }
     const int64_t end = in.row_offset + in.rows;
+    if (out_piece()) {
+      // The piece's rows are kept alone, from its offset; the store checks
+      // them against the rows already stored. A first piece that is not the
+      // last may end them anywhere inside its tokens.
+      base_ = in.row_offset;
+      out_rows_ = in.rows;
+      if (!later_piece_ && end > n_) {
+        return Invalid(absl::StrCat("routed_experts has ", in.rows, " rows from offset ",
+                                    in.row_offset, ", ending at ", end, "; must end inside its ",
+                                    n_, " tokens"));
+      }
+      return in;
+    }
+    out_rows_ = n_;
     if (end != n_ && end != n_ - 1) {
       return Invalid(absl::StrCat("routed_experts has ", in.rows, " rows from offset ",
                                   in.row_offset, ", ending at ", end, "; must end at n = ", n_,
@@ -235,8 +259,8 @@ class SampleValidator {
     const int k = model_.topk;
     const int num_moe = static_cast<int>(moe_layers_.size());
     const int64_t row_bytes = int64_t{num_moe} * k;
-    const int64_t total = n_ * row_bytes;
-    const int64_t first = in.row_offset * row_bytes;
+    const int64_t total = out_rows_ * row_bytes;
+    const int64_t first = (in.row_offset - base_) * row_bytes;
     const uint8_t* src = in.view.as<uint8_t>();
     // Compact, or full with every layer MoE: the payload rows are the stored rows.
     const bool compact = in.payload_layers == num_moe;
@@ -248,12 +272,12 @@ class SampleValidator {
       ids = reinterpret_cast<const uint8_t*>(experts.data()) + first;
     }
     if (!Uint8ExpertIdsValid(ids, in.rows * num_moe, k, model_.num_experts)) return false;
-    if (!model_.allow_all_zero_layers && in.rows > 1 &&
+    if (!model_.allow_all_zero_layers && !out_piece() && in.rows > 1 &&
         !EveryLayerNonzero(ids, in.rows, num_moe, k)) {
       return false;
     }
     if (compact) {
-      if (owned_ != nullptr && first == 0 && in.rows == n_) {
+      if (owned_ != nullptr && first == 0 && in.rows == out_rows_) {
         experts = std::move(*owned_->mutable_routed_experts()->mutable_data());
       } else {
         experts.reserve(total);
@@ -263,8 +287,9 @@ class SampleValidator {
       }
     }
     out.experts = std::move(experts);
-    out.row_valid.assign(n_, 0);
-    std::fill_n(out.row_valid.begin() + in.row_offset, in.rows, 1);
+    out.row_valid.assign(out_rows_, 0);
+    std::fill_n(out.row_valid.begin() + (in.row_offset - base_), in.rows, 1);
+    if (out.piece_message.has_value()) out.piece_message->rows_begin = base_;
     return true;
   }
 
@@ -295,8 +320,9 @@ class SampleValidator {
     const int k = model_.topk;
     const int num_moe = static_cast<int>(moe_layers_.size());
     const int64_t e = model_.num_experts;
-    out.row_valid.assign(n_, 0);
-    out.experts.assign(static_cast<size_t>(n_) * num_moe * k * sizeof(Stored), '\0');
+    out.row_valid.assign(out_rows_, 0);
+    out.experts.assign(static_cast<size_t>(out_rows_) * num_moe * k * sizeof(Stored), '\0');
+    if (out.piece_message.has_value()) out.piece_message->rows_begin = base_;
     Stored* dst_all = reinterpret_cast<Stored*>(out.experts.data());
     const In* src_all = in.view.as<In>();
     const int64_t row_stride = int64_t{in.payload_layers} * k;
@@ -312,7 +338,7 @@ class SampleValidator {
       const In* row = src_all + r * row_stride;
       if (std::is_signed_v<In> && RowIsAllMissing(row, in)) continue;
       ++covered_rows;
-      Stored* dst = dst_all + token * num_moe * k;
+      Stored* dst = dst_all + (token - base_) * num_moe * k;
       for (int m = 0; m < num_moe; ++m) {
         const In* ids = row + int64_t{in.moe_payload_index[m]} * k;
         ++stamp;
@@ -338,9 +364,10 @@ class SampleValidator {
         layer_nonzero[m] |= any != 0;
         dst += k;
       }
-      out.row_valid[token] = 1;
+      out.row_valid[token - base_] = 1;
     }
-    if (!model_.allow_all_zero_layers && covered_rows > 1) {
+    // A piece's layers are checked over the whole sample when it is sealed.
+    if (!model_.allow_all_zero_layers && !out_piece() && covered_rows > 1) {
       for (int m = 0; m < num_moe; ++m) {
         if (!layer_nonzero[m]) return ZeroLayerError(m, covered_rows);
       }
@@ -363,7 +390,7 @@ class SampleValidator {
   // the real cause when the whole layer is zero.
   template <typename In>
   absl::Status CheckZeroLayer(const ExpertsInput& in, int m) const {
-    if (model_.allow_all_zero_layers) return absl::OkStatus();
+    if (model_.allow_all_zero_layers || out_piece()) return absl::OkStatus();
     const int k = model_.topk;
     const int64_t row_stride = int64_t{in.payload_layers} * k;
     int64_t covered = 0;
@@ -433,6 +460,13 @@ class SampleValidator {
   v1::Sample* const owned_;
   const ModelSpec& model_;
   const std::string who_;
+  bool out_piece() const { return sample_.partial() || sample_.piece() != 0; }
+  // A piece after the first: it may carry no tokens and no rows.
+  bool later_piece_ = false;
+  // Token position of the first row kept (a piece keeps its rows alone)
+  // and how many rows are kept.
+  int64_t base_ = 0;
+  int64_t out_rows_ = 0;
   int64_t n_ = 0;
   std::vector<int> moe_layers_;
 };

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/ndarrays.h"
 
 namespace rollpack {
 namespace {
@@ -31,15 +32,6 @@ ModelSpec TestModel() {
   return m;
 }
 
-template <typename T>
-v1::NDArray Array(v1::DType dtype, std::vector<int64_t> shape, const std::vector<T>& values) {
-  v1::NDArray a;
-  a.set_dtype(dtype);
-  for (int64_t d : shape) a.add_shape(d);
-  a.mutable_data()->assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
-  return a;
-}
-
 // Expert ids of (row, layer) for a valid payload: distinct, in [0, 16).
 int32_t Id(int64_t row, int layer, int j) { return static_cast<int32_t>((row * 3 + layer * 5 + j * 7) % 16); }
 
@@ -49,15 +41,15 @@ v1::Sample ValidSample(int64_t n = 5, int64_t rows = 4, int64_t offset = 0) {
   s.set_sample_id("s17");
   std::vector<int32_t> tokens(n);
   for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(100 + i);
-  *s.mutable_tokens() = Array(v1::INT32, {n}, tokens);
+  *s.mutable_tokens() = TestArray(v1::INT32, {n}, tokens);
   std::vector<int32_t> ids;
   for (int64_t r = 0; r < rows; ++r)
     for (int l = 0; l < 6; ++l)
       for (int j = 0; j < 2; ++j) ids.push_back(Id(offset + r, l, j));
-  *s.mutable_routed_experts() = Array(v1::INT32, {rows, 6, 2}, ids);
+  *s.mutable_routed_experts() = TestArray(v1::INT32, {rows, 6, 2}, ids);
   s.set_routed_experts_row_offset(static_cast<int32_t>(offset));
   std::vector<float> logprobs(n, -0.5f);
-  (*s.mutable_token_fields())["logprobs"] = Array(v1::FLOAT32, {n}, logprobs);
+  (*s.mutable_token_fields())["logprobs"] = TestArray(v1::FLOAT32, {n}, logprobs);
   return s;
 }
 
@@ -115,7 +107,7 @@ TEST(SampleValidationTest, CompactLayoutEqualsFullLayout) {
   for (int64_t r = 0; r < 4; ++r)
     for (int l : {1, 3, 4, 5})
       for (int j = 0; j < 2; ++j) ids.push_back(static_cast<uint8_t>(Id(r, l, j)));
-  *compact.mutable_routed_experts() = Array(v1::UINT8, {4, 4, 2}, ids);
+  *compact.mutable_routed_experts() = TestArray(v1::UINT8, {4, 4, 2}, ids);
   absl::StatusOr<StoredSample> a = ValidateSample(full, TestModel());
   absl::StatusOr<StoredSample> b = ValidateSample(compact, TestModel());
   ASSERT_TRUE(a.ok() && b.ok());
@@ -158,18 +150,43 @@ TEST(SampleValidationTest, GroupSizeNeedsAGroupAndIsNotNegative) {
   EXPECT_EQ(stored->group_size, 8);
 }
 
-// Rollouts in pieces (lifecycle.md section 5) are not built: refused by
-// name with a code that says so, never stored as if whole.
-TEST(SampleValidationTest, APieceIsRefusedAsUnimplemented) {
-  for (int variant = 0; variant < 2; ++variant) {
-    v1::Sample s = ValidSample();
-    if (variant == 0) s.set_partial(true);
-    if (variant == 1) s.set_piece(1);
-    absl::StatusOr<StoredSample> stored = ValidateSample(s, TestModel());
-    EXPECT_EQ(stored.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_THAT(std::string(stored.status().message()),
-                ::testing::HasSubstr("sample \"s17\": rollouts in pieces"));
-  }
+// A piece (lifecycle.md section 5) is kept alone: its rows from their
+// offset, checked as today except where they end (the store's check).
+TEST(SampleValidationTest, APieceKeepsItsRowsAlone) {
+  v1::Sample first = ValidSample(/*n=*/5, /*rows=*/2, /*offset=*/1);
+  first.set_partial(true);
+  absl::StatusOr<StoredSample> stored = ValidateSample(first, TestModel());
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_TRUE(stored->piece_message.has_value());
+  EXPECT_EQ(stored->piece_message->index, 0);
+  EXPECT_TRUE(stored->piece_message->partial);
+  EXPECT_EQ(stored->piece_message->rows_begin, 1);
+  EXPECT_EQ(stored->row_valid.size(), 2u);
+  EXPECT_EQ(stored->experts.size(), 2u * 4 * 2);
+  EXPECT_EQ(stored->num_tokens(), 5);
+  // A first piece's rows stay inside its tokens.
+  v1::Sample past = ValidSample(/*n=*/5, /*rows=*/5, /*offset=*/1);
+  past.set_partial(true);
+  ExpectInvalid(past, {"sample \"s17\": routed_experts has 5 rows from offset 1, ending at 6; "
+                       "must end inside its 5 tokens"});
+  // A later piece may carry no tokens and no rows (it only seals), and its
+  // rows may start past its own tokens (whole-sample positions).
+  v1::Sample seal;
+  seal.set_sample_id("s17");
+  seal.set_piece(3);
+  absl::StatusOr<StoredSample> sealing = ValidateSample(seal, TestModel());
+  ASSERT_TRUE(sealing.ok()) << sealing.status();
+  EXPECT_EQ(sealing->num_tokens(), 0);
+  EXPECT_FALSE(sealing->piece_message->partial);
+  v1::Sample later = ValidSample(/*n=*/2, /*rows=*/3, /*offset=*/40);
+  later.set_piece(1);
+  ASSERT_TRUE(ValidateSample(later, TestModel()).ok());
+  // Ids are checked as in a whole sample.
+  SetId(later, 0, 1, 0, 16);
+  ExpectInvalid(later, {"routed_experts row 0 (token 40) layer 1 has expert id 16"});
+  v1::Sample negative = ValidSample();
+  negative.set_piece(-1);
+  ExpectInvalid(negative, {"piece is -1, must be >= 0"});
 }
 
 TEST(SampleValidationTest, RefusesMissingTokens) {
@@ -180,19 +197,19 @@ TEST(SampleValidationTest, RefusesMissingTokens) {
 
 TEST(SampleValidationTest, RefusesNonInt32Tokens) {
   v1::Sample s = ValidSample();
-  *s.mutable_tokens() = Array(v1::INT64, {5}, std::vector<int64_t>(5, 1));
+  *s.mutable_tokens() = TestArray(v1::INT64, {5}, std::vector<int64_t>(5, 1));
   ExpectInvalid(s, {"sample \"s17\": tokens has dtype int64, must be int32"});
 }
 
 TEST(SampleValidationTest, RefusesTokensOfRankTwo) {
   v1::Sample s = ValidSample();
-  *s.mutable_tokens() = Array(v1::INT32, {5, 1}, std::vector<int32_t>(5, 1));
+  *s.mutable_tokens() = TestArray(v1::INT32, {5, 1}, std::vector<int32_t>(5, 1));
   ExpectInvalid(s, {"tokens has rank 2, must be 1"});
 }
 
 TEST(SampleValidationTest, RefusesEmptyTokens) {
   v1::Sample s = ValidSample();
-  *s.mutable_tokens() = Array(v1::INT32, {0}, std::vector<int32_t>());
+  *s.mutable_tokens() = TestArray(v1::INT32, {0}, std::vector<int32_t>());
   ExpectInvalid(s, {"tokens is empty"});
 }
 
@@ -218,7 +235,7 @@ TEST(SampleValidationTest, RefusesMissingRoutedExpertsForMoeModel) {
 
 TEST(SampleValidationTest, RefusesFloatRoutedExperts) {
   v1::Sample s = ValidSample();
-  *s.mutable_routed_experts() = Array(v1::FLOAT32, {4, 6, 2}, std::vector<float>(48, 1.0f));
+  *s.mutable_routed_experts() = TestArray(v1::FLOAT32, {4, 6, 2}, std::vector<float>(48, 1.0f));
   ExpectInvalid(s, {"routed_experts has dtype float32"});
 }
 
@@ -226,26 +243,26 @@ TEST(SampleValidationTest, RefusesUint8WhenMoreThan256Experts) {
   ModelSpec model = TestModel();
   model.num_experts = 300;
   v1::Sample s = ValidSample();
-  *s.mutable_routed_experts() = Array(v1::UINT8, {4, 6, 2}, std::vector<uint8_t>(48, 1));
+  *s.mutable_routed_experts() = TestArray(v1::UINT8, {4, 6, 2}, std::vector<uint8_t>(48, 1));
   ExpectInvalid(s, {"routed_experts is uint8 but num_experts is 300"}, model);
 }
 
 TEST(SampleValidationTest, RefusesRoutedExpertsOfRankTwo) {
   v1::Sample s = ValidSample();
-  *s.mutable_routed_experts() = Array(v1::INT32, {4, 12}, std::vector<int32_t>(48, 1));
+  *s.mutable_routed_experts() = TestArray(v1::INT32, {4, 12}, std::vector<int32_t>(48, 1));
   ExpectInvalid(s, {"routed_experts has rank 2, must be 3"});
 }
 
 TEST(SampleValidationTest, RefusesWrongLayerAxis) {
   v1::Sample s = ValidSample();
-  *s.mutable_routed_experts() = Array(v1::INT32, {4, 5, 2}, std::vector<int32_t>(40, 1));
+  *s.mutable_routed_experts() = TestArray(v1::INT32, {4, 5, 2}, std::vector<int32_t>(40, 1));
   ExpectInvalid(s, {"routed_experts has 5 layers, must be num_layers = 6 (full) or "
                     "len(moe_layers) = 4 (compact)"});
 }
 
 TEST(SampleValidationTest, RefusesWrongTopk) {
   v1::Sample s = ValidSample();
-  *s.mutable_routed_experts() = Array(v1::INT32, {4, 6, 3}, std::vector<int32_t>(72, 1));
+  *s.mutable_routed_experts() = TestArray(v1::INT32, {4, 6, 3}, std::vector<int32_t>(72, 1));
   ExpectInvalid(s, {"routed_experts has topk 3, model topk is 2"});
 }
 
@@ -295,9 +312,9 @@ TEST(SampleValidationTest, RefusesAllZeroLayerWithTopkOne) {
   model.topk = 1;
   v1::Sample s;
   s.set_sample_id("k1");
-  *s.mutable_tokens() = Array(v1::INT32, {3}, std::vector<int32_t>{1, 2, 3});
+  *s.mutable_tokens() = TestArray(v1::INT32, {3}, std::vector<int32_t>{1, 2, 3});
   std::vector<int16_t> ids = {5, 6, 0, 7, 5, 6, 0, 7, 5, 6, 0, 7};  // [3, 4 (compact), 1]
-  *s.mutable_routed_experts() = Array(v1::INT16, {3, 4, 1}, ids);
+  *s.mutable_routed_experts() = TestArray(v1::INT16, {3, 4, 1}, ids);
   ExpectInvalid(s, {"MoE layer 4 is 0 for all 3 covered tokens"}, model);
   model.allow_all_zero_layers = true;
   EXPECT_TRUE(ValidateSample(s, model).ok());
@@ -308,20 +325,20 @@ TEST(SampleValidationTest, ZeroLayerCheckNeedsMoreThanOneCoveredRow) {
   model.topk = 1;
   v1::Sample s;
   s.set_sample_id("one-row");
-  *s.mutable_tokens() = Array(v1::INT32, {2}, std::vector<int32_t>{1, 2});
-  *s.mutable_routed_experts() = Array(v1::INT16, {1, 4, 1}, std::vector<int16_t>{0, 0, 0, 0});
+  *s.mutable_tokens() = TestArray(v1::INT32, {2}, std::vector<int32_t>{1, 2});
+  *s.mutable_routed_experts() = TestArray(v1::INT16, {1, 4, 1}, std::vector<int16_t>{0, 0, 0, 0});
   EXPECT_TRUE(ValidateSample(s, model).ok());
 }
 
 TEST(SampleValidationTest, RefusesTokenFieldOfWrongLength) {
   v1::Sample s = ValidSample();
-  (*s.mutable_token_fields())["advantages"] = Array(v1::FLOAT32, {4}, std::vector<float>(4, 1));
+  (*s.mutable_token_fields())["advantages"] = TestArray(v1::FLOAT32, {4}, std::vector<float>(4, 1));
   ExpectInvalid(s, {"sample \"s17\": token_fields[\"advantages\"] has first dimension 4, must be n = 5"});
 }
 
 TEST(SampleValidationTest, RefusesTokenFieldWithUnknownDtype) {
   v1::Sample s = ValidSample();
-  v1::NDArray bad = Array(v1::FLOAT32, {5}, std::vector<float>(5, 1));
+  v1::NDArray bad = TestArray(v1::FLOAT32, {5}, std::vector<float>(5, 1));
   bad.set_dtype(static_cast<v1::DType>(77));
   (*s.mutable_token_fields())["x"] = bad;
   ExpectInvalid(s, {"token_fields[\"x\"]: unknown dtype"});
@@ -331,17 +348,17 @@ TEST(SampleValidationTest, RefusesTokenFieldOfRankAboveWhatTheLogKeeps) {
   v1::Sample s = ValidSample();
   std::vector<int64_t> shape(18, 1);
   shape[0] = 5;
-  (*s.mutable_token_fields())["deep"] = Array(v1::UINT8, shape, std::vector<uint8_t>(5, 1));
+  (*s.mutable_token_fields())["deep"] = TestArray(v1::UINT8, shape, std::vector<uint8_t>(5, 1));
   ExpectInvalid(s, {"sample \"s17\": token_fields[\"deep\"] has rank 18, at most 17"});
   shape.pop_back();
-  (*s.mutable_token_fields())["deep"] = Array(v1::UINT8, shape, std::vector<uint8_t>(5, 1));
+  (*s.mutable_token_fields())["deep"] = TestArray(v1::UINT8, shape, std::vector<uint8_t>(5, 1));
   EXPECT_TRUE(ValidateSample(s, TestModel()).ok());
 }
 
 TEST(SampleValidationTest, AcceptsTokenFieldWithTrailingDims) {
   v1::Sample s = ValidSample();
   (*s.mutable_token_fields())["topk_logprobs"] =
-      Array(v1::BFLOAT16, {5, 4}, std::vector<uint16_t>(20, 3));
+      TestArray(v1::BFLOAT16, {5, 4}, std::vector<uint16_t>(20, 3));
   absl::StatusOr<StoredSample> r = ValidateSample(s, TestModel());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->token_fields.at("topk_logprobs").trailing_shape, std::vector<int64_t>{4});
@@ -397,13 +414,13 @@ TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
     }
     v1::Sample wide;
     wide.set_sample_id(absl::StrCat("r", iter));
-    *wide.mutable_tokens() = Array(v1::INT32, {n}, std::vector<int32_t>(n, 7));
-    (*wide.mutable_token_fields())["mask"] = Array(v1::UINT8, {n}, std::vector<uint8_t>(n, 1));
+    *wide.mutable_tokens() = TestArray(v1::INT32, {n}, std::vector<int32_t>(n, 7));
+    (*wide.mutable_token_fields())["mask"] = TestArray(v1::UINT8, {n}, std::vector<uint8_t>(n, 1));
     wide.set_routed_experts_row_offset(static_cast<int32_t>(offset));
-    *wide.mutable_routed_experts() = Array(v1::INT32, {rows, layers, k}, ids);
+    *wide.mutable_routed_experts() = TestArray(v1::INT32, {rows, layers, k}, ids);
     v1::Sample narrow = wide;
     *narrow.mutable_routed_experts() =
-        Array(v1::UINT8, {rows, layers, k}, std::vector<uint8_t>(ids.begin(), ids.end()));
+        TestArray(v1::UINT8, {rows, layers, k}, std::vector<uint8_t>(ids.begin(), ids.end()));
     const absl::StatusOr<StoredSample> reference = ValidateSample(wide, model);
     const absl::StatusOr<StoredSample> copied = ValidateSample(narrow, model);
     v1::Sample owned = narrow;
@@ -427,32 +444,32 @@ TEST(SampleValidationTest, FiniteTokenFieldsRefuseNanAndInfinityNamingTheToken) 
   // Without the option a NaN passes (as before); with it, it is refused.
   std::vector<float> logprobs(5, -0.5f);
   logprobs[3] = std::nanf("");
-  (*s.mutable_token_fields())["logprobs"] = Array(v1::FLOAT32, {5}, logprobs);
+  (*s.mutable_token_fields())["logprobs"] = TestArray(v1::FLOAT32, {5}, logprobs);
   EXPECT_TRUE(ValidateSample(s, TestModel()).ok());
   ExpectInvalid(s, {"sample \"s17\"", "token_fields[\"logprobs\"]", "nan at token 3",
                     "finite_token_fields"},
                 model);
   logprobs[3] = -std::numeric_limits<float>::infinity();
-  (*s.mutable_token_fields())["logprobs"] = Array(v1::FLOAT32, {5}, logprobs);
+  (*s.mutable_token_fields())["logprobs"] = TestArray(v1::FLOAT32, {5}, logprobs);
   ExpectInvalid(s, {"-inf at token 3"}, model);
   // A field not named is not checked.
   logprobs[3] = -0.5f;
-  (*s.mutable_token_fields())["logprobs"] = Array(v1::FLOAT32, {5}, logprobs);
+  (*s.mutable_token_fields())["logprobs"] = TestArray(v1::FLOAT32, {5}, logprobs);
   std::vector<float> values(5, std::nanf(""));
-  (*s.mutable_token_fields())["values"] = Array(v1::FLOAT32, {5}, values);
+  (*s.mutable_token_fields())["values"] = TestArray(v1::FLOAT32, {5}, values);
   EXPECT_TRUE(ValidateSample(s, model).ok());
   // 16-bit floats, and the token of an element of a 2-D field: [5, 2],
   // element 7 is token 3. 0x7C00 is +inf in float16, 0x7FC0 NaN in bfloat16.
   std::vector<uint16_t> half(10, 0x3C00);
   half[7] = 0x7C00;
-  (*s.mutable_token_fields())["advantages"] = Array(v1::FLOAT16, {5, 2}, half);
+  (*s.mutable_token_fields())["advantages"] = TestArray(v1::FLOAT16, {5, 2}, half);
   ExpectInvalid(s, {"token_fields[\"advantages\"] is inf at token 3 (element 7)"}, model);
   std::vector<uint16_t> bf16(10, 0x3F80);
   bf16[0] = 0x7FC0;
-  (*s.mutable_token_fields())["advantages"] = Array(v1::BFLOAT16, {5, 2}, bf16);
+  (*s.mutable_token_fields())["advantages"] = TestArray(v1::BFLOAT16, {5, 2}, bf16);
   ExpectInvalid(s, {"is nan at token 0"}, model);
   bf16[0] = 0x7F7F;  // the largest finite bfloat16
-  (*s.mutable_token_fields())["advantages"] = Array(v1::BFLOAT16, {5, 2}, bf16);
+  (*s.mutable_token_fields())["advantages"] = TestArray(v1::BFLOAT16, {5, 2}, bf16);
   EXPECT_TRUE(ValidateSample(s, model).ok());
   // The spec itself: a field named twice or empty is refused.
   model.finite_token_fields = {"a", "a"};

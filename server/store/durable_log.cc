@@ -151,6 +151,11 @@ class FileRewriter final : public DurableLog::Rewriter {
  public:
   FileRewriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   absl::Status Add(RecordType type, absl::string_view payload) override {
+    if (payload.size() >= kMaxRecordBytes) {
+      // Append refuses such a record too: the reader would take it for corruption.
+      return absl::InternalError(absl::StrCat("compaction: a record of ", payload.size(),
+                                              " bytes is over the log's limit"));
+    }
     const std::string header = RecordHeader(type, payload);
     if (int err = WriteAllAt(fd_, size_, {header, payload}); err != 0) {
       return IoError("compaction write to", path_, err);

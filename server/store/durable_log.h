@@ -74,10 +74,12 @@ enum class RecordType : uint8_t {
   kSetPolicyVersion = 8,   // v1::SetPolicyVersionRequest (sets; drops are kDropSamples)
   kDropSamples = 9,        // v1::DroppedSamplesRecord
   kSampleUses = 10,        // v1::SampleUsesRecord (written by compaction)
+  // kPutGroupedSamples with piece messages and pieced samples (section 5).
+  kPieceSamples = 11,
 };
 // Types 5 and 6 appear only in a cluster member's log; a rollpackd older
 // than them refuses such a log as corrupt rather than misreading it.
-inline constexpr int kMaxRecordType = 10;
+inline constexpr int kMaxRecordType = 11;
 
 // u32 payload length, u32 crc32c(type, payload), u8 type, u32 crc32c of
 // these 9 bytes (format version 2).

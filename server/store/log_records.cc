@@ -53,6 +53,7 @@ class Reader {
     return true;
   }
   bool done() const { return in_.empty(); }
+  size_t remaining() const { return in_.size(); }
 
  private:
   absl::string_view in_;
@@ -81,7 +82,24 @@ void EncodeSample(const StoredSample& s, RecordType type, Writer* w) {
     std::memcpy(&bits, &value, sizeof(bits));
     w->U64(bits);
   }
-  if (type == RecordType::kPutGroupedSamples) w->U32(static_cast<uint32_t>(s.group_size));
+  if (type == RecordType::kPutGroupedSamples || type == RecordType::kPieceSamples) {
+    w->U32(static_cast<uint32_t>(s.group_size));
+  }
+  if (type != RecordType::kPieceSamples) return;
+  w->U32(s.piece_message.has_value() ? 1 : 0);
+  if (s.piece_message.has_value()) {
+    w->U32(static_cast<uint32_t>(s.piece_message->index));
+    w->U32((s.piece_message->partial ? 1u : 0u) | (s.piece_message->rows_sent ? 2u : 0u));
+    w->U64(static_cast<uint64_t>(s.piece_message->rows_begin));
+  }
+  w->U32(static_cast<uint32_t>(s.pieces.size()));
+  for (const PieceBounds& b : s.pieces) {
+    w->U64(static_cast<uint64_t>(b.token_end));
+    w->U64(static_cast<uint64_t>(b.rows_begin));
+    w->U64(static_cast<uint64_t>(b.rows_end));
+    w->U64(static_cast<uint64_t>(b.policy_version));
+    w->U32((b.partial ? 1u : 0u) | (b.rows_sent ? 2u : 0u));
+  }
 }
 
 bool DecodeSample(Reader* r, RecordType type, StoredSample* s) {
@@ -117,10 +135,40 @@ bool DecodeSample(Reader* r, RecordType type, StoredSample* s) {
     std::memcpy(&value, &u64, sizeof(value));
     s->scalars.emplace(std::move(name), value);
   }
-  if (type == RecordType::kPutGroupedSamples) {
+  if (type == RecordType::kPutGroupedSamples || type == RecordType::kPieceSamples) {
     uint32_t group_size;
     if (!r->U32(&group_size) || group_size > 0x7fffffffu) return false;
     s->group_size = static_cast<int32_t>(group_size);
+  }
+  if (type != RecordType::kPieceSamples) return true;
+  uint32_t has_message;
+  if (!r->U32(&has_message) || has_message > 1) return false;
+  if (has_message == 1) {
+    uint32_t index, flags;
+    if (!r->U32(&index) || index > 0x7fffffffu || !r->U32(&flags) || flags > 3 ||
+        !r->U64(&u64)) {
+      return false;
+    }
+    s->piece_message = PieceMessage{static_cast<int32_t>(index), (flags & 1) != 0,
+                                    static_cast<int64_t>(u64), (flags & 2) != 0};
+  }
+  // Each bound takes 36 bytes: a count past what is left is corrupt.
+  if (!r->U32(&count) || count > r->remaining() / 36) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    PieceBounds b;
+    uint64_t token_end, rows_begin, rows_end, version;
+    uint32_t flags;
+    if (!r->U64(&token_end) || !r->U64(&rows_begin) || !r->U64(&rows_end) ||
+        !r->U64(&version) || !r->U32(&flags) || flags > 3) {
+      return false;
+    }
+    b.token_end = static_cast<int64_t>(token_end);
+    b.rows_begin = static_cast<int64_t>(rows_begin);
+    b.rows_end = static_cast<int64_t>(rows_end);
+    b.policy_version = static_cast<int64_t>(version);
+    b.partial = (flags & 1) != 0;
+    b.rows_sent = (flags & 2) != 0;
+    s->pieces.push_back(b);
   }
   return true;
 }
@@ -128,17 +176,19 @@ bool DecodeSample(Reader* r, RecordType type, StoredSample* s) {
 }  // namespace
 
 RecordType SamplesRecordType(absl::Span<const StoredSample* const> samples) {
+  RecordType type = RecordType::kPutSamples;
   for (const StoredSample* s : samples) {
-    if (s->group_size != 0) return RecordType::kPutGroupedSamples;
+    if (s->piece_message.has_value() || !s->pieces.empty()) return RecordType::kPieceSamples;
+    if (s->group_size != 0) type = RecordType::kPutGroupedSamples;
   }
-  return RecordType::kPutSamples;
+  return type;
 }
 
 RecordType SamplesRecordType(absl::Span<const StoredSample> samples) {
-  for (const StoredSample& s : samples) {
-    if (s.group_size != 0) return RecordType::kPutGroupedSamples;
-  }
-  return RecordType::kPutSamples;
+  std::vector<const StoredSample*> ptrs;
+  ptrs.reserve(samples.size());
+  for (const StoredSample& s : samples) ptrs.push_back(&s);
+  return SamplesRecordType(absl::MakeConstSpan(ptrs));
 }
 
 std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample* const> samples,
@@ -163,9 +213,14 @@ std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample>
 }
 
 int64_t EncodedSampleBytes(const StoredSample& s) {
-  // A grouped sample carries 4 bytes more (kPutGroupedSamples): exact for a
-  // record of this sample alone; within 4 bytes in a mixed batch.
-  int64_t n = 8 * 6 + 8 + (s.group_size != 0 ? 4 : 0) + static_cast<int64_t>(s.sample_id.size() + s.group_id.size() +
+  // A grouped sample carries 4 bytes more (kPutGroupedSamples), a piece or
+  // pieced sample its piece trailer too (kPieceSamples): exact for a record
+  // of this sample alone; within that trailer in a mixed batch.
+  const bool pieced = s.piece_message.has_value() || !s.pieces.empty();
+  int64_t n = 8 * 6 + 8 + (s.group_size != 0 || pieced ? 4 : 0) +
+              (pieced ? 4 + (s.piece_message.has_value() ? 16 : 0) + 4 +
+                            36 * static_cast<int64_t>(s.pieces.size())
+                      : 0) + static_cast<int64_t>(s.sample_id.size() + s.group_id.size() +
                                                s.tokens.size() * 4 + s.experts.size() +
                                                s.row_valid.size());
   for (const auto& [name, field] : s.token_fields) {
@@ -173,6 +228,10 @@ int64_t EncodedSampleBytes(const StoredSample& s) {
   }
   for (const auto& [name, value] : s.scalars) n += 16 + name.size();
   return n;
+}
+
+int64_t LoggedSampleBytes(const StoredSample& s) {
+  return s.logged_bytes > 0 ? s.logged_bytes : EncodedSampleBytes(s);
 }
 
 absl::Status DecodeSamples(absl::string_view payload, std::string* pool,

@@ -18,7 +18,8 @@
 
 namespace rollpack {
 
-// kPutSamples, or kPutGroupedSamples when a sample has a group size (so a
+// kPutSamples, kPutGroupedSamples when a sample has a group size, or
+// kPieceSamples when one is a piece or was sent in pieces (so a
 // log without groups stays readable by older servers).
 RecordType SamplesRecordType(absl::Span<const StoredSample* const> samples);
 RecordType SamplesRecordType(absl::Span<const StoredSample> samples);
@@ -32,6 +33,13 @@ absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
                            RecordType type = RecordType::kPutSamples);
 // Bytes one sample takes in a kPutSamples payload.
 int64_t EncodedSampleBytes(const StoredSample& sample);
+// Bytes of the log that hold `sample`: its pieces' records for a sample
+// sent in pieces (StoredSample::logged_bytes), else EncodedSampleBytes.
+int64_t LoggedSampleBytes(const StoredSample& sample);
+// A sample sent in pieces may grow to at most this many encoded bytes, so
+// that compaction can write it as one record (a whole sample is bounded by
+// --max-message-bytes).
+inline constexpr int64_t kMaxEncodedSampleBytes = int64_t{1} << 30;
 
 std::string EncodeRegisterModel(const std::string& pool, const ModelSpec& model,
                                 const PoolOptions& options);

@@ -37,7 +37,8 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
         break;
       }
       case RecordType::kPutSamples:
-      case RecordType::kPutGroupedSamples: {
+      case RecordType::kPutGroupedSamples:
+      case RecordType::kPieceSamples: {
         std::string pool;
         std::vector<StoredSample> samples;
         s = DecodeSamples(record.payload, &pool, &samples, record.type);

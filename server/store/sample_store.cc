@@ -137,8 +137,14 @@ absl::Status SampleStore::FixSchemaClusterWide(const std::string& pool_name,
     // An unknown pool is refused by the put itself.
     if (it == pools_.end() || it->second.schema_fixed) return absl::OkStatus();
   }
+  // A later piece carries no fields of its own to propose (and is refused
+  // unless its piece 0 fixed the schema already).
+  auto first = std::find_if(samples.begin(), samples.end(), [](const StoredSample& s) {
+    return !s.piece_message.has_value() || s.piece_message->index == 0;
+  });
+  if (first == samples.end()) return absl::OkStatus();
   std::map<std::string, FieldSchema> proposed;
-  for (const auto& [name, field] : samples.front().token_fields) {
+  for (const auto& [name, field] : first->token_fields) {
     proposed[name] = FieldSchema{field.dtype, field.trailing_shape};
   }
   ASSIGN_OR_RETURN(auto fixed, schema_resolver_(pool_name, proposed));
@@ -221,23 +227,59 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
 
   // The first sample of an empty pool fixes the fields for the batch too.
   std::map<std::string, FieldSchema> batch_schema;
-  if (!pool.schema_fixed && !samples.empty()) {
-    for (const auto& [name, field] : samples.front().token_fields) {
-      batch_schema[name] = FieldSchema{field.dtype, field.trailing_shape};
+  if (!pool.schema_fixed) {
+    for (const StoredSample& s : samples) {
+      if (s.piece_message.has_value() && s.piece_message->index > 0) continue;
+      for (const auto& [name, field] : s.token_fields) {
+        batch_schema[name] = FieldSchema{field.dtype, field.trailing_shape};
+      }
+      break;
     }
   }
 
   PutResult result;
   std::vector<bool> is_new(samples.size(), false);
+  std::vector<std::optional<PiecePlan>> piece_plans(samples.size());
   absl::flat_hash_map<std::string, size_t> batch_index;
   absl::flat_hash_map<std::string, int32_t> batch_group_counts;
   int64_t new_bytes = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
-    if (samples[i].group_size == 0 && !samples[i].group_id.empty()) {
+    // A later piece's group fields only repeat piece 0's: no default there.
+    const bool later_piece =
+        samples[i].piece_message.has_value() && samples[i].piece_message->index > 0;
+    if (samples[i].group_size == 0 && !samples[i].group_id.empty() && !later_piece) {
       samples[i].group_size = pool.options.default_group_size;
     }
     const StoredSample& sample = samples[i];
-    RETURN_IF_ERROR(CheckSchema(pool, sample, &batch_schema));
+    if (!later_piece) RETURN_IF_ERROR(CheckSchema(pool, sample, &batch_schema));
+    if (IsPieceOrOpen(sample)) {
+      // Each piece is planned against the store as it is: two messages for
+      // one sample in a request would need the first applied first.
+      if (!batch_index.try_emplace(sample.sample_id, i).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sample \"", sample.sample_id, "\" appears twice in one request; send the pieces of "
+            "a sample in separate requests"));
+      }
+      ASSIGN_OR_RETURN(PiecePlan plan, PlanPiece(pool_name, pool, sample));
+      if (plan.action == PieceAction::kDuplicate) {
+        ++result.duplicates;
+        continue;
+      }
+      if (plan.action != PieceAction::kExtend) {
+        RETURN_IF_ERROR(CheckGroup(pool, sample, batch_group_counts));
+        if (sample.grouped()) ++batch_group_counts[sample.group_id];
+      }
+      is_new[i] = true;
+      new_bytes += plan.new_bytes;
+      piece_plans[i] = plan;
+      continue;
+    }
+    if (auto open = pool.open.find(sample.sample_id); open != pool.open.end()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "sample \"", sample.sample_id, "\" already exists in pool \"", pool_name,
+          "\" as an open sample (", open->second.sample.pieces.size(),
+          " pieces stored); extend it with piece ", open->second.sample.pieces.size()));
+    }
     auto stored = pool.samples.find(sample.sample_id);
     if (stored != pool.samples.end()) {
       if (!(*stored->second == sample)) {
@@ -303,6 +345,11 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
   const int64_t now_nanos = absl::GetCurrentTimeNanos();
   for (size_t i = 0; i < samples.size(); ++i) {
     if (!is_new[i]) continue;
+    if (piece_plans[i].has_value()) {
+      ApplyPiece(pool, *piece_plans[i], std::move(samples[i]), now_nanos);
+      result.stored_bytes += piece_plans[i]->new_bytes;
+      continue;
+    }
     const uint64_t arrival = next_arrival_++;
     const int64_t bytes = samples[i].MemoryBytes();
     std::string id = samples[i].sample_id;
@@ -504,7 +551,7 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& 
     int64_t dead =
         LogRecordBytes(record.size()) + LogRecordBytes(EncodeCreateStep(*it->second).size());
     if (!it->second->reuse_samples) {
-      for (const auto& sample : it->second->samples) dead += EncodedSampleBytes(*sample);
+      for (const auto& sample : it->second->samples) dead += LoggedSampleBytes(*sample);
     }
     log_->AddDeadBytes(dead);
   }
@@ -522,7 +569,9 @@ ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string
     const int64_t bytes = it->second->MemoryBytes();
     if (it->second->grouped()) {
       auto group = pool.groups.find(it->second->group_id);
-      if (group != pool.groups.end() && --group->second.stored == 0) pool.groups.erase(group);
+      if (group != pool.groups.end() && --group->second.stored == 0 && group->second.open == 0) {
+        pool.groups.erase(group);
+      }
     }
     pool.uses.erase(id);
     pool.arrival_of.erase(id);
@@ -577,6 +626,20 @@ absl::Status SampleStore::CompactLog() {
         return s;
       }
       i = j;
+    }
+    // Open samples, each as one snapshot with its pieces' bounds (they start
+    // open again), by id so the same state compacts to the same bytes.
+    for (const auto& [name, pool] : pools_) {
+      std::vector<const StoredSample*> open;
+      for (const auto& [id, sample] : pool.open) open.push_back(&sample.sample);
+      std::sort(open.begin(), open.end(), [](const StoredSample* a, const StoredSample* b) {
+        return a->sample_id < b->sample_id;
+      });
+      for (const StoredSample* sample : open) {
+        RETURN_IF_ERROR(out->Add(RecordType::kPieceSamples,
+                                 EncodeSamples(name, absl::MakeConstSpan(&sample, 1),
+                                               RecordType::kPieceSamples)));
+      }
     }
     // What the lifecycle added to the samples: versions, counters, uses.
     for (const auto& [name, pool] : pools_) {

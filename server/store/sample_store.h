@@ -207,6 +207,8 @@ class SampleStore {
     std::vector<std::string> group_ids;
     std::vector<int32_t> group_sizes;
     std::vector<int64_t> policy_versions;
+    // Explicit ids that are open samples here (not selectable).
+    std::vector<std::string> open_sample_ids;
   };
   // Explicit ids: those stored here (free or not), in the order given.
   // Otherwise the oldest free samples, at most `limit` (< 0: all). NOT_FOUND
@@ -257,10 +259,27 @@ class SampleStore {
   // A group's samples stored here.
   struct Group {
     int32_t size = 0;
+    // Sealed samples stored here.
     int32_t stored = 0;
+    // Open samples (lifecycle.md section 5): they will be members, so they
+    // count against the group's size, but not towards completeness.
+    int32_t open = 0;
     int64_t first_sealed_unix_nanos = 0;
     // Dropped for staying incomplete while some samples were in live steps.
     bool expired = false;
+  };
+  // A sample whose pieces are still arriving (lifecycle.md section 5): kept
+  // apart from the sealed ones and mutable, so each piece costs what it
+  // carries, not what the sample already holds.
+  struct OpenSample {
+    // The pieces so far, in the whole-sample form a sealed sample has.
+    StoredSample sample;
+    // Where the stored routed-expert rows end; -1 while no piece carried any.
+    int64_t rows_end = -1;
+    // Per MoE layer: some covered row has a nonzero id; and how many rows
+    // are covered (the all-zero-layer rule, checked at seal).
+    std::vector<uint8_t> layer_nonzero;
+    int64_t covered_rows = 0;
   };
   struct Pool {
     ModelSpec model;
@@ -274,6 +293,7 @@ class SampleStore {
     bool schema_fixed = false;
     std::map<std::string, FieldSchema> schema;
     absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
+    absl::flat_hash_map<std::string, OpenSample> open;
     // Free samples by arrival sequence number: the oldest first.
     std::map<uint64_t, std::string> free_by_arrival;
     absl::flat_hash_map<std::string, uint64_t> arrival_of;
@@ -281,6 +301,31 @@ class SampleStore {
     int64_t stored_bytes = 0;
     int64_t live_steps = 0;
   };
+
+  // A piece message or an open sample's snapshot (sample_store_pieces.cc).
+  enum class PieceAction { kDuplicate, kOpen, kExtend, kRestoreOpen };
+  struct PiecePlan {
+    PieceAction action = PieceAction::kDuplicate;
+    // Memory the piece adds.
+    int64_t new_bytes = 0;
+    // The piece seals the sample: it becomes free.
+    bool seals = false;
+  };
+  static bool IsPieceOrOpen(const StoredSample& sample) {
+    return sample.piece_message.has_value() ||
+           (!sample.pieces.empty() && sample.pieces.back().partial);
+  }
+  // What storing `piece` would do, or the refusal (lifecycle.md section 5);
+  // changes nothing.
+  absl::StatusOr<PiecePlan> PlanPiece(const std::string& pool_name, const Pool& pool,
+                                      const StoredSample& piece) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Stores a planned piece; one that seals moves its sample to the free ones.
+  void ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece, int64_t now_nanos)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes open samples (their group was dropped).
+  void EraseOpen(Pool& pool, absl::Span<const std::string> ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status CheckSchema(const Pool& pool, const StoredSample& sample,
                            const std::map<std::string, FieldSchema>* batch_schema) const
@@ -316,11 +361,14 @@ class SampleStore {
   absl::StatusOr<DropResult> AdvanceVersionLocked(const std::string& pool_name, Pool& pool,
                                                   int64_t policy_version, int64_t* ticket)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Deletes free samples for `reason`, logged first.
+  // Deletes free samples (and a dropped group's open ones) for `reason`,
+  // logged first.
   absl::Status DropFreeLocked(const std::string& pool_name, Pool& pool,
                               const std::vector<std::string>& ids, int reason,
                               const std::vector<std::string>& groups, bool count_groups,
-                              int64_t* ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                              int64_t* ticket,
+                              const std::vector<std::string>& open_ids = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts samples back among the free ones (in ingest order), except those
   // of a group already dropped as incomplete: deleted instead (their group
   // can never be whole again). `log_drop`: the caller's own record does not

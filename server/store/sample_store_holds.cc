@@ -37,7 +37,10 @@ absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
   if (!sample_ids.empty()) {
     for (const std::string& id : sample_ids) {
       auto arrival = pool.arrival_of.find(id);
-      if (arrival == pool.arrival_of.end()) continue;
+      if (arrival == pool.arrival_of.end()) {
+        if (pool.open.contains(id)) listing.open_sample_ids.push_back(id);
+        continue;
+      }
       add(id, pool.free_by_arrival.count(arrival->second) > 0);
     }
     return listing;
@@ -61,6 +64,11 @@ absl::Status SampleStore::CheckFree(const Pool& pool, const std::string& pool_na
           absl::StrCat("step \"", step_id, "\": sample \"", id, "\" is listed twice"));
     }
     auto arrival = pool.arrival_of.find(id);
+    if (auto open = pool.open.find(id); open != pool.open.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sample \"", id, "\" is open (", open->second.sample.pieces.size(),
+          " pieces stored, the last partial): it is selectable once a piece seals it"));
+    }
     if (arrival == pool.arrival_of.end()) {
       return absl::NotFoundError(
           absl::StrCat("sample \"", id, "\" is not in pool \"", pool_name, "\""));
@@ -173,7 +181,7 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseHoldLocked(const std::string& 
     const Pool& pool = pools_.at(hold.pool);
     if (!hold.reuse_samples) {
       for (const std::string& id : hold.sample_ids) {
-        dead += EncodedSampleBytes(*pool.samples.at(id));
+        dead += LoggedSampleBytes(*pool.samples.at(id));
       }
     }
     log_->AddDeadBytes(dead);

@@ -45,7 +45,7 @@ absl::Status SampleStore::CheckGroup(
           "sample \"", sample.sample_id, "\": group \"", sample.group_id, "\" has group_size ",
           it->second.size, ", this sample declares ", sample.group_size));
     }
-    stored = it->second.stored;
+    stored = it->second.stored + it->second.open;
   }
   int32_t in_batch = 0;
   if (auto it = batch_counts.find(sample.group_id); it != batch_counts.end()) in_batch = it->second;
@@ -86,8 +86,9 @@ SelectionRequest SampleStore::Effective(const Pool& pool, SelectionRequest selec
 absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& pool,
                                          const std::vector<std::string>& ids, int reason,
                                          const std::vector<std::string>& groups,
-                                         bool count_groups, int64_t* ticket) {
-  if (ids.empty() && groups.empty()) return absl::OkStatus();
+                                         bool count_groups, int64_t* ticket,
+                                         const std::vector<std::string>& open_ids) {
+  if (ids.empty() && groups.empty() && open_ids.empty()) return absl::OkStatus();
   if (log_ != nullptr) {
     v1::DroppedSamplesRecord record;
     record.set_pool(pool_name);
@@ -95,14 +96,17 @@ absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& poo
     record.set_reason(static_cast<v1::DroppedSamplesRecord::Reason>(reason));
     record.set_num_groups(count_groups ? static_cast<int64_t>(groups.size()) : 0);
     for (const std::string& group : groups) record.add_group_ids(group);
+    for (const std::string& id : open_ids) record.add_open_sample_ids(id);
     const std::string bytes = record.SerializeAsString();
     ASSIGN_OR_RETURN(*ticket, log_->Append(RecordType::kDropSamples, bytes));
     int64_t dead = LogRecordBytes(bytes.size());
-    for (const std::string& id : ids) dead += EncodedSampleBytes(*pool.samples.at(id));
+    for (const std::string& id : ids) dead += LoggedSampleBytes(*pool.samples.at(id));
+    for (const std::string& id : open_ids) dead += LoggedSampleBytes(pool.open.at(id).sample);
     log_->AddDeadBytes(dead);
   }
   for (const std::string& id : ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
   EraseSamples(pool, ids);
+  EraseOpen(pool, open_ids);
   if (reason == v1::DroppedSamplesRecord::STALE) {
     pool.stale_dropped += static_cast<int64_t>(ids.size());
   } else {
@@ -149,7 +153,7 @@ absl::StatusOr<ReleaseResult> SampleStore::ReturnToFree(const std::string& pool_
   if (closed.empty()) return result;
   for (const std::string& id : closed) {
     pool.free_by_arrival.erase(pool.arrival_of.at(id));
-    if (log_ != nullptr) log_->AddDeadBytes(EncodedSampleBytes(*pool.samples.at(id)));
+    if (log_ != nullptr) log_->AddDeadBytes(LoggedSampleBytes(*pool.samples.at(id)));
   }
   const ReleaseResult erased = EraseSamples(pool, closed);
   result.returned_samples -= erased.released_samples;
@@ -230,7 +234,8 @@ std::map<std::string, std::vector<std::string>> SampleStore::ExpiredGroups(
     if (timeout_ms <= 0 || timeout_ms > std::numeric_limits<int64_t>::max() / 1'000'000) continue;
     const int64_t limit = timeout_ms * 1'000'000;
     for (const auto& [id, group] : pool.groups) {
-      if (!group.expired && group.stored < group.size &&
+      // The clock starts at the group's first sealed sample.
+      if (!group.expired && group.stored > 0 && group.stored < group.size &&
           now_nanos - group.first_sealed_unix_nanos >= limit) {
         expired[name].push_back(id);
       }
@@ -268,10 +273,16 @@ absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
       const StoredSample& s = *pool.samples.at(id);
       if (s.grouped() && doomed.contains(s.group_id)) ids.push_back(id);
     }
+    // Open samples of the group go too: it can never be complete again.
+    std::vector<std::string> open_ids;
+    for (const auto& [id, open] : pool.open) {
+      if (open.sample.grouped() && doomed.contains(open.sample.group_id)) open_ids.push_back(id);
+    }
+    std::sort(open_ids.begin(), open_ids.end());
     RETURN_IF_ERROR(DropFreeLocked(pool_name, pool, ids, v1::DroppedSamplesRecord::INCOMPLETE_GROUP,
-                                   groups, count, &ticket));
+                                   groups, count, &ticket, open_ids));
     result.groups = static_cast<int64_t>(groups.size());
-    result.group_samples = static_cast<int64_t>(ids.size());
+    result.group_samples = static_cast<int64_t>(ids.size() + open_ids.size());
   }
   if (log_ != nullptr && ticket > 0) RETURN_IF_ERROR(log_->Sync(ticket));
   return result;
@@ -296,7 +307,7 @@ ReleaseResult SampleStore::ReleaseSamples(Pool& pool, absl::Span<const std::stri
     if (pool.options.max_uses > 0 && uses >= pool.options.max_uses) {
       spent.push_back(id);
       // Its log bytes are dead now (a plain release counts them itself).
-      if (log_ != nullptr) log_->AddDeadBytes(EncodedSampleBytes(*pool.samples.at(id)));
+      if (log_ != nullptr) log_->AddDeadBytes(LoggedSampleBytes(*pool.samples.at(id)));
       continue;
     }
     again.push_back(id);
@@ -316,6 +327,7 @@ PoolStats SampleStore::StatsLocked(const std::string& pool_name, const Pool& poo
   stats.model = pool.model;
   stats.options = pool.options;
   stats.num_samples = static_cast<int64_t>(pool.samples.size());
+  stats.num_open_samples = static_cast<int64_t>(pool.open.size());
   stats.num_free_samples = static_cast<int64_t>(pool.free_by_arrival.size());
   stats.num_live_steps = pool.live_steps;
   stats.stored_bytes = pool.stored_bytes;
@@ -371,8 +383,16 @@ absl::Status SampleStore::ReplayDrop(const v1::DroppedSamplesRecord& record) {
       return absl::DataLossError(absl::StrCat("dropped sample \"", id, "\" is not free"));
     }
   }
+  std::vector<std::string> open_ids(record.open_sample_ids().begin(),
+                                    record.open_sample_ids().end());
+  for (const std::string& id : open_ids) {
+    if (!pool.open.contains(id)) {
+      return absl::DataLossError(absl::StrCat("dropped open sample \"", id, "\" is not open"));
+    }
+  }
   for (const std::string& id : ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
   EraseSamples(pool, ids);
+  EraseOpen(pool, open_ids);
   if (record.reason() == v1::DroppedSamplesRecord::STALE) {
     pool.stale_dropped += static_cast<int64_t>(ids.size()) + record.num_samples_counted();
   } else {

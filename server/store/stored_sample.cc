@@ -20,6 +20,7 @@ int64_t StoredSample::MemoryBytes() const {
     bytes += kOverhead / 2 + name.size() + field.data.size();
   }
   bytes += static_cast<int64_t>(scalars.size()) * (kOverhead / 4);
+  bytes += static_cast<int64_t>(pieces.size() * sizeof(PieceBounds));
   return bytes;
 }
 

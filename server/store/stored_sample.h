@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,37 @@ inline bool SameScalars(const std::map<std::string, double>& a,
   return true;
 }
 
+// One message of a sample sent in pieces (lifecycle.md section 5), in
+// whole-sample positions: its tokens end at `token_end` (they start where
+// the previous piece's end), and it carried routed-expert rows
+// [rows_begin, rows_end) (equal when it carried none).
+struct PieceBounds {
+  int64_t token_end = 0;
+  int64_t rows_begin = 0;
+  int64_t rows_end = 0;
+  int64_t policy_version = 0;
+  bool partial = false;
+  // It sent a routed_experts payload (of rows_end - rows_begin rows, maybe 0).
+  bool rows_sent = false;
+  friend bool operator==(const PieceBounds& a, const PieceBounds& b) {
+    return a.token_end == b.token_end && a.rows_begin == b.rows_begin &&
+           a.rows_end == b.rows_end && a.policy_version == b.policy_version &&
+           a.partial == b.partial && a.rows_sent == b.rows_sent;
+  }
+};
+
+// What a validated piece message adds to its sample. Its StoredSample holds
+// the piece alone: its new tokens and token-field rows, and routed-expert
+// rows [rows_begin, rows_begin + row_valid.size()) only.
+struct PieceMessage {
+  int32_t index = 0;
+  bool partial = false;
+  int64_t rows_begin = 0;
+  // A routed_experts payload was sent (possibly of zero rows, which still
+  // says where the rows end).
+  bool rows_sent = false;
+};
+
 struct StoredSample {
   std::string sample_id;
   std::string group_id;
@@ -57,6 +89,16 @@ struct StoredSample {
   // Sorted by name, so iteration order is deterministic.
   std::map<std::string, StoredField> token_fields;
   std::map<std::string, double> scalars;
+  // A sample sent in pieces: each piece's bounds, in order (empty: sent
+  // whole). The last is partial while the sample is open.
+  std::vector<PieceBounds> pieces;
+  // Set on a piece message as validated (never on a stored sample): this
+  // object is then the piece alone (see PieceMessage).
+  std::optional<PieceMessage> piece_message;
+  // Bytes of the log records that hold a sample sent in pieces (one per
+  // piece): what its release makes dead. 0 otherwise. Not part of its
+  // content (not encoded, not compared).
+  int64_t logged_bytes = 0;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   bool grouped() const { return group_size > 0 && !group_id.empty(); }
@@ -69,7 +111,13 @@ struct StoredSample {
            a.policy_version == b.policy_version && a.group_size == b.group_size &&
            a.tokens == b.tokens &&
            a.experts == b.experts && a.row_valid == b.row_valid &&
-           a.token_fields == b.token_fields && SameScalars(a.scalars, b.scalars);
+           a.token_fields == b.token_fields && SameScalars(a.scalars, b.scalars) &&
+           a.pieces == b.pieces && a.piece_message.has_value() == b.piece_message.has_value() &&
+           (!a.piece_message.has_value() ||
+            (a.piece_message->index == b.piece_message->index &&
+             a.piece_message->partial == b.piece_message->partial &&
+             a.piece_message->rows_begin == b.piece_message->rows_begin &&
+             a.piece_message->rows_sent == b.piece_message->rows_sent));
   }
 };
 

@@ -1,0 +1,409 @@
+// SampleStore's rollouts in pieces (../shared/spec/lifecycle.md section 5):
+// a sample opened by a partial first piece, extended piece by piece, and
+// selectable once a piece seals it. An open sample is mutable and kept
+// apart from the sealed ones, so a piece costs time and log bytes in
+// proportion to what it carries.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "server/store/durable_log.h"
+#include "server/store/log_records.h"
+#include "server/store/sample_store.h"
+
+namespace rollpack {
+namespace {
+
+// Bytes of one routed-expert row as stored ([|M|, K] ids); 0 for a dense model.
+int64_t ExpertRowBytes(const ModelSpec& model) {
+  if (model.is_dense()) return 0;
+  return static_cast<int64_t>(model.ResolvedMoeLayers().size()) * model.topk *
+         model.stored_id_bytes();
+}
+
+// ORs into `nonzero` (one flag per MoE layer) whether a covered row of the
+// [rows, |M|, K] block has a nonzero id in that layer; returns the covered rows.
+int64_t AccumulateLayers(absl::string_view experts, absl::Span<const uint8_t> row_valid,
+                         int num_moe, int64_t row_bytes, std::vector<uint8_t>* nonzero) {
+  nonzero->resize(num_moe, 0);
+  if (num_moe == 0 || row_bytes == 0) return 0;
+  const int64_t layer_bytes = row_bytes / num_moe;
+  int64_t covered = 0;
+  for (size_t r = 0; r < row_valid.size(); ++r) {
+    if (!row_valid[r]) continue;
+    ++covered;
+    const char* row = experts.data() + static_cast<int64_t>(r) * row_bytes;
+    for (int m = 0; m < num_moe; ++m) {
+      if ((*nonzero)[m]) continue;
+      const char* layer = row + m * layer_bytes;
+      for (int64_t b = 0; b < layer_bytes; ++b) {
+        if (layer[b] != 0) {
+          (*nonzero)[m] = 1;
+          break;
+        }
+      }
+    }
+  }
+  return covered;
+}
+
+// Copies a piece's routed rows into its open sample (sized for them
+// already) and moves where the stored rows end.
+void PlaceRows(const StoredSample& piece, const PieceMessage& message, int64_t row_bytes,
+               StoredSample* sample, int64_t* rows_end) {
+  const int64_t rows = static_cast<int64_t>(piece.row_valid.size());
+  if (rows > 0) {
+    std::memcpy(sample->experts.data() + message.rows_begin * row_bytes, piece.experts.data(),
+                piece.experts.size());
+    std::copy(piece.row_valid.begin(), piece.row_valid.end(),
+              sample->row_valid.begin() + message.rows_begin);
+  }
+  if (message.rows_sent) *rows_end = message.rows_begin + rows;
+}
+
+std::string Who(const StoredSample& piece) {
+  return absl::StrCat("sample \"", piece.sample_id, "\" piece ", piece.piece_message->index, ": ");
+}
+
+// A later piece may repeat piece 0's group and scalars, identically.
+absl::Status CheckRepeats(const StoredSample& whole, const StoredSample& piece) {
+  if (!piece.group_id.empty() && piece.group_id != whole.group_id) {
+    return absl::InvalidArgumentError(absl::StrCat(Who(piece), "group_id is \"", piece.group_id,
+                                                   "\", piece 0 set \"", whole.group_id, "\""));
+  }
+  if (piece.group_size != 0 && piece.group_size != whole.group_size) {
+    return absl::InvalidArgumentError(absl::StrCat(Who(piece), "group_size is ", piece.group_size,
+                                                   ", piece 0 set ", whole.group_size));
+  }
+  for (const auto& [name, value] : piece.scalars) {
+    auto it = whole.scalars.find(name);
+    if (it == whole.scalars.end() || std::memcmp(&it->second, &value, sizeof(value)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Who(piece), "scalars[\"", name, "\"] is ", value, ", piece 0 set ",
+          it == whole.scalars.end() ? std::string("none") : absl::StrCat(it->second),
+          " (a sample's scalars are piece 0's)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Whether `piece` is exactly the k-th piece stored in `whole` (an identical
+// re-send), compared on the stored bytes.
+bool SamePiece(const StoredSample& whole, const StoredSample& piece, int64_t row_bytes) {
+  const size_t k = static_cast<size_t>(piece.piece_message->index);
+  if (k >= whole.pieces.size()) return false;
+  const PieceBounds& b = whole.pieces[k];
+  const int64_t token_begin = k == 0 ? 0 : whole.pieces[k - 1].token_end;
+  const int64_t t = b.token_end - token_begin;
+  if (piece.piece_message->partial != b.partial || piece.policy_version != b.policy_version) {
+    return false;
+  }
+  if (piece.num_tokens() != t ||
+      !std::equal(piece.tokens.begin(), piece.tokens.end(), whole.tokens.begin() + token_begin)) {
+    return false;
+  }
+  const int64_t rows = static_cast<int64_t>(piece.row_valid.size());
+  if (piece.piece_message->rows_sent != b.rows_sent || rows != b.rows_end - b.rows_begin) {
+    return false;
+  }
+  if (b.rows_sent) {
+    if (piece.piece_message->rows_begin != b.rows_begin) return false;
+    if (absl::string_view(piece.experts) !=
+        absl::string_view(whole.experts).substr(b.rows_begin * row_bytes, rows * row_bytes)) {
+      return false;
+    }
+    if (!std::equal(piece.row_valid.begin(), piece.row_valid.end(),
+                    whole.row_valid.begin() + b.rows_begin)) {
+      return false;
+    }
+  }
+  if (t > 0) {
+    if (piece.token_fields.size() != whole.token_fields.size()) return false;
+    for (const auto& [name, field] : whole.token_fields) {
+      auto it = piece.token_fields.find(name);
+      if (it == piece.token_fields.end() || it->second.dtype != field.dtype ||
+          it->second.trailing_shape != field.trailing_shape ||
+          absl::string_view(it->second.data) !=
+              absl::string_view(field.data).substr(token_begin * field.row_bytes(),
+                                                   t * field.row_bytes())) {
+        return false;
+      }
+    }
+  }
+  if (k == 0) {
+    return piece.group_id == whole.group_id && piece.group_size == whole.group_size &&
+           SameScalars(piece.scalars, whole.scalars);
+  }
+  return CheckRepeats(whole, piece).ok();
+}
+
+}  // namespace
+
+absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string& pool_name,
+                                                              const Pool& pool,
+                                                              const StoredSample& piece) const {
+  const int64_t row_bytes = ExpertRowBytes(pool.model);
+  const std::string& id = piece.sample_id;
+  PiecePlan plan;
+  auto open_it = pool.open.find(id);
+  auto sealed_it = pool.samples.find(id);
+  if (!piece.piece_message.has_value()) {
+    // An open sample's snapshot (a compacted log): it starts open again.
+    if (open_it != pool.open.end() || sealed_it != pool.samples.end()) {
+      return absl::DataLossError(absl::StrCat("open sample \"", id, "\" is stored twice"));
+    }
+    plan.action = PieceAction::kRestoreOpen;
+    plan.new_bytes = piece.MemoryBytes();
+    return plan;
+  }
+  const PieceMessage& message = *piece.piece_message;
+  const StoredSample* stored = open_it != pool.open.end()       ? &open_it->second.sample
+                               : sealed_it != pool.samples.end() ? sealed_it->second.get()
+                                                                 : nullptr;
+  const int64_t stored_pieces = stored == nullptr ? 0
+                                : stored->pieces.empty() ? 1  // sent whole
+                                                         : static_cast<int64_t>(stored->pieces.size());
+  if (stored != nullptr && message.index < stored_pieces) {
+    if (!SamePiece(*stored, piece, row_bytes)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "sample \"", id, "\" already exists in pool \"", pool_name, "\" with a different piece ",
+          message.index, stored->pieces.empty() ? " (it was sent whole)" : ""));
+    }
+    return plan;  // kDuplicate
+  }
+  if (message.index == 0) {
+    // A new sample, opened (a piece 0 that seals is a whole sample).
+    const int64_t n = piece.num_tokens();
+    plan.action = PieceAction::kOpen;
+    plan.new_bytes = piece.MemoryBytes() - static_cast<int64_t>(piece.experts.size()) -
+                     static_cast<int64_t>(piece.row_valid.size()) + n * row_bytes +
+                     (row_bytes > 0 ? n : 0) + static_cast<int64_t>(sizeof(PieceBounds));
+    return plan;
+  }
+  if (stored == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "sample \"", id, "\" is not in pool \"", pool_name, "\": piece ", message.index,
+        " extends a sample whose piece 0 was not stored here (or that was released)"));
+  }
+  if (open_it == pool.open.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sample \"", id, "\" is sealed (", stored_pieces, " pieces); piece ", message.index,
+        " cannot extend it"));
+  }
+  if (message.index > stored_pieces) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sample \"", id, "\" has ", stored_pieces, " pieces stored; the next is piece ",
+        stored_pieces, ", got piece ", message.index));
+  }
+
+  // The next piece: the whole sample it makes must obey layout.md section 1.
+  const OpenSample& open = open_it->second;
+  const StoredSample& whole = open.sample;
+  RETURN_IF_ERROR(CheckRepeats(whole, piece));
+  const int64_t n = whole.num_tokens();
+  const int64_t t = piece.num_tokens();
+  const int64_t n_new = n + t;
+  int64_t field_bytes = 0;
+  if (t > 0) {
+    for (const auto& [name, field] : whole.token_fields) {
+      auto it = piece.token_fields.find(name);
+      if (it == piece.token_fields.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Who(piece), "token_fields[\"", name, "\"] is missing (piece 0 sent it; every piece "
+            "with tokens carries its rows)"));
+      }
+      if (it->second.dtype != field.dtype || it->second.trailing_shape != field.trailing_shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Who(piece), "token_fields[\"", name, "\"] has another dtype or shape than piece 0's"));
+      }
+      field_bytes += static_cast<int64_t>(it->second.data.size());
+    }
+    for (const auto& [name, field] : piece.token_fields) {
+      if (!whole.token_fields.count(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Who(piece), "token_fields[\"", name, "\"] was not in piece 0"));
+      }
+    }
+  }
+  const int64_t rows = static_cast<int64_t>(piece.row_valid.size());
+  int64_t rows_end = open.rows_end;
+  if (message.rows_sent) {
+    if (open.rows_end >= 0 && message.rows_begin != open.rows_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Who(piece), "routed_experts_row_offset is ", message.rows_begin,
+          "; the stored rows end at ", open.rows_end,
+          ", so this piece's rows must start there (stored rows are never replaced)"));
+    }
+    rows_end = message.rows_begin + rows;
+    if (rows_end > n_new) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Who(piece), "routed_experts has ", rows, " rows from offset ", message.rows_begin,
+          ", ending at ", rows_end, ", past the sample's ", n_new, " tokens"));
+    }
+  }
+  if (!message.partial && !pool.model.is_dense()) {
+    if (rows_end < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Who(piece), "seals the sample, but no piece carried routed_experts rows "
+                                   "(the model is MoE)"));
+    }
+    if (rows_end != n_new && rows_end != n_new - 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Who(piece), "seals the sample with routed_experts rows ending at ", rows_end,
+          "; they must end at n = ", n_new, " or n - 1 = ", n_new - 1));
+    }
+    if (!pool.model.allow_all_zero_layers) {
+      const std::vector<int> moe = pool.model.ResolvedMoeLayers();
+      std::vector<uint8_t> nonzero = open.layer_nonzero;
+      const int64_t covered =
+          open.covered_rows + AccumulateLayers(piece.experts, piece.row_valid,
+                                               static_cast<int>(moe.size()), row_bytes, &nonzero);
+      for (size_t m = 0; covered > 1 && m < moe.size(); ++m) {
+        if (!nonzero[m]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              Who(piece), "routed_experts MoE layer ", moe[m], " is 0 for all ", covered,
+              " covered tokens of the sealed sample: a broken capture (register the model with "
+              "allow_all_zero_layers to accept it)"));
+        }
+      }
+    }
+  }
+  plan.action = PieceAction::kExtend;
+  plan.seals = !message.partial;
+  plan.new_bytes = t * static_cast<int64_t>(sizeof(int32_t)) + t * row_bytes +
+                   (row_bytes > 0 ? t : 0) + field_bytes +
+                   static_cast<int64_t>(sizeof(PieceBounds));
+  // Compaction writes a sample as one log record: it must stay under the
+  // log's record limit (a whole sample is bounded by --max-message-bytes).
+  const int64_t encoded = EncodedSampleBytes(whole) + plan.new_bytes;
+  if (encoded > kMaxEncodedSampleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Who(piece), "the sample would take ", encoded, " bytes, at most ",
+        kMaxEncodedSampleBytes, " (one sample must fit one log record)"));
+  }
+  return plan;
+}
+
+void SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece,
+                             int64_t now_nanos) {
+  const int64_t row_bytes = ExpertRowBytes(pool.model);
+  const int num_moe =
+      pool.model.is_dense() ? 0 : static_cast<int>(pool.model.ResolvedMoeLayers().size());
+  const std::string id = piece.sample_id;
+  // What the piece's log record holds (its share of a batch's, roughly).
+  const int64_t piece_log_bytes = LogRecordBytes(EncodedSampleBytes(piece) + 16);
+  int64_t before = 0;
+  OpenSample* open = nullptr;
+  switch (plan.action) {
+    case PieceAction::kDuplicate:
+      return;
+    case PieceAction::kRestoreOpen: {
+      open = &pool.open[id];
+      open->sample = std::move(piece);
+      open->sample.logged_bytes = piece_log_bytes;
+      for (const PieceBounds& b : open->sample.pieces) {
+        if (b.rows_sent) open->rows_end = b.rows_end;
+      }
+      open->covered_rows = AccumulateLayers(open->sample.experts, open->sample.row_valid, num_moe,
+                                            row_bytes, &open->layer_nonzero);
+      if (open->sample.grouped()) {
+        Group& group = pool.groups[open->sample.group_id];
+        group.size = open->sample.group_size;
+        group.open++;
+      }
+      break;
+    }
+    case PieceAction::kOpen: {
+      open = &pool.open[id];
+      StoredSample& s = open->sample;
+      const PieceMessage message = *piece.piece_message;
+      const int64_t n = piece.num_tokens();
+      const int64_t rows = static_cast<int64_t>(piece.row_valid.size());
+      s.sample_id = id;
+      s.group_id = std::move(piece.group_id);
+      s.group_size = piece.group_size;
+      s.policy_version = piece.policy_version;
+      s.scalars = std::move(piece.scalars);
+      s.tokens = std::move(piece.tokens);
+      s.token_fields = std::move(piece.token_fields);
+      s.logged_bytes = piece_log_bytes;
+      // A dense model's samples hold no rows at all.
+      s.experts.assign(static_cast<size_t>(n * row_bytes), '\0');
+      if (row_bytes > 0) s.row_valid.assign(static_cast<size_t>(n), 0);
+      PlaceRows(piece, message, row_bytes, &s, &open->rows_end);
+      s.pieces.push_back({n, message.rows_begin, message.rows_begin + rows, piece.policy_version,
+                          true, message.rows_sent});
+      open->covered_rows = AccumulateLayers(piece.experts, piece.row_valid, num_moe, row_bytes,
+                                            &open->layer_nonzero);
+      if (s.grouped()) {
+        Group& group = pool.groups[s.group_id];
+        group.size = s.group_size;
+        group.open++;
+      }
+      break;
+    }
+    case PieceAction::kExtend: {
+      open = &pool.open.at(id);
+      StoredSample& s = open->sample;
+      before = s.MemoryBytes();
+      s.logged_bytes += piece_log_bytes;
+      const PieceMessage message = *piece.piece_message;
+      const int64_t n_new = s.num_tokens() + piece.num_tokens();
+      const int64_t rows = static_cast<int64_t>(piece.row_valid.size());
+      s.tokens.insert(s.tokens.end(), piece.tokens.begin(), piece.tokens.end());
+      if (piece.num_tokens() > 0) {
+        for (auto& [name, field] : s.token_fields) field.data += piece.token_fields.at(name).data;
+      }
+      // Amortised growth: appending piece after piece stays linear.
+      s.experts.resize(static_cast<size_t>(n_new * row_bytes), '\0');
+      if (row_bytes > 0) s.row_valid.resize(static_cast<size_t>(n_new), 0);
+      PlaceRows(piece, message, row_bytes, &s, &open->rows_end);
+      open->covered_rows += AccumulateLayers(piece.experts, piece.row_valid, num_moe, row_bytes,
+                                             &open->layer_nonzero);
+      // Staleness is judged by the oldest tokens.
+      s.policy_version = std::min(s.policy_version, piece.policy_version);
+      const int64_t no_rows_at = std::max<int64_t>(open->rows_end, 0);
+      s.pieces.push_back({n_new, message.rows_sent ? message.rows_begin : no_rows_at,
+                          message.rows_sent ? message.rows_begin + rows : no_rows_at,
+                          piece.policy_version, message.partial, message.rows_sent});
+      break;
+    }
+  }
+  const int64_t added = open->sample.MemoryBytes() - before;
+  pool.stored_bytes += added;
+  stored_bytes_ += added;
+  if (!plan.seals) return;
+
+  // Sealed: from now on it is a sample like any other, free and selectable;
+  // its ingest time is now.
+  auto node = pool.open.extract(id);
+  StoredSample sealed = std::move(node.mapped().sample);
+  if (sealed.grouped()) pool.groups[sealed.group_id].open--;
+  const uint64_t arrival = next_arrival_++;
+  pool.free_by_arrival.emplace(arrival, id);
+  pool.arrival_of.emplace(id, arrival);
+  pool.arrival_unix_nanos.emplace(id, now_nanos);
+  AddToGroup(pool, sealed, now_nanos);
+  pool.samples.emplace(id, std::make_shared<const StoredSample>(std::move(sealed)));
+}
+
+void SampleStore::EraseOpen(Pool& pool, absl::Span<const std::string> ids) {
+  for (const std::string& id : ids) {
+    auto it = pool.open.find(id);
+    if (it == pool.open.end()) continue;
+    const int64_t bytes = it->second.sample.MemoryBytes();
+    if (it->second.sample.grouped()) {
+      auto group = pool.groups.find(it->second.sample.group_id);
+      if (group != pool.groups.end() && --group->second.open == 0 && group->second.stored == 0) {
+        pool.groups.erase(group);
+      }
+    }
+    pool.open.erase(it);
+    pool.stored_bytes -= bytes;
+    stored_bytes_ -= bytes;
+  }
+}
+
+}  // namespace rollpack
