@@ -225,5 +225,51 @@ TEST_F(ClusterLifecycleTest, AGroupIncompleteOverTheClusterIsDroppedAndOneComple
   EXPECT_EQ(pool->num_incomplete_groups(), 0);
 }
 
+TEST_F(ClusterLifecycleTest, AnOpenSampleIsNamedAndGoesWithItsExpiredGroup) {
+  v1::PoolOptions options;
+  options.set_incomplete_group_timeout_ms(500);
+  StartThree(options);
+  // Group "slow": one sealed sample on the last member in id order, one
+  // still receiving pieces on the first (which holds no sealed sample of it,
+  // so it must not be the one that acts).
+  size_t first = 0, last = 0;
+  for (size_t i = 1; i < members_.size(); ++i) {
+    if (members_[i]->address() < members_[first]->address()) first = i;
+    if (members_[i]->address() > members_[last]->address()) last = i;
+  }
+  PutGroup(last, "slow", 2, 0, 1);
+  std::vector<v1::Sample> open = ClusterSamples(1, 7, "slow-open-");
+  open[0].set_group_id("slow");
+  open[0].set_group_size(2);
+  open[0].set_partial(true);
+  absl::StatusOr<v1::PutSamplesResponse> put = Client(first).PutSamples("pool", open);
+  ASSERT_TRUE(put.ok()) << put.status();
+  // Named explicitly, it is refused as open, naming its member.
+  v1::CreateStepRequest named = Request("named");
+  named.add_sample_ids(open[0].sample_id());
+  absl::StatusOr<v1::StepInfo> refused = Client(2).CreateStep(named);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(absl::StrCat("sample \"", open[0].sample_id(), "\" is open on member")));
+  // The group expires on the last member's clock; the open sample goes with it.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<v1::PoolInfo> pool = Client(2).GetPool("pool");
+        return pool.ok() && pool->num_samples() == 0 && pool->num_open_samples() == 0;
+      },
+      absl::Seconds(15)));
+  absl::StatusOr<v1::PoolInfo> pool = Client(0).GetPool("pool");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_incomplete_groups_dropped(), 1);
+  EXPECT_EQ(pool->num_incomplete_groups(), 0);
+  // Its next piece finds nothing to extend.
+  open[0].set_piece(1);
+  open[0].set_partial(false);
+  open[0].clear_tokens();
+  open[0].clear_routed_experts();
+  open[0].clear_token_fields();
+  EXPECT_EQ(Client(first).PutSamples("pool", open).status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace rollpack

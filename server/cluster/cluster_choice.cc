@@ -77,6 +77,8 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
     listing.group_sizes.assign(response.group_sizes().begin(), response.group_sizes().end());
     listing.policy_versions.assign(response.policy_versions().begin(),
                                    response.policy_versions().end());
+    listing.open_sample_ids.assign(response.open_sample_ids().begin(),
+                                   response.open_sample_ids().end());
     listings[i] = std::move(listing);
   });
   for (int64_t b : bytes) planning_bytes_.fetch_add(b);
@@ -136,6 +138,14 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
       }
       auto it = where.find(id);
       if (it == where.end()) {
+        for (size_t m = 0; m < listings.size(); ++m) {
+          const std::vector<std::string>& open = listings[m]->open_sample_ids;
+          if (std::find(open.begin(), open.end(), id) != open.end()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "sample \"", id, "\" is open on member ", members[m].id,
+                " (its last piece is not stored yet): it is selectable once a piece seals it"));
+          }
+        }
         return absl::NotFoundError(absl::StrCat("sample \"", id, "\" is not in pool \"", pool,
                                                 "\" on any of the ", members.size(),
                                                 " members"));

@@ -131,8 +131,10 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
     struct Share {
       int32_t size = 0;
       int64_t sealed = 0;
-      // The first member in id order holding some of it: the one that
-      // counts the drop, so a group over k members is counted once.
+      // The first member in id order holding sealed samples of it: the one
+      // that counts the drop, so a group over k members is counted once.
+      // (A member with only open samples of it never puts it forward: its
+      // clock starts at a sealed one.)
       std::string first_holder;
     };
     absl::flat_hash_map<std::string, Share> shares;
@@ -142,7 +144,7 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
       Share& share = shares[group];
       share.size = size;
       share.sealed += count;
-      if (share.first_holder.empty()) share.first_holder = member;
+      if (share.first_holder.empty() && count > 0) share.first_holder = member;
     };
     for (const ClusterMember& member : *members) {
       if (member.id == cluster->self().id) {

@@ -91,6 +91,7 @@ grpc::ServerUnaryReactor* MemberService::ListFreeSamples(grpc::CallbackServerCon
                                             listing->group_sizes.end());
     response->mutable_policy_versions()->Assign(listing->policy_versions.begin(),
                                                 listing->policy_versions.end());
+    for (const std::string& id : listing->open_sample_ids) response->add_open_sample_ids(id);
     response->set_lifecycle(true);
   }
   return Finish(context, listing.status());
