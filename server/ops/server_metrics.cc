@@ -117,6 +117,9 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, SampleStore* store)
       pool_free_samples_(registry->AddGauge("rollpack_pool_free_samples",
                                             "Samples in no live step, by pool.")),
       pool_live_steps_(registry->AddGauge("rollpack_pool_live_steps", "Live steps, by pool.")),
+      pool_open_samples_(registry->AddGauge(
+          "rollpack_pool_open_samples",
+          "Samples still receiving pieces (not selectable until sealed), by pool.")),
       pool_complete_groups_(registry->AddGauge(
           "rollpack_pool_complete_groups", "Groups with all their samples stored, by pool.")),
       pool_incomplete_groups_(registry->AddGauge(
@@ -269,6 +272,7 @@ void ServerMetrics::Collect() {
     pool_samples_.Add(l).Set(static_cast<double>(p->num_samples));
     pool_free_samples_.Add(l).Set(static_cast<double>(p->num_free_samples));
     pool_live_steps_.Add(l).Set(static_cast<double>(p->num_live_steps));
+    pool_open_samples_.Add(l).Set(static_cast<double>(p->num_open_samples));
     pool_complete_groups_.Add(l).Set(static_cast<double>(p->num_complete_groups));
     pool_incomplete_groups_.Add(l).Set(static_cast<double>(p->num_incomplete_groups));
     pool_policy_version_.Add(l).Set(static_cast<double>(p->policy_version));

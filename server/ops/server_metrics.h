@@ -58,6 +58,7 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>& pool_samples_;
   metrics::Family<metrics::Gauge>& pool_free_samples_;
   metrics::Family<metrics::Gauge>& pool_live_steps_;
+  metrics::Family<metrics::Gauge>& pool_open_samples_;
   // The sample lifecycle (docs/lifecycle.md), mirrored from the store.
   metrics::Family<metrics::Gauge>& pool_complete_groups_;
   metrics::Family<metrics::Gauge>& pool_incomplete_groups_;
