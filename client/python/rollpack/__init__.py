@@ -10,7 +10,7 @@ from rollpack.errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition
                              RollpackError, Unauthenticated, Unavailable)
 from rollpack.spec import ModelSpec  # noqa: F401
 from rollpack.sample import Sample, narrow_routed_experts  # noqa: F401
-from rollpack.producer import AsyncProducer, Producer, PutResult  # noqa: F401
+from rollpack.producer import AsyncProducer, Producer, PutResult, Rollout  # noqa: F401
 from rollpack import adapters  # noqa: F401
 
 
@@ -28,7 +28,7 @@ def __getattr__(name):
 
 
 __version__ = "0.1.0"
-__all__ = ["Producer", "AsyncProducer", "PutResult", "ModelSpec", "Sample", "adapters",
+__all__ = ["Producer", "AsyncProducer", "PutResult", "Rollout", "ModelSpec", "Sample", "adapters",
            "narrow_routed_experts", "RollpackError", "InvalidArgument", "AlreadyExists",
            "FailedPrecondition", "NotFound", "ResourceExhausted", "Unavailable",
            "DeadlineExceeded", "Unauthenticated", "PayloadError"]

@@ -9,6 +9,7 @@ Each line::
      "choice_index": 0,               # optional: vllm / vllm-0.21 responses with n > 1
      "start": 0,                      # optional: prompt_start / start_len / row offset
      "group_id": "q3", "group_size": 8, "policy_version": 4,   # optional
+     "piece": 0, "partial": false,                            # optional (pieces)
      "scalars": {"reward": 1.0},                     # optional
      "token_fields": {"logprobs": {"data": "...", "shape": [n], "dtype": "float32"}}}
 
@@ -91,7 +92,8 @@ def record_to_sample(rec, spec):
     fields = {k: _array(v, "token_fields[%r]" % k) for k, v in (rec.get("token_fields") or {}).items()}
     return Sample(sid, tokens, *routed, token_fields=fields, scalars=rec.get("scalars"),
                   group_id=rec.get("group_id", ""), policy_version=rec.get("policy_version", 0),
-                  group_size=rec.get("group_size", 0))
+                  group_size=rec.get("group_size", 0), piece=rec.get("piece", 0),
+                  partial=rec.get("partial", False))
 
 
 def read_samples(lines, spec, errors=None, name="<jsonl>"):

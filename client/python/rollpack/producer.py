@@ -392,6 +392,86 @@ class Producer(_Base):
                 return result
 
 
+    def rollout(self, sample_id, *, group_id="", group_size=0, scalars=None):
+        """A :class:`Rollout` writing ``sample_id`` to this pool in pieces
+        (lifecycle.md section 5): a partial rollout continued after a weight
+        update, or a multi-turn trajectory, stored as it is generated and
+        selectable once sealed. ``group_id``/``group_size``/``scalars`` are
+        the sample's, sent with its first piece."""
+        return Rollout(self, sample_id, group_id=group_id, group_size=group_size,
+                       scalars=scalars)
+
+
+class Rollout:
+    """One sample sent in pieces through a :class:`Producer`.
+
+    ``append(tokens, routed_experts=None, row_offset=None, *, token_fields=None,
+    policy_version=0)`` stores the next piece: ``tokens`` are the new tokens
+    only, ``token_fields`` their rows, ``routed_experts`` rows in whole-sample
+    positions starting at ``row_offset`` (default: where the stored rows end,
+    0 for the first piece; required when no piece carried rows yet; rows
+    already stored are never replaced).
+    ``seal(...)`` takes the same arguments (all optional) and stores the last
+    piece; the sample is then selectable. Each piece is durable once the call
+    returns; a call that raised may be repeated as is (an identical re-send is
+    a duplicate). A per-token policy version can travel as a token field.
+    """
+
+    def __init__(self, producer, sample_id, *, group_id="", group_size=0, scalars=None):
+        self.producer = producer
+        self.sample_id = sample_id
+        self.group_id, self.group_size = group_id, int(group_size)
+        self.scalars = dict(scalars or {})
+        #: Pieces stored so far, tokens stored, and where the stored rows end
+        #: (None while no piece carried rows).
+        self.pieces = 0
+        self.num_tokens = 0
+        self.rows_end = None
+        self.sealed = False
+
+    def append(self, tokens, routed_experts=None, row_offset=None, *, token_fields=None,
+               policy_version=0, timeout=None):
+        return self._put(tokens, routed_experts, row_offset, token_fields, policy_version,
+                         partial=True, timeout=timeout)
+
+    def seal(self, tokens=(), routed_experts=None, row_offset=None, *, token_fields=None,
+             policy_version=0, timeout=None):
+        return self._put(tokens, routed_experts, row_offset, token_fields, policy_version,
+                         partial=False, timeout=timeout)
+
+    def _put(self, tokens, routed_experts, row_offset, token_fields, policy_version, partial,
+             timeout):
+        if self.sealed:
+            raise errors.PayloadError("sample %r is sealed; it cannot be extended"
+                                      % self.sample_id)
+        first = self.pieces == 0
+        if row_offset is None:
+            if self.rows_end is not None:
+                row_offset = self.rows_end
+            elif first or routed_experts is None:
+                row_offset = 0
+            else:
+                # No rows stored yet: where this piece's rows start is the
+                # caller's to say (any offset is accepted, and stored rows
+                # are never replaced).
+                raise errors.PayloadError(
+                    "sample %r: no piece carried routed_experts yet; pass row_offset (the "
+                    "whole-sample position of this piece's first row)" % self.sample_id)
+        sample = Sample(self.sample_id, tokens, routed_experts, row_offset,
+                        token_fields=token_fields, policy_version=policy_version,
+                        scalars=self.scalars if first else None,
+                        group_id=self.group_id if first else "",
+                        group_size=self.group_size if first else 0,
+                        piece=self.pieces, partial=partial)
+        result = self.producer.put(sample, timeout=timeout)
+        self.pieces += 1
+        self.num_tokens += sample.num_tokens
+        if sample.routed_experts is not None and sample.routed_experts.shape[0] > 0:
+            self.rows_end = sample.row_offset + int(sample.routed_experts.shape[0])
+        self.sealed = not partial
+        return result
+
+
 class AsyncProducer(_Base):
     """asyncio producer (grpc.aio), same options and semantics as Producer;
     ``register_model``, ``pool_info``, ``model``, ``put`` and ``close`` are

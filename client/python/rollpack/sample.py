@@ -105,18 +105,27 @@ class Sample:
     of samples (0 = ungrouped, or the pool's ``default_group_size``); whole
     groups are what ``CreateStep(num_groups=...)`` takes.
     ``policy_version``: the version of the weights that generated it.
+    ``piece`` / ``partial``: one piece of a rollout sent in pieces
+    (lifecycle.md section 5; :meth:`Producer.rollout` numbers them for you):
+    piece k carries only its new tokens and field rows, its routed rows in
+    whole-sample positions, and ``partial`` while more pieces follow.
     """
 
     __slots__ = ("sample_id", "tokens", "routed_experts", "row_offset", "token_fields",
-                 "scalars", "group_id", "policy_version", "group_size")
+                 "scalars", "group_id", "policy_version", "group_size", "piece", "partial")
 
     def __init__(self, sample_id, tokens, routed_experts=None, row_offset=0, *,
-                 token_fields=None, scalars=None, group_id="", policy_version=0, group_size=0):
+                 token_fields=None, scalars=None, group_id="", policy_version=0, group_size=0,
+                 piece=0, partial=False):
         if not isinstance(sample_id, str) or not sample_id:
             raise PayloadError("sample_id must be a non-empty string, got %r" % (sample_id,))
         self.sample_id = sample_id
+        self.piece = int(piece)
+        self.partial = bool(partial)
+        if self.piece < 0:
+            raise PayloadError("sample %r: piece is %d, must be >= 0" % (sample_id, self.piece))
         self.tokens = as_tokens(tokens)
-        if self.tokens.size < 1:
+        if self.tokens.size < 1 and self.piece == 0:
             raise PayloadError("sample %r: tokens is empty (n must be >= 1)" % sample_id)
         self.routed_experts = None
         if routed_experts is not None:
@@ -142,7 +151,7 @@ class Sample:
         if self.group_size < 0:
             raise PayloadError("sample %r: group_size is %d, must be >= 0"
                                % (sample_id, self.group_size))
-        if self.group_size > 0 and not self.group_id:
+        if self.group_size > 0 and not self.group_id and self.piece == 0:
             raise PayloadError("sample %r: group_size is %d but group_id is empty"
                                % (sample_id, self.group_size))
         self._check_fields()
@@ -171,6 +180,8 @@ class Sample:
                                    "sample carries routed_experts" % (sid, spec.name))
             return
         if r is None:
+            if self.piece > 0 or self.partial:
+                return  # no rows in this piece
             raise PayloadError("sample %r: model %r has %d experts: routed_experts is required"
                                % (sid, spec.name, spec.num_experts))
         rows, layers, k = r.shape
@@ -184,6 +195,13 @@ class Sample:
             raise PayloadError("sample %r: routed_experts has %d experts per token, model "
                                "topk is %d" % (sid, k, spec.topk))
         end = self.row_offset + rows
+        if self.piece > 0:
+            return  # whole-sample positions: the server checks them against the stored rows
+        if self.partial:
+            if end > n:
+                raise PayloadError("sample %r: the first piece's routed_experts rows [%d, %d) "
+                                   "must end inside its %d tokens" % (sid, self.row_offset, end, n))
+            return
         if end not in (n, n - 1):
             raise PayloadError(
                 "sample %r: routed_experts rows [%d, %d) must end at n = %d or n - 1 = %d"
@@ -199,7 +217,10 @@ class Sample:
         pb.group_id = self.group_id
         pb.policy_version = self.policy_version
         pb.group_size = self.group_size
-        _nd.fill(pb.tokens, self.tokens)
+        pb.piece = self.piece
+        pb.partial = self.partial
+        if self.tokens.size:
+            _nd.fill(pb.tokens, self.tokens)
         if self.routed_experts is not None and not spec.is_dense:
             _nd.fill(pb.routed_experts,
                      narrow_routed_experts(self.routed_experts, spec,
