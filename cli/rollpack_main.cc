@@ -10,6 +10,7 @@
 
 #include "cli/bench_cluster_command.h"
 #include "cli/bench_lifecycle_command.h"
+#include "cli/bench_pieces_command.h"
 #include "cli/bench_layout_command.h"
 #include "cli/bench_load_command.h"
 #include "cli/bench_transport_command.h"
@@ -67,6 +68,8 @@ const Command kBenchmarks[] = {
      rollpack::RunBenchClusterCommand},
     {"lifecycle", "CreateStep by groups / tokens / versions vs by count over one pool",
      rollpack::RunBenchLifecycleCommand},
+    {"pieces", "extending a sample piece by piece: last pieces vs first vs sent whole",
+     rollpack::RunBenchPiecesCommand},
     // Started by bench transport; listed so that its --help can be found.
     {"grpc-sink", "the server half of bench transport's gRPC-alone rows (internal)",
      rollpack::RunGrpcSinkCommand},
