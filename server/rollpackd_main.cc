@@ -71,6 +71,10 @@ ABSL_FLAG(int64_t, max_pool_memory, 0,
           "--max-memory applies");
 ABSL_FLAG(int64_t, max_pools, 64,
           "pools the server may hold (0 = no limit); each has its own metric series");
+ABSL_FLAG(absl::Duration, step_ttl, absl::ZeroDuration(),
+          "release a step with no open trainer stream and no activity for this long (e.g. 30m: "
+          "its controller crashed and never released it); 0 = never; counted in "
+          "rollpack_steps_expired_total; not with --cluster-etcd yet");
 ABSL_FLAG(std::vector<std::string>, cluster_etcd, {},
           "cluster mode (docs/cluster.md): etcd client URLs, comma-separated "
           "(http://HOST:PORT or HOST:PORT); unset = a single server");
@@ -151,6 +155,7 @@ int main(int argc, char** argv) {
       std::clamp(absl::GetFlag(FLAGS_ingest_messages_in_flight), 1, 64);
   options.ingest.threads = std::max(0, absl::GetFlag(FLAGS_ingest_threads));
   options.max_pools = absl::GetFlag(FLAGS_max_pools);
+  options.step_ttl = absl::GetFlag(FLAGS_step_ttl);
   options.cluster_etcd = absl::GetFlag(FLAGS_cluster_etcd);
   options.cluster_advertise = absl::GetFlag(FLAGS_cluster_advertise);
   options.cluster_name = absl::GetFlag(FLAGS_cluster_name);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -37,6 +38,7 @@
 #include "server/ops/server_metrics.h"
 #include "server/store/log_replay.h"
 #include "server/store/sample_store.h"
+#include "server/store/step_activity.h"
 #include "server/store/step_directory.h"
 #include "spdlog/spdlog.h"
 
@@ -134,6 +136,10 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-pool-memory is ", options.max_pool_memory_bytes, ": bytes, >= 0 (0 = off)"));
   }
+  if (options.step_ttl < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--step-ttl is ", absl::FormatDuration(options.step_ttl), ": >= 0 (0 = never)"));
+  }
   if (options.max_pools < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-pools is ", options.max_pools, ": >= 0 (0 = no limit)"));
@@ -192,6 +198,12 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeServerCredentials(options));
   const bool cluster_mode = !options.cluster_etcd.empty();
+  if (cluster_mode && options.step_ttl > absl::ZeroDuration()) {
+    // Each member sees only the streams it serves: one member's idle view
+    // would release a step another member is serving.
+    return absl::InvalidArgumentError(
+        "--step-ttl with --cluster-etcd is not supported yet (docs/operations.md)");
+  }
   if (cluster_mode && (!options.auth_tokens_file.empty() || !options.tls_cert.empty())) {
     // Members call each other in plaintext without a token for now.
     return absl::InvalidArgumentError(
@@ -208,10 +220,13 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   } else {
     server->steps_ = std::make_unique<LocalSteps>(server->store_.get());
   }
+  server->step_activity_ = std::make_unique<StepActivity>();
   server->scheduler_ = std::make_unique<SchedulerService>(
-      server->steps_.get(), server->metrics_.get(), server->auth_.get());
+      server->steps_.get(), server->metrics_.get(), server->auth_.get(),
+      server->step_activity_.get());
   server->trainer_ = std::make_unique<TrainerService>(server->steps_.get(), server->metrics_.get(),
-                                                      server->auth_.get(), options.fetch);
+                                                      server->auth_.get(), options.fetch,
+                                                      server->step_activity_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   // Links grpc/health/v1/health.pb.cc (and so registers its descriptor) for
@@ -286,6 +301,31 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
                      dropped->groups, dropped->group_samples);
       }
     });
+  }
+  if (options.step_ttl > absl::ZeroDuration()) {
+    StepDirectory* const steps = server->steps_.get();
+    StepActivity* const activity = server->step_activity_.get();
+    ServerMetrics* const metrics = server->metrics_.get();
+    const absl::Duration ttl = options.step_ttl;
+    server->step_expiry_ = std::make_unique<PeriodicThread>(
+        std::min(absl::Seconds(1), ttl / 4), [steps, activity, metrics, ttl] {
+          absl::StatusOr<std::vector<LiveStep>> live = steps->ListSteps("");
+          if (!live.ok()) return;
+          std::vector<std::string> ids;
+          for (const LiveStep& s : *live) ids.push_back(s.step->step_id);
+          activity->Retain(ids);
+          for (const std::string& id : activity->Idle(ids, absl::Now(), ttl)) {
+            absl::StatusOr<ReleaseResult> released = steps->ReleaseStep(id);
+            if (!released.ok()) continue;  // released meanwhile
+            activity->StepReleased(id);
+            metrics->OnStepReleased(released->released_samples, released->freed_bytes);
+            metrics->OnStepExpired();
+            spdlog::warn("rollpackd: released step \"{}\" ({} samples, {} returned): no trainer "
+                         "stream and no activity for --step-ttl {}",
+                         id, released->released_samples, released->returned_samples,
+                         absl::FormatDuration(ttl));
+          }
+        });
   }
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::HttpExporter>> exporter =
@@ -364,6 +404,7 @@ void RollpackServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   group_expiry_.reset();
+  step_expiry_.reset();
   server_->GetHealthCheckService()->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();

@@ -34,6 +34,7 @@ class RolloutsService;
 class RoutingAgreementBook;
 class SampleStore;
 class SchedulerService;
+class StepActivity;
 class StepDirectory;
 class ServerMetrics;
 class TelemetryService;
@@ -78,6 +79,10 @@ struct ServerOptions {
   int64_t max_pool_memory_bytes = 0;
   // Pools the server may hold (0 = no limit): each has its own metric series.
   int64_t max_pools = 64;
+  // A live step with no open trainer stream and no stream started or ended
+  // for this long (nor created) is released as abandoned, counted in
+  // rollpack_steps_expired_total; zero = never (docs/operations.md).
+  absl::Duration step_ttl = absl::ZeroDuration();
   // Delivery (server/delivery/trainer_service.h).
   FetchOptions fetch;
   // Ingest (server/ingest/put_samples_reactor.h).
@@ -151,6 +156,8 @@ class RollpackServer {
   // too, and the Member service other members call).
   std::unique_ptr<StepDirectory> steps_;
   ClusterSteps* cluster_steps_ = nullptr;
+  // Streams per step, for ListSteps and the step TTL.
+  std::unique_ptr<StepActivity> step_activity_;
   std::unique_ptr<MemberService> member_;
   std::unique_ptr<SchedulerService> scheduler_;
   std::unique_ptr<TrainerService> trainer_;
@@ -167,6 +174,8 @@ class RollpackServer {
   // cluster member's ClusterSteps does it over the cluster). Last: stops
   // before anything it uses goes.
   std::unique_ptr<PeriodicThread> group_expiry_;
+  // Releases steps idle past --step-ttl.
+  std::unique_ptr<PeriodicThread> step_expiry_;
   bool shut_down_ = false;
 };
 

@@ -271,5 +271,31 @@ TEST_F(ClusterLifecycleTest, AnOpenSampleIsNamedAndGoesWithItsExpiredGroup) {
   EXPECT_EQ(Client(first).PutSamples("pool", open).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(ClusterLifecycleTest, ListStepsAndListPoolsSeeTheWholeCluster) {
+  StartThree(v1::PoolOptions());
+  PutGroup(0, "a", 0, 0, 2);
+  PutGroup(1, "b", 0, 0, 2);
+  v1::CreateStepRequest request = Request("listed");
+  request.set_num_samples(4);
+  const int64_t before = absl::GetCurrentTimeNanos();
+  ASSERT_TRUE(Client(0).CreateStep(request).ok());
+  // Another member lists the step, planned from its record.
+  absl::StatusOr<v1::ListStepsResponse> steps = Client(2).ListSteps();
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->steps_size(), 1);
+  EXPECT_EQ(steps->steps(0).step_id(), "listed");
+  EXPECT_EQ(steps->steps(0).num_samples(), 4);
+  EXPECT_GE(steps->steps(0).created_unix_nanos(), before);
+  absl::StatusOr<v1::ListPoolsResponse> pools = Client(1).ListPools();
+  ASSERT_TRUE(pools.ok()) << pools.status();
+  ASSERT_EQ(pools->pools_size(), 1);
+  EXPECT_EQ(pools->pools(0).pool(), "pool");
+  EXPECT_EQ(pools->pools(0).num_samples(), 4);
+  ASSERT_TRUE(Client(1).ReleaseStep("listed").ok());
+  absl::StatusOr<v1::ListStepsResponse> after = Client(2).ListSteps("pool");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->steps_size(), 0);
+}
+
 }  // namespace
 }  // namespace rollpack

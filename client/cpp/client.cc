@@ -305,6 +305,24 @@ absl::StatusOr<v1::ReleaseStepResponse> RollpackClient::ReleaseStep(const std::s
   return response;
 }
 
+absl::StatusOr<v1::ListStepsResponse> RollpackClient::ListSteps(const std::string& pool) {
+  v1::ListStepsRequest request;
+  request.set_pool(pool);
+  v1::ListStepsResponse response;
+  auto context = NewContext();
+  grpc::Status status = scheduler_->ListSteps(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::ListPoolsResponse> RollpackClient::ListPools() {
+  v1::ListPoolsResponse response;
+  auto context = NewContext();
+  grpc::Status status = rollouts_->ListPools(context.get(), v1::ListPoolsRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::StatusOr<v1::PoolInfo> RollpackClient::SetPolicyVersion(const std::string& pool,
                                                              int64_t policy_version) {
   v1::SetPolicyVersionRequest request;

@@ -105,6 +105,10 @@ class RollpackClient {
   absl::StatusOr<v1::StepInfo> CreateStep(const v1::CreateStepRequest& request);
   absl::StatusOr<v1::Plan> GetPlan(const std::string& step_id);
   absl::StatusOr<v1::ReleaseStepResponse> ReleaseStep(const std::string& step_id);
+  // The live steps of `pool` ("" = every pool) and every pool: what a
+  // controller finds after a restart (docs/operations.md, "Controller").
+  absl::StatusOr<v1::ListStepsResponse> ListSteps(const std::string& pool = "");
+  absl::StatusOr<v1::ListPoolsResponse> ListPools();
   // Records the trainer's policy version (docs/lifecycle.md).
   absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version);
   // Adds one rank's routing agreement counts to the server's metrics

@@ -281,6 +281,15 @@ absl::StatusOr<std::optional<ModelSpec>> Cluster::LookupPool(const std::string& 
   return std::optional<ModelSpec>(std::move(model));
 }
 
+absl::StatusOr<std::vector<std::string>> Cluster::PoolNames() {
+  const std::string prefix = PoolKey("");
+  ASSIGN_OR_RETURN(auto kvs, etcd_->GetPrefix(prefix));
+  std::vector<std::string> names;
+  for (const auto& [key, value] : kvs) names.push_back(key.substr(prefix.size()));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 absl::StatusOr<std::map<std::string, FieldSchema>> Cluster::FixSchema(
     const std::string& pool, const std::map<std::string, FieldSchema>& proposed) {
   // A schema travels as a Sample's token fields: dtype and shape [0, trailing...].

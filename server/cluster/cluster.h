@@ -71,6 +71,8 @@ class Cluster {
                                          bool* created);
   // The pool's cluster-wide model, or nullopt when no member registered it.
   absl::StatusOr<std::optional<ModelSpec>> LookupPool(const std::string& pool);
+  // Every pool registered on some member, sorted.
+  absl::StatusOr<std::vector<std::string>> PoolNames();
   // Fixes the pool's lifecycle options for the whole cluster unless they
   // are fixed; returns the options that hold.
   absl::StatusOr<PoolOptions> FixPoolOptions(const std::string& pool, const PoolOptions& options);

@@ -351,6 +351,29 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::GetStep(const std::str
   return cached->step;
 }
 
+absl::StatusOr<std::vector<LiveStep>> ClusterSteps::ListSteps(const std::string& pool) {
+  ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  // Steps made on this server before it joined a cluster, then the cluster's.
+  std::vector<LiveStep> live = store_->ListSteps(pool);
+  ASSIGN_OR_RETURN(auto records, cluster->etcd()->GetPrefix(StepKey(cluster, "")));
+  for (const auto& [key, value] : records) {
+    v1::ClusterStepRecord record;
+    if (!record.ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold a step record"));
+    }
+    if (!record.aborted_by().empty()) continue;  // a tombstone
+    if (!pool.empty() && record.pool() != pool) continue;
+    absl::StatusOr<std::shared_ptr<const Step>> step = GetStep(record.step_id());
+    if (absl::IsNotFound(step.status())) continue;  // released meanwhile
+    if (!step.ok()) return step.status();
+    live.push_back({*std::move(step), record.created_unix_nanos()});
+  }
+  std::sort(live.begin(), live.end(), [](const LiveStep& a, const LiveStep& b) {
+    return a.step->step_id < b.step->step_id;
+  });
+  return live;
+}
+
 absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id,
                                                       const RankCoords& coords) {
   if (absl::StatusOr<std::shared_ptr<const Step>> local = store_->GetStep(step_id); local.ok()) {

@@ -3,9 +3,25 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/store/convert.h"
 
 namespace rollpack {
+
+template <typename Body>
+grpc::ServerUnaryReactor* SchedulerService::Serve(grpc::CallbackServerContext* context,
+                                                  const char* method, Body body) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->Check(*context, method); !s.ok()) {
+      reactor->Finish(s);
+      return reactor;
+    }
+  }
+  reactor->Finish(ToGrpcStatus(body()));
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* SchedulerService::CreateStep(grpc::CallbackServerContext* context,
                                                        const v1::CreateStepRequest* request,
@@ -38,6 +54,7 @@ grpc::ServerUnaryReactor* SchedulerService::CreateStep(grpc::CallbackServerConte
   if (step.ok()) {
     *response = StepInfoToProto(**step);
     if (metrics_ != nullptr) metrics_->OnStepCreated(**step);
+    if (activity_ != nullptr) activity_->StepCreated((*step)->step_id, absl::Now());
   }
   reactor->Finish(ToGrpcStatus(step.status()));
   return reactor;
@@ -75,6 +92,7 @@ grpc::ServerUnaryReactor* SchedulerService::ReleaseStep(grpc::CallbackServerCont
     response->set_freed_bytes(result->freed_bytes);
     response->set_returned_samples(result->returned_samples);
     if (metrics_ != nullptr) metrics_->OnStepReleased(result->released_samples, result->freed_bytes);
+    if (activity_ != nullptr) activity_->StepReleased(request->step_id());
   }
   reactor->Finish(ToGrpcStatus(result.status()));
   return reactor;
@@ -96,6 +114,41 @@ grpc::ServerUnaryReactor* SchedulerService::SetPolicyVersion(
   if (info.ok()) *response = *std::move(info);
   reactor->Finish(ToGrpcStatus(info.status()));
   return reactor;
+}
+
+grpc::ServerUnaryReactor* SchedulerService::ListSteps(grpc::CallbackServerContext* context,
+                                                      const v1::ListStepsRequest* request,
+                                                      v1::ListStepsResponse* response) {
+  return Serve(context, "/rollpack.v1.Scheduler/ListSteps", [&]() -> absl::Status {
+    absl::StatusOr<std::vector<LiveStep>> live = steps_->ListSteps(request->pool());
+    if (!live.ok()) return live.status();
+    const absl::Time now = absl::Now();
+    if (activity_ != nullptr && request->pool().empty()) {
+      std::vector<std::string> ids;
+      for (const LiveStep& s : *live) ids.push_back(s.step->step_id);
+      activity_->Retain(ids);
+    }
+    for (const LiveStep& s : *live) {
+      if (!request->step_id().empty() && s.step->step_id != request->step_id()) continue;
+      v1::StepInfo* info = response->add_steps();
+      *info = StepInfoToProto(*s.step);
+      info->clear_stage_layers();
+      info->set_created_unix_nanos(s.created_unix_nanos);
+      if (activity_ != nullptr) {
+        const StepActivity::Entry e = activity_->Get(s.step->step_id, now);
+        info->set_streams_started(e.streams_started);
+        info->set_streams_open(e.streams_open);
+        if (e.last_stream != absl::InfinitePast()) {
+          info->set_last_stream_unix_nanos(absl::ToUnixNanos(e.last_stream));
+        }
+      }
+    }
+    if (!request->step_id().empty() && response->steps().empty()) {
+      return absl::NotFoundError(
+          absl::StrCat("step \"", request->step_id(), "\" does not exist or was released"));
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace rollpack

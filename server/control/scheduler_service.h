@@ -4,6 +4,7 @@
 
 #include "rollpack/v1/scheduler.grpc.pb.h"
 #include "server/ops/auth.h"
+#include "server/store/step_activity.h"
 #include "server/store/step_directory.h"
 #include "server/ops/server_metrics.h"
 
@@ -11,11 +12,12 @@ namespace rollpack {
 
 class SchedulerService final : public v1::Scheduler::CallbackService {
  public:
-  // `steps`: the store's own (LocalSteps) or the cluster's. `metrics` and
-  // `auth` may be null (no metrics, no auth).
+  // `steps`: the store's own (LocalSteps) or the cluster's. `metrics`,
+  // `auth` and `activity` may be null (no metrics, no auth, no stream
+  // counts in ListSteps).
   explicit SchedulerService(StepDirectory* steps, ServerMetrics* metrics = nullptr,
-                           const Authorizer* auth = nullptr)
-      : steps_(steps), metrics_(metrics), auth_(auth) {}
+                           const Authorizer* auth = nullptr, StepActivity* activity = nullptr)
+      : steps_(steps), metrics_(metrics), auth_(auth), activity_(activity) {}
 
   grpc::ServerUnaryReactor* CreateStep(grpc::CallbackServerContext* context,
                                        const v1::CreateStepRequest* request,
@@ -29,11 +31,20 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
   grpc::ServerUnaryReactor* SetPolicyVersion(grpc::CallbackServerContext* context,
                                              const v1::SetPolicyVersionRequest* request,
                                              v1::PoolInfo* response) override;
+  grpc::ServerUnaryReactor* ListSteps(grpc::CallbackServerContext* context,
+                                      const v1::ListStepsRequest* request,
+                                      v1::ListStepsResponse* response) override;
 
  private:
+  // Auth, then `body`'s status.
+  template <typename Body>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, const char* method,
+                                  Body body);
+
   StepDirectory* const steps_;
   ServerMetrics* const metrics_;
   const Authorizer* const auth_;
+  StepActivity* const activity_;
 };
 
 }  // namespace rollpack

@@ -27,8 +27,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // `active` was already incremented for this stream; OnDone decrements it.
   FetchReactor(const v1::FetchRequest& request, ServerMetrics* metrics,
                std::atomic<int>* active, FirstDeliveryGate* gate /* null: no priority */,
-               int64_t id)
+               int64_t id, StepActivity* activity /* null: not recorded */)
       : request_(request),
+        activity_(activity),
         gate_(gate),
         id_(id),
         next_(request.start_index()),
@@ -58,6 +59,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     samples_ = std::move(step->samples);
     started_ = true;
     if (metrics_ != nullptr) metrics_->OnStreamStart(request_.start_index() > 0);
+    if (activity_ != nullptr) activity_->StreamStarted(request_.step_id(), absl::Now());
     {
       absl::MutexLock lock(&hold_->mu);
       hold_->reactor = this;
@@ -96,6 +98,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     active_->fetch_sub(1);
     if (started_ && metrics_ != nullptr) metrics_->OnStreamEnd();
+    if (started_ && activity_ != nullptr) activity_->StreamEnded(request_.step_id(), absl::Now());
     delete this;
   }
 
@@ -179,6 +182,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   const v1::FetchRequest request_;
+  StepActivity* const activity_;
   // Set by Begin, before the first write.
   std::shared_ptr<const Step> step_;
   // The rank's samples when the step holds none itself (a cluster step).
@@ -240,7 +244,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
   }
   auto* reactor = new FetchReactor(parsed, metrics_, &active_streams_,
                                    options_.first_microbatch_priority ? &first_delivery_ : nullptr,
-                                   next_stream_id_.fetch_add(1));
+                                   next_stream_id_.fetch_add(1), activity_);
   const RankCoords coords{parsed.rank().dp(), parsed.rank().cp(), parsed.rank().tp(),
                           parsed.rank().pp()};
   if (pulls_ == nullptr) {

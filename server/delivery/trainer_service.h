@@ -12,6 +12,7 @@
 #include "server/delivery/first_delivery_gate.h"
 #include "server/ops/auth.h"
 #include "server/ops/server_metrics.h"
+#include "server/store/step_activity.h"
 #include "server/store/step_directory.h"
 
 namespace rollpack {
@@ -22,12 +23,15 @@ namespace rollpack {
 class TrainerService final
     : public v1::Trainer::WithRawCallbackMethod_FetchMicrobatches<v1::Trainer::CallbackService> {
  public:
-  // `metrics` and `auth` may be null (no metrics, no auth).
+  // `metrics`, `auth` and `activity` may be null (no metrics, no auth, no
+  // stream counts per step).
   explicit TrainerService(StepDirectory* steps, ServerMetrics* metrics = nullptr,
-                          const Authorizer* auth = nullptr, FetchOptions options = {})
+                          const Authorizer* auth = nullptr, FetchOptions options = {},
+                          StepActivity* activity = nullptr)
       : steps_(steps),
         metrics_(metrics),
         auth_(auth),
+        activity_(activity),
         options_(options),
         pulls_(steps->MayBlock() ? std::make_unique<WorkerPool>(kPullThreads) : nullptr) {}
 
@@ -41,6 +45,7 @@ class TrainerService final
   StepDirectory* const steps_;
   ServerMetrics* const metrics_;
   const Authorizer* const auth_;
+  StepActivity* const activity_;
   const FetchOptions options_;
   // Streams whose step lookup may wait on other members (cluster mode):
   // at most this many such lookups run at once, the rest queue.

@@ -137,6 +137,44 @@ grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* 
   return reactor;
 }
 
+grpc::ServerUnaryReactor* RolloutsService::ListPools(grpc::CallbackServerContext* context,
+                                                     const v1::ListPoolsRequest* /*request*/,
+                                                     v1::ListPoolsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->Check(*context, "/rollpack.v1.Rollouts/ListPools"); !s.ok()) {
+      reactor->Finish(s);
+      return reactor;
+    }
+  }
+  reactor->Finish(ToGrpcStatus([&]() -> absl::Status {
+    std::vector<std::string> names;
+    if (cluster_mode_) {
+      Cluster* const cluster = cluster_.load();
+      if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
+      ASSIGN_OR_RETURN(names, cluster->PoolNames());
+    } else {
+      names = store_->PoolNames();
+    }
+    for (const std::string& name : names) {
+      v1::PoolInfo info;
+      absl::Status s = absl::OkStatus();
+      if (cluster_mode_) {
+        s = ClusterPool(name, &info);
+      } else {
+        absl::StatusOr<v1::PoolInfo> local = LocalPool(name);
+        s = local.status();
+        if (local.ok()) info = *std::move(local);
+      }
+      if (absl::IsNotFound(s)) continue;
+      RETURN_IF_ERROR(s);
+      *response->add_pools() = std::move(info);
+    }
+    return absl::OkStatus();
+  }()));
+  return reactor;
+}
+
 absl::StatusOr<v1::PoolInfo> RolloutsService::LocalPool(const std::string& pool) const {
   ASSIGN_OR_RETURN(PoolStats stats, store_->GetPool(pool));
   // A member's answer carries its incomplete groups for the one summing.

@@ -40,6 +40,9 @@ class RolloutsService final
   grpc::ServerUnaryReactor* GetPool(grpc::CallbackServerContext* context,
                                     const v1::GetPoolRequest* request,
                                     v1::PoolInfo* response) override;
+  grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* context,
+                                      const v1::ListPoolsRequest* request,
+                                      v1::ListPoolsResponse* response) override;
 
  private:
   // RegisterModel: in cluster mode the pool's model is fixed cluster-wide

@@ -411,7 +411,9 @@ TEST(SamplePiecesDurable, OpenAndSealedSamplesSurviveReopenAndCompaction) {
     EXPECT_EQ(PutMessage(*d->store, b.Piece(0, true, 0, 3, 0, 2))->duplicates, 1);
     EXPECT_EQ(PutMessage(*d->store, b.Piece(2, true, 3, 4, 2, 3)).status().code(),
               absl::StatusCode::kFailedPrecondition);
-    if (round == 0) ASSERT_TRUE(d->store->CompactLog().ok());
+    if (round == 0) {
+      ASSERT_TRUE(d->store->CompactLog().ok());
+    }
   }
   absl::StatusOr<Durable> d = OpenDurable(dir.path());
   ASSERT_TRUE(d.ok()) << d.status();

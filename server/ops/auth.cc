@@ -43,11 +43,14 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Rollouts/RegisterModel", {Role::kProducer, Role::kAdmin}},
       {"/rollpack.v1.Rollouts/PutSamples", {Role::kProducer, Role::kAdmin}},
       {"/rollpack.v1.Rollouts/GetPool", {Role::kProducer, Role::kTrainer, Role::kAdmin}},
+      {"/rollpack.v1.Rollouts/ListPools", {Role::kProducer, Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Scheduler/CreateStep", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Scheduler/GetPlan", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Scheduler/ReleaseStep", {Role::kAdmin}},
       // The trainer reports the policy version it trains (lifecycle.md).
       {"/rollpack.v1.Scheduler/SetPolicyVersion", {Role::kTrainer, Role::kAdmin}},
+      // A controller finding its steps again (docs/operations.md).
+      {"/rollpack.v1.Scheduler/ListSteps", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Trainer/FetchMicrobatches", {Role::kTrainer, Role::kAdmin}},
       // TP-leader trainers exchange their NCCL id here (docs/trainer.md).
       {"/rollpack.v1.Rendezvous/ExchangeId", {Role::kTrainer, Role::kAdmin}},

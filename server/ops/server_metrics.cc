@@ -138,6 +138,9 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, SampleStore* store)
       steps_created_(registry->AddCounter("rollpack_steps_created_total",
                                           "Steps created (planned), by pool.")),
       steps_released_(registry->AddCounter("rollpack_steps_released_total", "Steps released.")),
+      steps_expired_(registry->AddCounter(
+          "rollpack_steps_expired_total",
+          "Steps released by --step-ttl: no trainer stream and no activity for that long.")),
       released_samples_(registry->AddCounter("rollpack_released_samples_total",
                                              "Samples freed by ReleaseStep.")),
       released_bytes_(registry->AddCounter("rollpack_released_bytes_total",
@@ -176,6 +179,7 @@ ServerMetrics::ServerMetrics(metrics::Registry* registry, SampleStore* store)
           "Time from the call's arrival to its status, by service and method.")) {
   // Series that exist from the start, so rate() and alerts see 0 not nothing.
   steps_released_.Add({});
+  steps_expired_.Add({});
   released_samples_.Add({});
   released_bytes_.Add({});
   microbatches_streamed_.Add({});
@@ -213,6 +217,8 @@ void ServerMetrics::OnStepCreated(const Step& step) {
   plan_padding_overhead_.Add(pool).Set(s.padding_overhead);
   plan_microbatches_.Add(pool).Set(s.num_microbatches);
 }
+
+void ServerMetrics::OnStepExpired() { steps_expired_.Add({}).Increment(); }
 
 void ServerMetrics::OnStepReleased(int64_t samples, int64_t bytes) {
   steps_released_.Add({}).Increment();

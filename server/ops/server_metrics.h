@@ -29,6 +29,8 @@ class ServerMetrics {
   void OnPutRefused(const std::string& pool, absl::StatusCode code);
   void OnStepCreated(const Step& step);
   void OnStepReleased(int64_t samples, int64_t bytes);
+  // A step released by --step-ttl (after OnStepReleased).
+  void OnStepExpired();
   // Trainer streams.
   void OnStreamStart(bool resumed);
   void OnStreamEnd();
@@ -68,6 +70,7 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>& pool_incomplete_groups_dropped_;
   metrics::Family<metrics::Counter>& steps_created_;
   metrics::Family<metrics::Counter>& steps_released_;
+  metrics::Family<metrics::Counter>& steps_expired_;
   metrics::Family<metrics::Counter>& released_samples_;
   metrics::Family<metrics::Counter>& released_bytes_;
   metrics::Family<metrics::Histogram>& plan_seconds_;

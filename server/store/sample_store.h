@@ -89,6 +89,13 @@ struct DropResult {
   int64_t group_samples = 0;
 };
 
+// A live step and when it was created (ns since the Unix epoch; a durable
+// server's recovered step: when it was recovered).
+struct LiveStep {
+  std::shared_ptr<const Step> step;
+  int64_t created_unix_nanos = 0;
+};
+
 class DurableLog;
 
 class SampleStore {
@@ -185,6 +192,9 @@ class SampleStore {
 
   // NOT_FOUND naming the step when it is not live.
   absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) const;
+  // The live steps (of `pool`; "" = every pool), by step id. A cluster
+  // member's holds are not steps.
+  std::vector<LiveStep> ListSteps(const std::string& pool) const;
 
   // Deletes the step (or this member's hold of a cluster step) and its
   // samples, freeing their memory; a reuse step's samples go back to the
@@ -402,6 +412,7 @@ class SampleStore {
   mutable absl::Mutex mu_;
   std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Step>> steps_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> step_created_unix_nanos_ ABSL_GUARDED_BY(mu_);
   struct SampleHold {
     std::string pool;
     std::vector<std::string> sample_ids;

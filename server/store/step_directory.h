@@ -44,6 +44,8 @@ class StepDirectory {
   virtual absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
                                                   const RankCoords& coords) = 0;
   virtual absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) = 0;
+  // The live steps of `pool` ("" = every pool), by step id.
+  virtual absl::StatusOr<std::vector<LiveStep>> ListSteps(const std::string& pool) = 0;
   // SampleStore::SetPolicyVersion, over every member of a cluster (this one
   // only with `local_only`); the pool as GetPool reports it afterwards.
   virtual absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool,
@@ -74,6 +76,9 @@ class LocalSteps final : public StepDirectory {
   }
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) override {
     return store_->ReleaseStep(step_id);
+  }
+  absl::StatusOr<std::vector<LiveStep>> ListSteps(const std::string& pool) override {
+    return store_->ListSteps(pool);
   }
   absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version,
                                                 bool local_only) override {
