@@ -24,10 +24,12 @@
 
 namespace {
 
-// `rollpack put` is the Python producer's JSONL ingester (client/python/
-// rollpack/__main__.py): the engine adapters live there, once. Its flags are
-// Python's to parse, so argv ("put" and everything after it) goes on as is.
-int ForwardToPythonPut(int argc, char** argv) {
+// `rollpack put` (the Python producer's JSONL ingester: the engine adapters
+// live there, once), `rollpack pool` and `rollpack step` (the controller
+// tools, over rollpack.Controller) are client/python/rollpack/__main__.py's.
+// Their flags are Python's to parse, so argv (the command and everything
+// after it) goes on as is.
+int ForwardToPython(int argc, char** argv) {
   const char* existing = getenv("PYTHONPATH");
   std::string path = ROLLPACK_PYTHON_DIR;
   if (existing != nullptr && *existing != '\0') path += std::string(":") + existing;
@@ -37,7 +39,8 @@ int ForwardToPythonPut(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   execv(args[0], args.data());
-  std::perror("rollpack put: cannot run /usr/bin/python3");
+  std::fprintf(stderr, "rollpack %s: ", argv[0]);
+  std::perror("cannot run /usr/bin/python3");
   return 127;
 }
 
@@ -54,7 +57,10 @@ const Command kCommands[] = {
     {"plan", "offline packing plan and statistics for a file of lengths",
      rollpack::RunPlanCommand},
     {"put", "ingest captured engine responses via the Python producer (docs/producer.md)",
-     ForwardToPythonPut},
+     ForwardToPython},
+    {"pool", "show a pool, or list every pool (docs/operations.md#controller)", ForwardToPython},
+    {"step", "create, show, plan, release and list steps (docs/operations.md#controller)",
+     ForwardToPython},
 };
 
 const Command kBenchmarks[] = {

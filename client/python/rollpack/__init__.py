@@ -1,7 +1,7 @@
 """rollpack producer: push RL rollouts (tokens + MoE routed experts +
 per-token fields) from vLLM / SGLang to a rollpackd sidecar.
 
-Public names: Producer, AsyncProducer, ModelSpec, Sample, PutResult, the
+Public names: Producer, AsyncProducer, Rollout, Controller, ModelSpec, Sample, PutResult, the
 exceptions of rollpack.errors, and the engine adapters in rollpack.adapters.
 """
 
@@ -11,6 +11,7 @@ from rollpack.errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition
 from rollpack.spec import ModelSpec  # noqa: F401
 from rollpack.sample import Sample, narrow_routed_experts  # noqa: F401
 from rollpack.producer import AsyncProducer, Producer, PutResult, Rollout  # noqa: F401
+from rollpack.controller import Controller  # noqa: F401
 from rollpack import adapters  # noqa: F401
 
 
@@ -28,7 +29,7 @@ def __getattr__(name):
 
 
 __version__ = "0.1.0"
-__all__ = ["Producer", "AsyncProducer", "PutResult", "Rollout", "ModelSpec", "Sample", "adapters",
+__all__ = ["Producer", "AsyncProducer", "PutResult", "Rollout", "Controller", "ModelSpec", "Sample", "adapters",
            "narrow_routed_experts", "RollpackError", "InvalidArgument", "AlreadyExists",
            "FailedPrecondition", "NotFound", "ResourceExhausted", "Unavailable",
            "DeadlineExceeded", "Unauthenticated", "PayloadError"]

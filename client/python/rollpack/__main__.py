@@ -5,8 +5,16 @@
         [--tls] [--root-cert PEM] [--client-cert PEM --client-key PEM]
         [--server-name NAME] [--timeout S] [--batch-bytes B] [--keep-going]
 
-    python3 -m rollpack pool --server HOST:PORT --pool POOL [--json]
+    python3 -m rollpack pool [show] --server HOST:PORT --pool POOL [--json]
         [--token T | --token-file F] [--tls] [--root-cert PEM] ...
+    python3 -m rollpack pool list [--json] ...
+
+    python3 -m rollpack step create STEP --pool POOL (--num-samples N | --num-groups G |
+        --num-tokens T | --sample-ids A,B,...) --max-tokens-per-rank T [--dp D --cp C
+        --tp T --pp P | --topology-json JSON] [--whole-groups] [--policy-version V]
+        [--max-staleness S] [--selection oldest|newest_version] [--reuse-samples] [--json]
+    python3 -m rollpack step show|plan|release STEP [--json] ...
+    python3 -m rollpack step list [--pool POOL] [--json] ...
 
 `put` reads captured engine responses (one JSON object per line, format in
 rollpack/jsonl.py and docs/producer.md; FILE "-" = stdin), adapts them and
@@ -16,8 +24,12 @@ stdout. Exit status: 0 on success, 1 when a line or the server refused
 (lines before it are committed), 2 on usage errors.
 
 `pool` prints the pool's samples, groups (complete, incomplete, dropped),
-policy version, stale samples and options (docs/lifecycle.md); --json prints
-the PoolInfo message as JSON.
+policy version, stale samples and options (docs/lifecycle.md); `pool list`
+every pool, one line each. `step` is the controller's side (docs/operations.md,
+"Controller"): create a step, show it, print its plan, release it, and list
+the live steps (with their age and trainer streams: what a restarted
+controller finds). --json prints the messages as JSON. Exit status: 0, 1 when
+the server refused (its message on stderr), 2 on usage errors.
 """
 
 import argparse
@@ -25,7 +37,10 @@ import json
 import os
 import sys
 
+import time
+
 from rollpack import errors
+from rollpack.controller import Controller
 from rollpack.jsonl import read_samples
 from rollpack.producer import Producer
 from rollpack.spec import ModelSpec
@@ -41,10 +56,12 @@ def _model(arg):
     return ModelSpec.from_json(arg)
 
 
-def _connection_flags(parser, timeout):
+def _connection_flags(parser, timeout, pool_required=True):
     """The server, pool, token and TLS flags every command takes."""
-    parser.add_argument("--server", default=os.environ.get("ROLLPACK_SERVER", "127.0.0.1:50051"))
-    parser.add_argument("--pool", required=True)
+    parser.add_argument("--server", default=os.environ.get("ROLLPACK_SERVER", "127.0.0.1:50051"),
+                        help="rollpackd's HOST:PORT (default $ROLLPACK_SERVER or 127.0.0.1:50051)")
+    parser.add_argument("--pool", required=pool_required, default="",
+                        help="the pool" + ("" if pool_required else " (step list: filter)"))
     parser.add_argument("--token", default=os.environ.get("ROLLPACK_TOKEN"))
     parser.add_argument("--token-file")
     parser.add_argument("--tls", action="store_true")
@@ -74,9 +91,35 @@ def _parser():
     put.add_argument("--batch-bytes", type=int, default=16 << 20)
     put.add_argument("--keep-going", action="store_true",
                      help="skip lines that cannot be adapted (reported on stderr)")
-    pool = sub.add_parser("pool", help="show a pool: samples, groups, versions, options")
-    _connection_flags(pool, timeout=10.0)
-    pool.add_argument("--json", action="store_true", help="the PoolInfo message as JSON")
+    pool = sub.add_parser("pool", help="show a pool (samples, groups, versions, options), or "
+                                       "list every pool")
+    pool.add_argument("action", nargs="?", choices=["show", "list"], default="show")
+    _connection_flags(pool, timeout=10.0, pool_required=False)
+    pool.add_argument("--json", action="store_true", help="the PoolInfo message(s) as JSON")
+    step = sub.add_parser("step", help="create, show, plan, release and list steps "
+                                       "(the controller's side)")
+    step.add_argument("action", choices=["create", "show", "plan", "release", "list"])
+    step.add_argument("step_id", nargs="?", help="the step (all but list)")
+    _connection_flags(step, timeout=30.0, pool_required=False)
+    step.add_argument("--json", action="store_true", help="the messages as JSON")
+    g = step.add_argument_group("step create: what to take (exactly one)")
+    g.add_argument("--num-samples", type=int, default=0)
+    g.add_argument("--num-groups", type=int, default=0)
+    g.add_argument("--num-tokens", type=int, default=0)
+    g.add_argument("--sample-ids", default="", help="comma-separated sample ids")
+    g = step.add_argument_group("step create: how (docs/lifecycle.md)")
+    g.add_argument("--whole-groups", action="store_true")
+    g.add_argument("--policy-version", type=int, default=0)
+    g.add_argument("--max-staleness", type=int)
+    g.add_argument("--selection", choices=["oldest", "newest_version"], default="oldest")
+    g.add_argument("--reuse-samples", action="store_true",
+                   help="release returns the samples to the free set")
+    g = step.add_argument_group("step create: topology")
+    for name in ("dp", "cp", "tp", "pp"):
+        g.add_argument("--" + name, type=int, default=1)
+    g.add_argument("--max-tokens-per-rank", type=int, default=0)
+    g.add_argument("--topology-json", metavar="JSON|@FILE",
+                   help="a Topology message as JSON (instead of the flags above)")
     return ap
 
 
@@ -133,6 +176,22 @@ def _pool_lines(info):
 
 
 def cmd_pool(a):
+    if a.action == "list":
+        with _controller(a) as c:
+            pools = c.pools()
+        if a.json:
+            print(_json(pools))
+        else:
+            for info in pools:
+                print("%s: model %r, %d samples (%d free, %d open), %d live steps, %d bytes, "
+                      "policy version %d" % (info.pool, info.model.name, info.num_samples,
+                                             info.num_free_samples, info.num_open_samples,
+                                             info.num_live_steps, info.stored_bytes,
+                                             info.policy_version))
+        return 0
+    if not a.pool:
+        print("rollpack pool show: --pool is required", file=sys.stderr)
+        return 2
     token = _token(a)
     with Producer(a.server, a.pool, token=token, tls=a.tls, root_certificates=a.root_cert,
                   client_certificate=a.client_cert, client_key=a.client_key,
@@ -146,6 +205,113 @@ def cmd_pool(a):
     return 0
 
 
+def _controller(a):
+    return Controller(a.server, token=_token(a), tls=a.tls, root_certificates=a.root_cert,
+                      client_certificate=a.client_cert, client_key=a.client_key,
+                      server_name=a.server_name, timeout=a.timeout)
+
+
+def _json(messages):
+    from google.protobuf import json_format
+    if isinstance(messages, list):
+        return json.dumps([json_format.MessageToDict(m, preserving_proto_field_name=True)
+                           for m in messages])
+    return json_format.MessageToJson(messages, preserving_proto_field_name=True, indent=None)
+
+
+def _age(unix_nanos, now):
+    if unix_nanos <= 0:
+        return "-"
+    s = max(0.0, now - unix_nanos / 1e9)
+    if s < 120:
+        return "%.0fs" % s
+    if s < 7200:
+        return "%.0fm" % (s / 60)
+    return "%.1fh" % (s / 3600)
+
+
+def _topology(t):
+    return "dp%d cp%d tp%d pp%d" % (t.dp, t.cp, t.tp or 1, t.pp or 1)
+
+
+def _step_lines(steps):
+    now = time.time()
+    rows = [("STEP", "POOL", "SAMPLES", "TOKENS", "MBS", "TOPOLOGY", "AGE", "STREAMS", "IDLE")]
+    for s in steps:
+        last = s.last_stream_unix_nanos or s.created_unix_nanos
+        rows.append((s.step_id, s.pool, str(s.num_samples), str(s.num_tokens),
+                     str(s.num_microbatches), _topology(s.topology),
+                     _age(s.created_unix_nanos, now),
+                     "%d open / %d" % (s.streams_open, s.streams_started),
+                     "-" if s.streams_open else _age(last, now)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def cmd_step(a):
+    if a.action != "list" and not a.step_id:
+        print("rollpack step %s: the step id is required" % a.action, file=sys.stderr)
+        return 2
+    with _controller(a) as c:
+        if a.action == "create":
+            if not a.pool:
+                print("rollpack step create: --pool is required", file=sys.stderr)
+                return 2
+            if a.topology_json:
+                from google.protobuf import json_format
+                from rollpack._proto import scheduler_pb2
+                text = a.topology_json
+                if text.startswith("@"):
+                    with open(text[1:]) as f:
+                        text = f.read()
+                topology = json_format.Parse(text, scheduler_pb2.Topology())
+            else:
+                if a.max_tokens_per_rank <= 0:
+                    print("rollpack step create: --max-tokens-per-rank (or --topology-json) is "
+                          "required", file=sys.stderr)
+                    return 2
+                topology = {"dp": a.dp, "cp": a.cp, "tp": a.tp, "pp": a.pp,
+                            "max_tokens_per_rank": a.max_tokens_per_rank}
+            ids = [i for i in a.sample_ids.split(",") if i]
+            info = c.create_step(a.step_id, a.pool, topology=topology, sample_ids=ids,
+                                 num_samples=a.num_samples, num_groups=a.num_groups,
+                                 num_tokens=a.num_tokens, whole_groups=a.whole_groups,
+                                 policy_version=a.policy_version, max_staleness=a.max_staleness,
+                                 selection=a.selection, reuse_samples=a.reuse_samples)
+            print(_json(info) if a.json else
+                  "step %s: %d samples (%d tokens, %d groups), %d micro-batches per rank, %s"
+                  % (info.step_id, info.num_samples, info.num_tokens, info.num_groups,
+                     info.num_microbatches, _topology(info.topology)))
+        elif a.action == "show":
+            info = c.step(a.step_id)
+            print(_json(info) if a.json else "\n".join(_step_lines([info])))
+        elif a.action == "list":
+            steps = c.steps(a.pool)
+            print(_json(steps) if a.json else "\n".join(_step_lines(steps)))
+        elif a.action == "plan":
+            plan = c.plan(a.step_id)
+            if a.json:
+                print(_json(plan))
+            else:
+                st = plan.stats
+                print("step %s (pool %s, %s): %d micro-batches per rank (lower bound %d), "
+                      "imbalance %.3f, padding %.1f%%, planned in %.1f ms"
+                      % (plan.step_id, plan.pool, _topology(plan.topology), st.num_microbatches,
+                         st.min_microbatches, st.rank_imbalance, 100 * st.padding_overhead,
+                         st.plan_ms))
+                for i, mb in enumerate(plan.microbatches):
+                    ids = [sid for g in mb.groups for sid in g.sample_ids]
+                    print("  micro-batch %d: %d CP groups, %d samples" % (i, len(mb.groups),
+                                                                         len(ids)))
+        else:  # release
+            r = c.release(a.step_id)
+            print(_json(r) if a.json else
+                  "step %s released: %d samples deleted, %d returned to the free set, "
+                  "%d bytes freed" % (a.step_id, r.released_samples, r.returned_samples,
+                                      r.freed_bytes))
+    return 0
+
+
 def main(argv=None):
     a = _parser().parse_args(argv)
     try:
@@ -153,6 +319,8 @@ def main(argv=None):
             return cmd_put(a)
         if a.command == "pool":
             return cmd_pool(a)
+        if a.command == "step":
+            return cmd_step(a)
     except (errors.RollpackError, errors.PayloadError, ValueError, OSError) as e:
         print("rollpack %s: %s" % (a.command, e), file=sys.stderr)
         return 1

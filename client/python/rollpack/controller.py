@@ -1,0 +1,150 @@
+"""Controller: what a training loop's controller does with rollpackd besides
+producing and fetching: list and inspect pools, create steps, read their
+plans, release them, and find steps again after a crash
+(docs/operations.md, "Controller").
+
+    with rollpack.Controller("127.0.0.1:50051", token=ADMIN) as c:
+        step = c.create_step("step-7", "grpo", num_groups=64,
+                             topology={"dp": 8, "cp": 2, "max_tokens_per_rank": 16384})
+        plan = c.plan("step-7")
+        ...
+        c.release("step-7")
+        for s in c.steps():          # after a controller crash: what is still live
+            print(s.step_id, s.created_unix_nanos, s.streams_open)
+
+Every method raises the server's error as a rollpack.errors exception
+(NotFound, FailedPrecondition, InvalidArgument, ...). Messages are the
+protobuf messages of rollpack.v1 (StepInfo, Plan, PoolInfo).
+"""
+
+import grpc
+
+from rollpack import errors
+from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from rollpack.producer import _read
+
+_SELECTIONS = {"oldest": scheduler_pb2.OLDEST, "newest_version": scheduler_pb2.NEWEST_VERSION}
+
+
+def topology_message(topology=None, **fields):
+    """A Topology message from a Topology, a dict of its fields, or keyword
+    fields (``dp``, ``cp``, ``tp``, ``pp``, ``max_tokens_per_rank``, ...)."""
+    if isinstance(topology, scheduler_pb2.Topology):
+        if fields:
+            raise TypeError("pass a Topology or its fields, not both")
+        return topology
+    merged = dict(topology or {})
+    merged.update(fields)
+    try:
+        return scheduler_pb2.Topology(**merged)
+    except ValueError as e:
+        raise errors.PayloadError("topology: %s" % e) from None
+
+
+class Controller:
+    """``Controller(address, *, token=None, tls=False, root_certificates=None,
+    client_certificate=None, client_key=None, server_name=None, timeout=30.0)``.
+
+    ``token``: a bearer token of a role allowed to call the methods used
+    (trainer: create, plan, list; admin: release too). TLS options as for
+    :class:`rollpack.Producer`. ``timeout``: seconds per call.
+    """
+
+    def __init__(self, address, *, token=None, tls=False, root_certificates=None,
+                 client_certificate=None, client_key=None, server_name=None, timeout=30.0):
+        if address.startswith(("http://", "https://")):
+            raise ValueError("address is host:port, got %r" % address)
+        self.address = address
+        self.timeout = float(timeout)
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
+        options = [("grpc.max_receive_message_length", -1)]
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        if tls or root_certificates or client_certificate:
+            if bool(client_certificate) != bool(client_key):
+                raise ValueError("client_certificate and client_key go together (mutual TLS)")
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read(root_certificates), private_key=_read(client_key),
+                certificate_chain=_read(client_certificate))
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._rollouts = rollouts_pb2_grpc.RolloutsStub(self._channel)
+        self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, what, method, request):
+        try:
+            return method(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise errors.from_rpc_error(err, what) from None
+
+    # -- pools ---------------------------------------------------------------
+    def pools(self):
+        """Every pool with a registered model (cluster-wide in a cluster), by
+        name: a list of PoolInfo."""
+        return list(self._call("ListPools", self._rollouts.ListPools,
+                               rollouts_pb2.ListPoolsRequest()).pools)
+
+    def pool(self, pool):
+        """The pool's PoolInfo (samples, groups, versions, options)."""
+        return self._call("GetPool %r" % pool, self._rollouts.GetPool,
+                          rollouts_pb2.GetPoolRequest(pool=pool))
+
+    # -- steps ---------------------------------------------------------------
+    def create_step(self, step_id, pool, *, topology=None, sample_ids=None, num_samples=0,
+                    num_groups=0, num_tokens=0, whole_groups=False, policy_version=0,
+                    max_staleness=None, selection="oldest", reuse_samples=False,
+                    **topology_fields):
+        """Creates step ``step_id`` from pool ``pool``: exactly one of
+        ``sample_ids``, ``num_samples``, ``num_groups``, ``num_tokens``
+        (docs/lifecycle.md). ``topology``: a Topology, a dict, or its fields as
+        keywords (``dp=8, cp=2, max_tokens_per_rank=16384``). ``selection``:
+        "oldest" or "newest_version". Returns the StepInfo."""
+        if selection not in _SELECTIONS:
+            raise ValueError("selection must be one of %s, got %r" % (sorted(_SELECTIONS), selection))
+        request = scheduler_pb2.CreateStepRequest(
+            step_id=step_id, pool=pool, topology=topology_message(topology, **topology_fields),
+            sample_ids=list(sample_ids or ()), num_samples=num_samples, num_groups=num_groups,
+            num_tokens=num_tokens, whole_groups=whole_groups, policy_version=policy_version,
+            selection=_SELECTIONS[selection], reuse_samples=reuse_samples)
+        if max_staleness is not None:
+            request.max_staleness = max_staleness
+        return self._call("CreateStep %r" % step_id, self._scheduler.CreateStep, request)
+
+    def step(self, step_id):
+        """The live step's StepInfo with its created time and trainer streams
+        (NotFound when it is not live)."""
+        return self._call("ListSteps %r" % step_id, self._scheduler.ListSteps,
+                          scheduler_pb2.ListStepsRequest(step_id=step_id)).steps[0]
+
+    def steps(self, pool=""):
+        """The live steps (of ``pool``; "" = every pool), by id: StepInfo with
+        created time and trainer streams (what a restarted controller finds)."""
+        return list(self._call("ListSteps", self._scheduler.ListSteps,
+                               scheduler_pb2.ListStepsRequest(pool=pool)).steps)
+
+    def plan(self, step_id):
+        """The step's Plan (micro-batches, CP groups, sample ids)."""
+        return self._call("GetPlan %r" % step_id, self._scheduler.GetPlan,
+                          scheduler_pb2.GetPlanRequest(step_id=step_id))
+
+    def release(self, step_id):
+        """Releases the step (its samples are deleted, or returned to the free
+        set for a reuse step): the ReleaseStepResponse."""
+        return self._call("ReleaseStep %r" % step_id, self._scheduler.ReleaseStep,
+                          scheduler_pb2.ReleaseStepRequest(step_id=step_id))
+
+    def set_policy_version(self, pool, policy_version):
+        """Records the trainer's policy version (docs/lifecycle.md): PoolInfo."""
+        return self._call("SetPolicyVersion %r" % pool, self._scheduler.SetPolicyVersion,
+                          scheduler_pb2.SetPolicyVersionRequest(pool=pool,
+                                                                policy_version=policy_version))
