@@ -1,7 +1,9 @@
 // rollpack: the command-line tool (demo, offline planning, ingest, benchmarks).
 // Only dispatch happens here; each command parses its own flags (cli/flags.h)
 // and answers its own --help.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -39,8 +41,9 @@ int ForwardToPython(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   execv(args[0], args.data());
-  std::fprintf(stderr, "rollpack %s: ", argv[0]);
-  std::perror("cannot run /usr/bin/python3");
+  const int error = errno;
+  std::fprintf(stderr, "rollpack %s: cannot run /usr/bin/python3: %s\n", argv[0],
+               std::strerror(error));
   return 127;
 }
 

@@ -308,20 +308,32 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     ServerMetrics* const metrics = server->metrics_.get();
     const absl::Duration ttl = options.step_ttl;
     server->step_expiry_ = std::make_unique<PeriodicThread>(
-        std::min(absl::Seconds(1), ttl / 4), [steps, activity, metrics, ttl] {
+        std::clamp(ttl / 4, absl::Milliseconds(100), absl::Seconds(1)),
+        [steps, activity, metrics, ttl] {
+          const absl::Time cutoff = absl::Now();
           absl::StatusOr<std::vector<LiveStep>> live = steps->ListSteps("");
           if (!live.ok()) return;
           std::vector<std::string> ids;
           for (const LiveStep& s : *live) ids.push_back(s.step->step_id);
-          activity->Retain(ids);
+          activity->Retain(ids, cutoff);
           for (const std::string& id : activity->Idle(ids, absl::Now(), ttl)) {
+            // Checked again right before: a stream may have started since,
+            // or the id may now be another step.
+            auto seen = std::find_if(live->begin(), live->end(), [&](const LiveStep& s) {
+              return s.step->step_id == id;
+            });
+            absl::StatusOr<std::shared_ptr<const Step>> now_live = steps->GetStep(id);
+            if (!now_live.ok() || now_live->get() != seen->step.get() ||
+                !activity->StillIdle(id, absl::Now(), ttl)) {
+              continue;
+            }
             absl::StatusOr<ReleaseResult> released = steps->ReleaseStep(id);
             if (!released.ok()) continue;  // released meanwhile
             activity->StepReleased(id);
             metrics->OnStepReleased(released->released_samples, released->freed_bytes);
             metrics->OnStepExpired();
-            spdlog::warn("rollpackd: released step \"{}\" ({} samples, {} returned): no trainer "
-                         "stream and no activity for --step-ttl {}",
+            spdlog::warn("rollpackd: released step \"{}\" ({} samples deleted, {} returned): no "
+                         "trainer stream and no activity for --step-ttl {}",
                          id, released->released_samples, released->returned_samples,
                          absl::FormatDuration(ttl));
           }

@@ -165,6 +165,14 @@ class AuthTest : public ::testing::Test {
       }
       return reader->Finish();
     }
+    if (method == "ListPools") {
+      v1::ListPoolsResponse resp;
+      return rollouts_->ListPools(ctx.get(), v1::ListPoolsRequest(), &resp);
+    }
+    if (method == "ListSteps") {
+      v1::ListStepsResponse resp;
+      return scheduler_->ListSteps(ctx.get(), v1::ListStepsRequest(), &resp);
+    }
     if (method == "ReportRoutingAgreement") {
       v1::RoutingAgreementReport req;
       req.set_step_id("s");
@@ -187,7 +195,8 @@ class AuthTest : public ::testing::Test {
 TEST_F(AuthTest, EveryMethodByRole) {
   const std::vector<std::string> methods = {"RegisterModel",     "PutSamples", "GetPool",
                                             "CreateStep",        "GetPlan",    "ReleaseStep",
-                                            "FetchMicrobatches", "ReportRoutingAgreement"};
+                                            "FetchMicrobatches", "ReportRoutingAgreement",
+                                            "ListPools",         "ListSteps"};
   // Method -> roles allowed (must match the documented table).
   const std::map<std::string, std::set<std::string>> allowed = {
       {"RegisterModel", {"producer", "admin"}},
@@ -198,6 +207,8 @@ TEST_F(AuthTest, EveryMethodByRole) {
       {"ReleaseStep", {"admin"}},
       {"FetchMicrobatches", {"trainer", "admin"}},
       {"ReportRoutingAgreement", {"trainer", "admin"}},
+      {"ListPools", {"producer", "trainer", "admin"}},
+      {"ListSteps", {"trainer", "admin"}},
   };
   const std::map<std::string, std::string> tokens = {
       {"producer", kProducer}, {"trainer", kTrainer}, {"admin", kAdmin}};

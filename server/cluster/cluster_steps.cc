@@ -353,25 +353,44 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::GetStep(const std::str
 
 absl::StatusOr<std::vector<LiveStep>> ClusterSteps::ListSteps(const std::string& pool) {
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  if (!pool.empty()) {
+    RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
+    ASSIGN_OR_RETURN(std::optional<ModelSpec> model, cluster->LookupPool(pool));
+    if (!model.has_value()) {
+      return absl::NotFoundError(absl::StrCat("pool \"", pool, "\" has no registered model"));
+    }
+  }
   // Steps made on this server before it joined a cluster, then the cluster's.
   std::vector<LiveStep> live = store_->ListSteps(pool);
+  absl::flat_hash_set<std::string> local;
+  for (const LiveStep& s : live) local.insert(s.step->step_id);
   ASSIGN_OR_RETURN(auto records, cluster->etcd()->GetPrefix(StepKey(cluster, "")));
   for (const auto& [key, value] : records) {
     v1::ClusterStepRecord record;
     if (!record.ParseFromString(value)) {
-      return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold a step record"));
+      // One bad key must not hide every other step from a recovering controller.
+      spdlog::warn("rollpackd: etcd key {} does not hold a step record; not listed", key);
+      continue;
     }
-    if (!record.aborted_by().empty()) continue;  // a tombstone
+    if (!record.aborted_by().empty() || local.contains(record.step_id())) continue;
     if (!pool.empty() && record.pool() != pool) continue;
-    absl::StatusOr<std::shared_ptr<const Step>> step = GetStep(record.step_id());
-    if (absl::IsNotFound(step.status())) continue;  // released meanwhile
-    if (!step.ok()) return step.status();
-    live.push_back({*std::move(step), record.created_unix_nanos()});
+    absl::StatusOr<std::shared_ptr<CachedStep>> cached = Find(record.step_id());
+    if (absl::IsNotFound(cached.status())) continue;  // released meanwhile
+    if (!cached.ok()) return cached.status();
+    live.push_back({(*cached)->step, record.created_unix_nanos()});
   }
   std::sort(live.begin(), live.end(), [](const LiveStep& a, const LiveStep& b) {
     return a.step->step_id < b.step->step_id;
   });
   return live;
+}
+
+int64_t ClusterSteps::CreatedUnixNanos(const std::string& step_id) {
+  if (const int64_t local = store_->StepCreatedUnixNanos(step_id); local > 0) return local;
+  absl::StatusOr<Cluster*> cluster = Joined();
+  if (!cluster.ok()) return 0;
+  absl::StatusOr<v1::ClusterStepRecord> record = ReadRecord(*cluster, step_id);
+  return record.ok() ? record->created_unix_nanos() : 0;
 }
 
 absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id,

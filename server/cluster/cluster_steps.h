@@ -77,6 +77,7 @@ class ClusterSteps final : public StepDirectory {
   // Every committed step of the cluster (etcd's records), planned here from
   // their records when this member has not seen them yet.
   absl::StatusOr<std::vector<LiveStep>> ListSteps(const std::string& pool) override;
+  int64_t CreatedUnixNanos(const std::string& step_id) override;
   // Every live member records the version (and drops its own stale samples
   // with drop_stale); UNAVAILABLE naming a member that does not answer (a
   // retry is harmless). The cluster's pool afterwards.

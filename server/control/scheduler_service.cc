@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "server/store/convert.h"
+#include "server/store/names.h"
 
 namespace rollpack {
 
@@ -116,20 +118,30 @@ grpc::ServerUnaryReactor* SchedulerService::SetPolicyVersion(
   return reactor;
 }
 
+absl::StatusOr<std::vector<LiveStep>> SchedulerService::OneStep(const std::string& step_id,
+                                                                const std::string& pool) {
+  // One lookup, not a listing of every step (a cluster's are in etcd).
+  ASSIGN_OR_RETURN(std::shared_ptr<const Step> step, steps_->GetStep(step_id));
+  std::vector<LiveStep> one;
+  if (pool.empty() || step->pool == pool) {
+    one.push_back({step, steps_->CreatedUnixNanos(step_id)});
+  }
+  return one;
+}
+
 grpc::ServerUnaryReactor* SchedulerService::ListSteps(grpc::CallbackServerContext* context,
                                                       const v1::ListStepsRequest* request,
                                                       v1::ListStepsResponse* response) {
   return Serve(context, "/rollpack.v1.Scheduler/ListSteps", [&]() -> absl::Status {
-    absl::StatusOr<std::vector<LiveStep>> live = steps_->ListSteps(request->pool());
+    if (!request->step_id().empty()) {
+      RETURN_IF_ERROR(ValidateName("step_id", request->step_id(), kMaxStepIdBytes));
+    }
+    absl::StatusOr<std::vector<LiveStep>> live =
+        request->step_id().empty() ? steps_->ListSteps(request->pool())
+                                   : OneStep(request->step_id(), request->pool());
     if (!live.ok()) return live.status();
     const absl::Time now = absl::Now();
-    if (activity_ != nullptr && request->pool().empty()) {
-      std::vector<std::string> ids;
-      for (const LiveStep& s : *live) ids.push_back(s.step->step_id);
-      activity_->Retain(ids);
-    }
     for (const LiveStep& s : *live) {
-      if (!request->step_id().empty() && s.step->step_id != request->step_id()) continue;
       v1::StepInfo* info = response->add_steps();
       *info = StepInfoToProto(*s.step);
       info->clear_stage_layers();

@@ -36,6 +36,9 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
                                       v1::ListStepsResponse* response) override;
 
  private:
+  // ListSteps of one step id.
+  absl::StatusOr<std::vector<LiveStep>> OneStep(const std::string& step_id,
+                                                const std::string& pool);
   // Auth, then `body`'s status.
   template <typename Body>
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, const char* method,

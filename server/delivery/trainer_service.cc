@@ -30,6 +30,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                int64_t id, StepActivity* activity /* null: not recorded */)
       : request_(request),
         activity_(activity),
+        // Counted before the step is looked up: a step being fetched is
+        // never idle (--step-ttl).
+        activity_token_(activity != nullptr ? activity->StreamStarted(request.step_id(), absl::Now())
+                                            : 0),
         gate_(gate),
         id_(id),
         next_(request.start_index()),
@@ -59,7 +63,6 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     samples_ = std::move(step->samples);
     started_ = true;
     if (metrics_ != nullptr) metrics_->OnStreamStart(request_.start_index() > 0);
-    if (activity_ != nullptr) activity_->StreamStarted(request_.step_id(), absl::Now());
     {
       absl::MutexLock lock(&hold_->mu);
       hold_->reactor = this;
@@ -98,7 +101,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     active_->fetch_sub(1);
     if (started_ && metrics_ != nullptr) metrics_->OnStreamEnd();
-    if (started_ && activity_ != nullptr) activity_->StreamEnded(request_.step_id(), absl::Now());
+    if (activity_ != nullptr) activity_->StreamEnded(request_.step_id(), activity_token_, absl::Now());
     delete this;
   }
 
@@ -183,6 +186,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   const v1::FetchRequest request_;
   StepActivity* const activity_;
+  const uint64_t activity_token_;
   // Set by Begin, before the first write.
   std::shared_ptr<const Step> step_;
   // The rank's samples when the step holds none itself (a cluster step).

@@ -376,12 +376,23 @@ TEST_F(SamplePiecesTest, MemoryLimitCountsEachPiece) {
   ASSERT_TRUE(PutMessage(small, r.Piece(0, true, 0, 100, 0, 99)).ok());
   const int64_t after_first = small.GetPool("p")->stored_bytes;
   EXPECT_GT(after_first, 100 * (4 + 6 + 1 + 4));
-  absl::StatusOr<PutResult> too_much = PutMessage(small, r.Piece(1, true, 100, 1000, 99, 999));
-  EXPECT_EQ(too_much.status().code(), absl::StatusCode::kResourceExhausted);
+  // A piece that makes its sample larger than the limit can never fit: not
+  // a code a producer retries.
+  absl::StatusOr<PutResult> never = PutMessage(small, r.Piece(1, true, 100, 1000, 99, 999));
+  EXPECT_EQ(never.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(never.status().message(),
+              HasSubstr("more than --max-memory 8000: it can never be stored"));
   EXPECT_EQ(small.GetPool("p")->stored_bytes, after_first);
-  ASSERT_TRUE(PutMessage(small, r.Piece(1, true, 100, 200, 99, 199)).ok());
+  // One that would fit alone but not beside another sample waits for a release.
+  const Rollout other{"o", 250, 249, "h"};
+  ASSERT_TRUE(PutMessage(small, other.Whole()).ok());
+  absl::StatusOr<PutResult> later = PutMessage(small, r.Piece(1, true, 100, 300, 99, 299));
+  EXPECT_EQ(later.status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(small.CreateStep("y", "p", {"o"}, 0, Topo()).ok());
+  ASSERT_TRUE(small.ReleaseStep("y").ok());
+  ASSERT_TRUE(PutMessage(small, r.Piece(1, true, 100, 300, 99, 299)).ok());
   // Released with its step, the sealed sample frees everything its pieces took.
-  ASSERT_TRUE(PutMessage(small, r.Piece(2, false, 200, 201, 199, 200)).ok());
+  ASSERT_TRUE(PutMessage(small, r.Piece(2, false, 300, 301, 299, 300)).ok());
   ASSERT_TRUE(small.CreateStep("x", "p", {"s"}, 0, Topo()).ok());
   ASSERT_TRUE(small.ReleaseStep("x").ok());
   EXPECT_EQ(small.GetPool("p")->stored_bytes, 0);

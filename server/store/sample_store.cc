@@ -243,6 +243,15 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
   absl::flat_hash_map<std::string, size_t> batch_index;
   absl::flat_hash_map<std::string, int32_t> batch_group_counts;
   int64_t new_bytes = 0;
+  // The largest sample the batch would store (a piece: its whole sample so far).
+  std::string largest_id;
+  int64_t largest_bytes = 0;
+  auto note_largest = [&](const std::string& id, int64_t bytes) {
+    if (bytes > largest_bytes) {
+      largest_bytes = bytes;
+      largest_id = id;
+    }
+  };
   for (size_t i = 0; i < samples.size(); ++i) {
     // A later piece's group fields only repeat piece 0's: no default there.
     const bool later_piece =
@@ -271,6 +280,9 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
       }
       is_new[i] = true;
       new_bytes += plan.new_bytes;
+      auto open = pool.open.find(sample.sample_id);
+      note_largest(sample.sample_id,
+                   plan.new_bytes + (open == pool.open.end() ? 0 : open->second.sample.MemoryBytes()));
       piece_plans[i] = plan;
       continue;
     }
@@ -303,6 +315,21 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     if (sample.grouped()) ++batch_group_counts[sample.group_id];
     is_new[i] = true;
     new_bytes += sample.MemoryBytes();
+    note_largest(sample.sample_id, sample.MemoryBytes());
+  }
+  // What no release can make room for is refused with a code producers do
+  // not retry.
+  for (const auto& [limit, flag] : {std::make_pair(max_memory_bytes_, "--max-memory"),
+                                    std::make_pair(max_pool_bytes_, "--max-pool-memory")}) {
+    if (limit <= 0 || new_bytes <= limit) continue;
+    if (largest_bytes > limit) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sample \"", largest_id, "\" takes ", largest_bytes, " bytes, more than ", flag, " ",
+          limit, ": it can never be stored (raise the limit, or send shorter rollouts)"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a message of ", new_bytes, " bytes of new samples is more than ", flag, " ", limit,
+        ": it can never be stored whole (send smaller messages)"));
   }
   if (stored_bytes_ + new_bytes > max_memory_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -378,6 +405,12 @@ std::vector<LiveStep> SampleStore::ListSteps(const std::string& pool) const {
     return a.step->step_id < b.step->step_id;
   });
   return live;
+}
+
+int64_t SampleStore::StepCreatedUnixNanos(const std::string& step_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = step_created_unix_nanos_.find(step_id);
+  return it == step_created_unix_nanos_.end() ? 0 : it->second;
 }
 
 absl::StatusOr<PoolStats> SampleStore::GetPool(const std::string& pool_name) const {

@@ -195,6 +195,8 @@ class SampleStore {
   // The live steps (of `pool`; "" = every pool), by step id. A cluster
   // member's holds are not steps.
   std::vector<LiveStep> ListSteps(const std::string& pool) const;
+  // When the live step was created here; 0 when it is not live.
+  int64_t StepCreatedUnixNanos(const std::string& step_id) const;
 
   // Deletes the step (or this member's hold of a cluster step) and its
   // samples, freeing their memory; a reuse step's samples go back to the

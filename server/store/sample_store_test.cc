@@ -135,6 +135,29 @@ TEST(SampleStoreTest, MemoryLimitGivesResourceExhaustedAndReleaseFrees) {
   EXPECT_EQ(store.Stats().stored_bytes, 2 * one);
 }
 
+TEST(SampleStoreTest, WhatCanNeverFitIsFailedPreconditionNotResourceExhausted) {
+  const int64_t one = Sample("x", 100).MemoryBytes();
+  SampleStore store(one * 3);
+  ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+  // A sample larger than the whole limit: no release makes room for it.
+  absl::StatusOr<PutResult> huge = store.Put("p", {Sample("huge", 400)});
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(huge.status().message(),
+              HasSubstr("sample \"huge\" takes " + std::to_string(Sample("huge", 400).MemoryBytes()) +
+                        " bytes, more than --max-memory"));
+  // Samples that fit alone, in a message that never can: send smaller ones.
+  absl::StatusOr<PutResult> batch = store.Put(
+      "p", {Sample("a", 100), Sample("b", 100), Sample("c", 100), Sample("d", 100)});
+  EXPECT_EQ(batch.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(batch.status().message(), HasSubstr("send smaller messages"));
+  // The pool's own limit too.
+  store.set_max_pool_bytes(one * 2);
+  absl::StatusOr<PutResult> pool = store.Put("p", {Sample("e", 250)});
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(pool.status().message(), HasSubstr("more than --max-pool-memory"));
+  EXPECT_EQ(store.Stats().stored_bytes, 0);
+}
+
 TEST(SampleStoreTest, StepTakesOldestFreeSamplesInArrivalOrder) {
   SampleStore store(1 << 20);
   ASSERT_TRUE(store.RegisterModel("p", Model()).ok());

@@ -44,8 +44,11 @@ class StepDirectory {
   virtual absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
                                                   const RankCoords& coords) = 0;
   virtual absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) = 0;
-  // The live steps of `pool` ("" = every pool), by step id.
+  // The live steps of `pool` ("" = every pool), by step id. NOT_FOUND for
+  // a pool with no registered model.
   virtual absl::StatusOr<std::vector<LiveStep>> ListSteps(const std::string& pool) = 0;
+  // When the live step was created (ns since the Unix epoch; 0 unknown).
+  virtual int64_t CreatedUnixNanos(const std::string& step_id) = 0;
   // SampleStore::SetPolicyVersion, over every member of a cluster (this one
   // only with `local_only`); the pool as GetPool reports it afterwards.
   virtual absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool,
@@ -78,7 +81,13 @@ class LocalSteps final : public StepDirectory {
     return store_->ReleaseStep(step_id);
   }
   absl::StatusOr<std::vector<LiveStep>> ListSteps(const std::string& pool) override {
+    if (!pool.empty()) {
+      if (absl::Status s = store_->GetModel(pool).status(); !s.ok()) return s;
+    }
     return store_->ListSteps(pool);
+  }
+  int64_t CreatedUnixNanos(const std::string& step_id) override {
+    return store_->StepCreatedUnixNanos(step_id);
   }
   absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version,
                                                 bool local_only) override {

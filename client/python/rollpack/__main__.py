@@ -178,7 +178,7 @@ def _pool_lines(info):
 def cmd_pool(a):
     if a.action == "list":
         with _controller(a) as c:
-            pools = c.pools()
+            pools = [p for p in c.pools() if not a.pool or p.pool == a.pool]
         if a.json:
             print(_json(pools))
         else:
@@ -264,7 +264,11 @@ def cmd_step(a):
                 if text.startswith("@"):
                     with open(text[1:]) as f:
                         text = f.read()
-                topology = json_format.Parse(text, scheduler_pb2.Topology())
+                try:
+                    topology = json_format.Parse(text, scheduler_pb2.Topology())
+                except json_format.ParseError as e:
+                    print("rollpack step create: --topology-json: %s" % e, file=sys.stderr)
+                    return 2
             else:
                 if a.max_tokens_per_rank <= 0:
                     print("rollpack step create: --max-tokens-per-rank (or --topology-json) is "
@@ -313,7 +317,14 @@ def cmd_step(a):
 
 
 def main(argv=None):
-    a = _parser().parse_args(argv)
+    parser = _parser()
+    # `step create --pool p s7`: the step id may follow the options.
+    a, extra = parser.parse_known_args(argv)
+    if a.command == "step" and a.step_id is None and len(extra) == 1 and \
+            not extra[0].startswith("-"):
+        a.step_id, extra = extra[0], []
+    if extra:
+        parser.error("unrecognized arguments: %s" % " ".join(extra))
     try:
         if a.command == "put":
             return cmd_put(a)

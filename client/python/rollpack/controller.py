@@ -123,6 +123,8 @@ class Controller:
     def step(self, step_id):
         """The live step's StepInfo with its created time and trainer streams
         (NotFound when it is not live)."""
+        if not step_id:
+            raise ValueError("step_id must be a non-empty string")
         return self._call("ListSteps %r" % step_id, self._scheduler.ListSteps,
                           scheduler_pb2.ListStepsRequest(step_id=step_id)).steps[0]
 
