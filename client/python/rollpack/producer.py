@@ -19,11 +19,16 @@ of stored samples are idempotent successes on the server).
 
 RESOURCE_EXHAUSTED (the server is over its memory limit: trainers have not
 released steps yet) and UNAVAILABLE are retried with exponential backoff and
-jitter; every other error raises the matching :mod:`rollpack.errors` class
+jitter for up to ``retry_for`` seconds (10 minutes by default: an RL step can
+keep the server full for minutes; None = for ever), logging a warning on the
+"rollpack" logger every ``warn_every`` seconds meanwhile. A sample that can
+never fit (larger than the server's memory limit) is FAILED_PRECONDITION, not
+retried. Every other error raises the matching :mod:`rollpack.errors` class
 carrying the server's message.
 """
 
 import asyncio
+import logging
 import random
 import threading
 import time
@@ -34,6 +39,8 @@ from rollpack import errors
 from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc
 from rollpack.sample import Sample
 from rollpack.spec import ModelSpec
+
+_log = logging.getLogger("rollpack")
 
 RETRYABLE = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
 
@@ -225,11 +232,48 @@ class _Backoff:
         return base * (0.5 + 0.5 * random.random())
 
 
+class _Retry:
+    """One call's retries: backoff between attempts for at most ``retry_for``
+    seconds from the first failure (None = for ever) and ``max_attempts``
+    attempts (None = no cap), with a warning every ``warn_every`` seconds
+    while they go on (an RL step can hold the server full for minutes)."""
+
+    def __init__(self, owner, what):
+        self.owner, self.what = owner, what
+        self.attempts = 0
+        self.first = self.warned = None
+
+    def next_delay(self, err):
+        """The seconds to wait before the next attempt, or None to give up."""
+        o = self.owner
+        self.attempts += 1
+        now = time.monotonic()
+        if self.first is None:
+            self.first = self.warned = now
+        if not o._retryable(err):
+            return None
+        if o.max_attempts is not None and self.attempts >= o.max_attempts:
+            return None
+        waited = now - self.first
+        if o.retry_for is not None and waited >= o.retry_for:
+            return None
+        if o.warn_every is not None and now - self.warned >= o.warn_every:
+            self.warned = now
+            _log.warning("%s: %s for %.0f s, still retrying (retry_for %s)", self.what,
+                         err.code().name if callable(getattr(err, "code", None)) else err,
+                         waited, "forever" if o.retry_for is None else "%g s" % o.retry_for)
+        delay = o.backoff.delay(self.attempts)
+        if o.retry_for is not None:
+            delay = min(delay, max(0.0, o.retry_for - waited))
+        return delay
+
+
 class _Base:
     def __init__(self, address, pool, *, token=None, tls=False, root_certificates=None,
                  client_certificate=None, client_key=None, server_name=None, timeout=60.0,
                  max_message_bytes=16 << 20, max_unacked_bytes=64 << 20,
-                 max_attempts=8, initial_backoff=0.1, max_backoff=5.0, backoff_multiplier=2.0,
+                 retry_for=600.0, max_attempts=None, warn_every=30.0,
+                 initial_backoff=0.1, max_backoff=5.0, backoff_multiplier=2.0,
                  channel_options=()):
         if not pool:
             raise ValueError("pool must be a non-empty string")
@@ -237,8 +281,10 @@ class _Base:
         self.timeout = timeout
         self.max_message_bytes = int(max_message_bytes)
         self.max_unacked_bytes = int(max_unacked_bytes)
-        self.backoff = _Backoff(initial_backoff, max_backoff, backoff_multiplier,
-                                max(1, int(max_attempts)))
+        self.backoff = _Backoff(initial_backoff, max_backoff, backoff_multiplier, None)
+        self.retry_for = None if retry_for is None else float(retry_for)
+        self.max_attempts = None if max_attempts is None else max(1, int(max_attempts))
+        self.warn_every = None if warn_every is None else float(warn_every)
         self._metadata = (("authorization", "Bearer " + token),) if token else None
         self._spec = None
         use_tls = tls or root_certificates or client_certificate
@@ -289,8 +335,11 @@ class Producer(_Base):
     (seconds, deadline of each RPC attempt; None = none),
     ``max_message_bytes`` (request message target size),
     ``max_unacked_bytes`` (bytes in flight before the stream is closed and
-    acknowledged), ``max_attempts`` / ``initial_backoff`` / ``max_backoff`` /
-    ``backoff_multiplier`` (retries on RESOURCE_EXHAUSTED and UNAVAILABLE).
+    acknowledged), ``retry_for`` (seconds a call keeps retrying
+    RESOURCE_EXHAUSTED and UNAVAILABLE from its first failure; None = for
+    ever), ``max_attempts`` (a cap on attempts; None = none), ``warn_every``
+    (seconds between warnings while retrying), ``initial_backoff`` /
+    ``max_backoff`` / ``backoff_multiplier``.
     """
 
     def __init__(self, address, pool, **options):
@@ -312,15 +361,15 @@ class Producer(_Base):
         self.close()
 
     def _call(self, what, fn):
-        attempt = 0
+        retry = _Retry(self, what)
         while True:
-            attempt += 1
             try:
                 return fn()
             except grpc.RpcError as err:
-                if not self._retryable(err) or attempt >= self.backoff.attempts:
-                    raise self._fail(err, what, attempt) from None
-                time.sleep(self.backoff.delay(attempt))
+                delay = retry.next_delay(err)
+                if delay is None:
+                    raise self._fail(err, what, retry.attempts) from None
+                time.sleep(delay)
 
     def register_model(self, spec=None, timeout=None, options=None, **fields):
         """Registers the pool's model (a ModelSpec, a dict, or its fields as
@@ -372,18 +421,18 @@ class Producer(_Base):
                      result)
         what = "PutSamples to pool %r" % self.pool
         while True:
-            attempt = 0
+            retry = _Retry(self, what)
             while True:
-                attempt += 1
                 try:
                     resp = self._stub.PutSamples(feed.stream(), timeout=self._deadline(timeout),
                                                  metadata=self._metadata)
                     break
                 except grpc.RpcError as err:
-                    if not self._retryable(err) or attempt >= self.backoff.attempts:
-                        raise self._fail(err, what, attempt) from None
+                    delay = retry.next_delay(err)
+                    if delay is None:
+                        raise self._fail(err, what, retry.attempts) from None
                     result.retries += 1
-                    time.sleep(self.backoff.delay(attempt))
+                    time.sleep(delay)
             result._add(resp)
             feed.acked()
             if feed.error is not None:
@@ -496,15 +545,15 @@ class AsyncProducer(_Base):
         await self.close()
 
     async def _call(self, what, make):
-        attempt = 0
+        retry = _Retry(self, what)
         while True:
-            attempt += 1
             try:
                 return await make()
             except grpc.RpcError as err:
-                if not self._retryable(err) or attempt >= self.backoff.attempts:
-                    raise self._fail(err, what, attempt) from None
-                await asyncio.sleep(self.backoff.delay(attempt))
+                delay = retry.next_delay(err)
+                if delay is None:
+                    raise self._fail(err, what, retry.attempts) from None
+                await asyncio.sleep(delay)
 
     async def register_model(self, spec=None, timeout=None, **fields):
         spec = self._spec_arg(spec, fields)
@@ -536,19 +585,19 @@ class AsyncProducer(_Base):
         feed._alock = asyncio.Lock()
         what = "PutSamples to pool %r" % self.pool
         while True:
-            attempt = 0
+            retry = _Retry(self, what)
             while True:
-                attempt += 1
                 try:
                     resp = await self._stub.PutSamples(feed.astream(),
                                                        timeout=self._deadline(timeout),
                                                        metadata=self._metadata)
                     break
                 except grpc.RpcError as err:
-                    if not self._retryable(err) or attempt >= self.backoff.attempts:
-                        raise self._fail(err, what, attempt) from None
+                    delay = retry.next_delay(err)
+                    if delay is None:
+                        raise self._fail(err, what, retry.attempts) from None
                     result.retries += 1
-                    await asyncio.sleep(self.backoff.delay(attempt))
+                    await asyncio.sleep(delay)
             result._add(resp)
             feed.acked()
             if feed.error is not None:

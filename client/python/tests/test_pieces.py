@@ -7,6 +7,7 @@ import itertools
 import os
 import signal
 import tempfile
+import time
 import unittest
 
 import grpc
@@ -120,6 +121,32 @@ class Pieces(unittest.TestCase):
         self.assertGreater(len(want[1]), (n - 1) * S.topk)
         self.assertEqual(sorted(want[3]), ["logprobs", "token_version"])
         self.assertEqual(got, want)
+
+
+class NeverFits(unittest.TestCase):
+    def test_a_sample_or_piece_larger_than_max_memory_is_refused_at_once(self):
+        d = Rollpackd("--max-memory", "40000")
+        self.addCleanup(d.cleanup)
+        d.start()
+        p = Producer(d.address, "small", timeout=30, retry_for=None)  # would wait for ever
+        self.addCleanup(p.close)
+        p.register_model(S)
+        n = 3000
+        toks = eng.tokens(n, seed=1)
+        truth = eng.routed(n - 1, S, seed=2)
+        start = time.monotonic()
+        with self.assertRaises(errors.FailedPrecondition) as whole:
+            p.put(Sample("big", toks, truth, 0))
+        self.assertIn('sample "big" takes', str(whole.exception))
+        self.assertIn("more than --max-memory 40000: it can never be stored",
+                      str(whole.exception))
+        # The same rollout in pieces: refused at the piece that makes it too large.
+        r = p.rollout("big-pieces")
+        r.append(toks[:1000], truth[:999])
+        with self.assertRaises(errors.FailedPrecondition):
+            r.append(toks[1000:], truth[999:])
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertEqual(p.pool_info().num_open_samples, 1)
 
 
 if __name__ == "__main__":

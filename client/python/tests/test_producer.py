@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import time
 import unittest
 
 import grpc
@@ -116,6 +117,27 @@ class Sync(unittest.TestCase):
         self.assertIn("after 3 attempts", str(cm.exception))
         self.assertEqual(cm.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
         self.assertEqual(cm.exception.details, "server over 1024 bytes")
+
+    def test_backpressure_is_bounded_by_time_not_attempts(self):
+        # 20 refusals in a row: more than the 8 attempts producers used to give
+        # up after; the default keeps retrying for minutes, warning meanwhile.
+        p = self.producer(warn_every=0.05)
+        p.register_model(S)
+        self.fake.faults = [(grpc.StatusCode.RESOURCE_EXHAUSTED, "over memory limit", 0)] * 20
+        with self.assertLogs("rollpack", level="WARNING") as logs:
+            r = p.put(samples(1))
+        self.assertEqual(r.retries, 20)
+        self.assertIn("RESOURCE_EXHAUSTED for", logs.output[0])
+        self.assertIn("still retrying (retry_for 600 s)", logs.output[0])
+        # A time budget, not a count: it gives up once retry_for has passed.
+        q = self.producer(retry_for=0.3)
+        self.fake.faults = [(grpc.StatusCode.RESOURCE_EXHAUSTED, "over memory limit", 0)] * 1000
+        start = time.monotonic()
+        with self.assertRaises(rollpack.ResourceExhausted):
+            q.put(samples(1, prefix="late"))
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertGreaterEqual(time.monotonic() - start, 0.3)
+        self.fake.faults = []
 
     def test_errors_carry_the_server_message_and_are_not_retried(self):
         p = self.producer(max_message_bytes=1000)
