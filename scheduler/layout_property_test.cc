@@ -130,7 +130,6 @@ Case RandomCase(uint64_t seed) {
   t.sequence_parallel = Uniform(rng, 0, 3) != 0;
   t.pad_multiple = Pick<int>(rng, {1, 1, 1, 3, 8, 16});
   t.scheduler = Uniform(rng, 0, 1) ? SchedulerKind::kDynamicCp : SchedulerKind::kStaticCp;
-  if (t.scheduler == SchedulerKind::kStaticCp && t.cp == 3) t.cp = 2;
   const int ranks = t.dp * t.cp;
   if (t.scheduler == SchedulerKind::kDynamicCp) {
     std::vector<int> mins;

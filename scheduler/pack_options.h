@@ -9,7 +9,8 @@ namespace rollpack {
 namespace internal {
 
 struct PackOptions {
-  // Every bin's width is a power of two in [unit_width, max_width].
+  // Every bin's width is unit_width << k, at most max_width: dynamic CP's
+  // powers of two from min_cp, or static CP's cp (any size).
   int unit_width = 1;
   int max_width = 1;
   // Smallest width each sequence fits on (>= unit_width, <= max_width).

@@ -249,13 +249,13 @@ absl::StatusOr<Plan> Packer::Run() {
   }
   // Empty groups for everything else; merged into wider ones when there are
   // too few sequences for one group per slot.
-  std::vector<int64_t> empty_count(Log2(std::max(opt_.max_width, 1)) + 1, 0);
-  empty_count[Log2(unit)] = (slots - used) / unit;
+  std::vector<int64_t> empty_count(NumWidthClasses(), 0);
+  empty_count[0] = (slots - used) / unit;
   const int64_t available = n - num_wide;
   auto total_empty = [&] {
     return std::accumulate(empty_count.begin(), empty_count.end(), int64_t{0});
   };
-  for (int k = Log2(unit); k + 1 < static_cast<int>(empty_count.size()) &&
+  for (int k = 0; k + 1 < static_cast<int>(empty_count.size()) &&
                            total_empty() > available;
        ++k) {
     const int64_t excess = total_empty() - available;
@@ -276,7 +276,7 @@ absl::StatusOr<Plan> Packer::Run() {
   for (int k = static_cast<int>(empty_count.size()) - 1; k >= 0; --k) {
     for (int64_t j = 0; j < empty_count[k]; ++j) {
       Bin b;
-      b.width = 1 << k;
+      b.width = ClassWidth(k);
       bins_.push_back(b);
     }
   }

@@ -53,10 +53,10 @@ class Packer {
         n_mb_(num_microbatches),
         r_(topology.num_dpcp_ranks()),
         cap_(topology.max_tokens_per_rank) {
-    for (int w = 1; w <= std::max(opt_.max_width, 1); w *= 2) {
-      align_.push_back(SequenceAlignment(t_, w));
+    for (int k = 0; k < NumWidthClasses(); ++k) {
+      align_.push_back(SequenceAlignment(t_, ClassWidth(k)));
     }
-    const int64_t a = align_[Log2(opt_.unit_width)];
+    const int64_t a = align_[0];
     padded_unit_.resize(len_.size());
     for (size_t i = 0; i < len_.size(); ++i) padded_unit_[i] = CeilTo(len_[i], a);
   }
@@ -64,9 +64,17 @@ class Packer {
   absl::StatusOr<Plan> Run();
 
  private:
+  // A group's width is unit_width << k, k = 0, 1, ... (its width class):
+  // a static CP group's is cp, of any size (3 is 3, not 2); dynamic CP's
+  // are powers of two from min_cp.
+  int WidthClass(int w) const { return Log2(w / std::max(opt_.unit_width, 1)); }
+  int ClassWidth(int k) const { return std::max(opt_.unit_width, 1) << k; }
+  int NumWidthClasses() const {
+    return WidthClass(std::max(opt_.max_width, std::max(opt_.unit_width, 1))) + 1;
+  }
   int64_t Padded(int i, int w) const {
     if (w == opt_.unit_width) return padded_unit_[i];
-    return CeilTo(len_[i], align_[Log2(w)]);
+    return CeilTo(len_[i], align_[WidthClass(w)]);
   }
   double Cost(int64_t p) const { return t_.cost(p); }
   static double Attn(int64_t p) { return static_cast<double>(p) * p; }

@@ -22,16 +22,16 @@ absl::Status Packer::ComposeSteps() {
     if (load[x] != load[y]) return load[x] > load[y];
     return x < y;
   });
-  const int nw = Log2(std::max(opt_.max_width, 1)) + 1;
+  const int nw = NumWidthClasses();
   std::vector<std::vector<int>> by_width(nw);
-  for (int b : order) by_width[Log2(bins_[b].width)].push_back(b);
+  for (int b : order) by_width[WidthClass(bins_[b].width)].push_back(b);
   std::vector<size_t> head(nw, 0);
   std::vector<int64_t> count(nw, 0);
   for (int k = 0; k < nw; ++k) count[k] = by_width[k].size();
 
   auto achievable = [&](int64_t rem) {
     for (int k = nw - 1; k >= 0 && rem > 0; --k) {
-      const int64_t w = int64_t{1} << k;
+      const int64_t w = ClassWidth(k);
       rem -= std::min(count[k], rem / w) * w;
     }
     return rem == 0;
@@ -44,7 +44,7 @@ absl::Status Packer::ComposeSteps() {
     while (rem > 0) {
       int pick = -1;
       for (int k = 0; k < nw; ++k) {
-        const int w = 1 << k;
+        const int w = ClassWidth(k);
         if (head[k] >= by_width[k].size() || w > rem) continue;
         const int b = by_width[k][head[k]];
         if (pick >= 0 && (load[b] < load[pick] ||
@@ -59,7 +59,7 @@ absl::Status Packer::ComposeSteps() {
       if (pick < 0) {
         return absl::ResourceExhaustedError("groups do not tile the steps");
       }
-      const int k = Log2(bins_[pick].width);
+      const int k = WidthClass(bins_[pick].width);
       ++head[k];
       --count[k];
       rem -= bins_[pick].width;

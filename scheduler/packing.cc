@@ -1,6 +1,7 @@
 #include "scheduler/packing.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -57,13 +58,14 @@ namespace {
 
 int64_t PaddedVolume(absl::Span<const int64_t> lengths, const Topology& topology,
                      absl::Span<const int> min_width) {
-  std::vector<int64_t> align;
+  // By width: a static CP group of cp = 3 aligns for 3 ranks, not 2.
+  std::map<int, int64_t> align;
   int64_t total = 0;
   for (size_t i = 0; i < lengths.size(); ++i) {
-    const int k = Log2(std::max(min_width[i], 1));
-    if (static_cast<int>(align.size()) <= k) align.resize(k + 1, 0);
-    if (align[k] == 0) align[k] = SequenceAlignment(topology, 1 << k);
-    total += CeilTo(lengths[i], align[k]);
+    const int w = std::max(min_width[i], 1);
+    auto it = align.find(w);
+    if (it == align.end()) it = align.emplace(w, SequenceAlignment(topology, w)).first;
+    total += CeilTo(lengths[i], it->second);
   }
   return total;
 }

@@ -428,6 +428,29 @@ TEST(PlanQualityTest, LognormalStaticReachesBoundAndBalances) {
   EXPECT_LT(plan->stats.rank_imbalance, 1.001);
 }
 
+// Static CP of any size, as Megatron allows (issue: cp = 3 was packed as
+// groups of 2 and refused as "too few sequences").
+TEST(PlanQualityTest, StaticCpOfAnySizeReachesBoundAndValidates) {
+  const std::vector<int64_t> lengths = LognormalLengths(8192, 7, 2000, 0.9, 16, 16384);
+  for (int cp : {3, 5, 6, 7, 12}) {
+    for (int tp : {1, 2}) {
+      SCOPED_TRACE(testing::Message() << "cp " << cp << " tp " << tp);
+      Topology t = StaticTopo(2, cp, 16384);
+      t.tp = tp;
+      absl::StatusOr<Plan> plan = ComputePlan(lengths, t);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_TRUE(ValidatePlan(*plan, lengths, t).ok()) << ValidatePlan(*plan, lengths, t);
+      EXPECT_LE(plan->stats.num_microbatches, plan->stats.min_microbatches + 1);
+      for (const auto& mb : plan->microbatches) {
+        for (const auto& g : mb.groups) {
+          EXPECT_EQ(g.cp_size, cp);
+          for (int64_t p : g.padded_lengths) EXPECT_EQ(p % (2 * cp), 0) << p;
+        }
+      }
+    }
+  }
+}
+
 TEST(PlanQualityTest, LognormalDynamicReachesBoundAndBalances) {
   const std::vector<int64_t> lengths =
       LognormalLengths(8192, 43, 3000, 0.9, 100, 32768);
