@@ -136,7 +136,9 @@ class SampleValidator {
     n_ = tokens.dim(0);
     if (n_ < 1 && !later_piece_) return Invalid("tokens is empty, need at least 1 token");
     out.tokens.resize(n_);
-    std::memcpy(out.tokens.data(), tokens.data.data(), tokens.data.size());
+    // A later piece may carry an empty array: no bytes, and memcpy must not
+    // see its null pointer (found by CI's UBSan fuzz run).
+    if (n_ > 0) std::memcpy(out.tokens.data(), tokens.data.data(), tokens.data.size());
     return absl::OkStatus();
   }
 
