@@ -223,7 +223,8 @@ void Packer::AssignPositions() {
         if (free) blocks.emplace_back(score, start);
       }
       std::sort(blocks.begin(), blocks.end());
-      // Descending power-of-two widths always leave enough aligned blocks.
+      // Descending power-of-two widths (dynamic CP) always leave enough
+      // aligned blocks; static CP has one width, cp, and dp blocks of it.
       for (size_t k = lo; k < hi; ++k) {
         const int b = bins[k];
         const int start = blocks[k - lo].second;

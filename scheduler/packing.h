@@ -3,7 +3,8 @@
 //
 // Both schedulers reduce to the same problem in "rank slots": a step has R
 // ranks, each with a budget of T padded tokens. A bin is one CP group of one
-// step: `width` ranks (a power of two), `width * T` padded tokens, its
+// step: `width` ranks (unit << k: cp, of any size, under static CP; a power
+// of two from min_cp under dynamic CP), `width * T` padded tokens, its
 // sequences padded at the group's alignment. Static CP is the special case
 // where every bin has width cp; dynamic CP mixes widths from min_cp up.
 #ifndef ROLLPACK_SCHEDULER_PACKING_H_
