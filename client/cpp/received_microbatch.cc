@@ -127,10 +127,10 @@ class MicrobatchWireParser {
         const int field = WireFormatLite::GetTagFieldNumber(tag);
         const char* array = ArrayName(field);
         if (array != nullptr && tag == LengthDelimitedTag(field)) {
-          if (!ParseArray(&in, &arrays_[array])) return Error(in, array);
+          if (!ParseArray(&in, &arrays_[array], 1)) return Error(in, array);
         } else if (tag == LengthDelimitedTag(10)) {
           if (!ParseTokenFieldEntry(&in)) return Error(in, "token_fields");
-        } else if (!WireFormatLite::SkipField(&in, tag, &rest_out)) {
+        } else if (!SkipField(&in, tag, &rest_out)) {
           return Error(in, absl::StrCat("field ", field));
         }
       }
@@ -172,9 +172,11 @@ class MicrobatchWireParser {
 
   // protobuf's parser reads tags and sizes of at most 5 bytes, where
   // CodedInputStream reads longer varints and drops their high bits.
+  // It refuses field number 0 too (a tag below 8 other than the end's 0).
   static bool ReadTag(CodedInputStream* in, uint32_t* tag) {
     const int start = in->CurrentPosition();
     *tag = in->ReadTag();
+    if (*tag != 0 && WireFormatLite::GetTagFieldNumber(*tag) == 0) return false;
     return in->CurrentPosition() - start <= 5;
   }
   static bool ReadSize(CodedInputStream* in, int* size) {
@@ -185,7 +187,52 @@ class MicrobatchWireParser {
     return true;
   }
 
-  static bool ParseArray(CodedInputStream* in, PendingArray* array) {
+  // WireFormatLite::SkipField, but with protobuf's parser's limits inside
+  // groups too: tags and sizes of at most 5 bytes, groups nested at most
+  // 100 deep, an end-group tag only where its group ends (SkipField reads a
+  // group's tags with CodedInputStream, which takes longer varints; found by
+  // fuzz/received_microbatch_fuzzer). `out` (may be null) gets the field.
+  static bool SkipField(CodedInputStream* in, uint32_t tag, CodedOutputStream* out,
+                        int depth = 0) {
+    switch (WireFormatLite::GetTagWireType(tag)) {
+      case WireFormatLite::WIRETYPE_VARINT:
+      case WireFormatLite::WIRETYPE_FIXED64:
+      case WireFormatLite::WIRETYPE_FIXED32:
+        return out != nullptr ? WireFormatLite::SkipField(in, tag, out)
+                              : WireFormatLite::SkipField(in, tag);
+      case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
+        int size = 0;
+        std::string bytes;
+        if (!ReadSize(in, &size) || !in->ReadString(&bytes, size)) return false;
+        if (out != nullptr) {
+          out->WriteTag(tag);
+          out->WriteVarint32(static_cast<uint32_t>(size));
+          out->WriteString(bytes);
+        }
+        return true;
+      }
+      case WireFormatLite::WIRETYPE_START_GROUP: {
+        if (depth >= 100) return false;
+        if (out != nullptr) out->WriteTag(tag);
+        const int field = WireFormatLite::GetTagFieldNumber(tag);
+        while (true) {
+          uint32_t inner = 0;
+          if (!ReadTag(in, &inner) || inner == 0) return false;
+          if (WireFormatLite::GetTagWireType(inner) == WireFormatLite::WIRETYPE_END_GROUP) {
+            if (WireFormatLite::GetTagFieldNumber(inner) != field) return false;
+            if (out != nullptr) out->WriteTag(inner);
+            return true;
+          }
+          if (!SkipField(in, inner, out, depth + 1)) return false;
+        }
+      }
+      default:  // an end-group tag outside its group, or wire types 6 and 7
+        return false;
+    }
+  }
+
+  // `depth`: messages around the array (protobuf's recursion limit counts them).
+  static bool ParseArray(CodedInputStream* in, PendingArray* array, int depth) {
     int length = 0;
     if (!ReadLength(in, &length)) return false;
     const CodedInputStream::Limit limit = in->PushLimit(length);
@@ -202,7 +249,7 @@ class MicrobatchWireParser {
         if (!in->Skip(size)) return false;
         array->data_offset = offset;
         array->data_size = size;
-      } else if (!WireFormatLite::SkipField(in, tag, &head_out)) {
+      } else if (!SkipField(in, tag, &head_out, depth)) {
         return false;
       }
     }
@@ -233,8 +280,8 @@ class MicrobatchWireParser {
           return false;
         }
       } else if (tag == LengthDelimitedTag(2)) {
-        if (!ParseArray(in, &value)) return false;
-      } else if (!WireFormatLite::SkipField(in, tag)) {
+        if (!ParseArray(in, &value, 2)) return false;
+      } else if (!SkipField(in, tag, nullptr, 1)) {
         return false;
       }
     }
