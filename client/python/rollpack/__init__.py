@@ -2,8 +2,15 @@
 per-token fields) from vLLM / SGLang to a rollpackd sidecar.
 
 Public names: Producer, AsyncProducer, Rollout, Controller, ModelSpec, Sample, PutResult, the
-exceptions of rollpack.errors, and the engine adapters in rollpack.adapters.
+exceptions of rollpack.errors, and the engine adapters in rollpack.adapters; with torch, the
+trainer side (TrainerClient, apply_replay, routing_agreement, ...; docs/trainer.md), imported
+on first use. Typed (PEP 561: py.typed).
+
+Install: ``pip install ./client/python`` (docs/producer.md); in the source tree,
+``PYTHONPATH=client/python`` after ``make build``.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from rollpack.errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition,  # noqa: F401
                              InvalidArgument, NotFound, PayloadError, ResourceExhausted,
@@ -20,7 +27,14 @@ _TRAINER_NAMES = ("TrainerClient", "Microbatch", "apply_replay", "routing_agreem
                   "close_tp_communicators")
 
 
-def __getattr__(name):
+if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers
+    from rollpack.trainer import (Microbatch, ReportAck, TrainerClient,  # noqa: F401
+                                  apply_replay, close_tp_communicators,
+                                  install_replay_targets, report_routing_agreement,
+                                  routing_agreement)
+
+
+def __getattr__(name: str) -> Any:
     # Trainer-side names need torch: imported on first use only.
     if name in _TRAINER_NAMES:
         from rollpack import trainer

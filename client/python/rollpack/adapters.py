@@ -22,18 +22,27 @@ When ``s = 1`` a payload of ``n - 1`` rows is read as "from 0" (what engines
 that end at ``n - 1`` return), never as "from 1 to n".
 """
 
+from __future__ import annotations
+
 import base64
 import binascii
-import collections
 import json
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from rollpack.errors import PayloadError
 from rollpack.sample import as_tokens
+from rollpack.spec import ModelSpec
 
-RoutedExperts = collections.namedtuple("RoutedExperts", ["array", "row_offset"])
-RoutedExperts.__doc__ = "Routed experts [rows, L, K] covering tokens [row_offset, row_offset + rows)."
+
+class RoutedExperts(NamedTuple):
+    """Routed experts [rows, L, K] covering tokens [row_offset, row_offset + rows)."""
+
+    array: np.ndarray
+    row_offset: int
+
 
 __all__ = ["RoutedExperts", "from_vllm_output", "from_vllm_v021_response", "from_vllm_choice",
            "from_sglang_meta_info", "from_ndarray_dict", "decode_npy", "parse_dtype"]
@@ -41,7 +50,7 @@ __all__ = ["RoutedExperts", "from_vllm_output", "from_vllm_v021_response", "from
 _INT_DTYPES = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"}
 
 
-def parse_dtype(name, what="dtype"):
+def parse_dtype(name: str, what: str = "dtype") -> np.dtype:
     """numpy dtype from an engine's dtype string: "int32", "torch.int32",
     "<i4", "np.int16", ... Only integer dtypes are accepted."""
     s = str(name).strip()
@@ -118,7 +127,8 @@ def _n(tokens):
 
 # -- vLLM in-process ---------------------------------------------------------
 
-def from_vllm_output(output, tokens, spec, prompt_start=0):
+def from_vllm_output(output: Any, tokens: ArrayLike, spec: ModelSpec,
+                     prompt_start: int = 0) -> RoutedExperts:
     """vLLM offline/in-process API: ``CompletionOutput.routed_experts``.
 
     Matches vLLM 0.21 and 0.22+ engines started with
@@ -168,7 +178,8 @@ def _nested(x, what, layers_hint, k):
     return a
 
 
-def from_vllm_v021_response(response, tokens, spec, choice_index=0):
+def from_vllm_v021_response(response: Any, tokens: ArrayLike, spec: ModelSpec,
+                            choice_index: int = 0) -> RoutedExperts:
     """vLLM 0.21 OpenAI-compatible server (``return_routed_experts``):
     the response's top-level ``prompt_routed_experts`` (the prompt's rows,
     shared by all ``n`` choices) and ``choices[i].routed_experts`` (the
@@ -202,7 +213,7 @@ def from_vllm_v021_response(response, tokens, spec, choice_index=0):
 
 # -- vLLM >= 0.22 HTTP: base64 .npy ------------------------------------------
 
-def decode_npy(raw, what="npy payload"):
+def decode_npy(raw: Union[bytes, bytearray, memoryview], what: str = "npy payload") -> np.ndarray:
     """A numpy array from the bytes of a .npy file, reading dtype, shape and
     order from its header; the array is a view of ``raw`` (C order)."""
     import ast
@@ -237,7 +248,8 @@ def decode_npy(raw, what="npy payload"):
     return a.reshape(shape)
 
 
-def from_vllm_choice(choice, tokens, spec, prompt_start=None):
+def from_vllm_choice(choice: Mapping[str, Any], tokens: ArrayLike, spec: ModelSpec,
+                     prompt_start: Optional[int] = None) -> RoutedExperts:
     """vLLM >= 0.22 OpenAI-compatible server: ``choices[i].routed_experts``
     is the base64 of a .npy file (dtype and shape read from its header;
     [rows, layers, K]) covering tokens from the request's
@@ -264,7 +276,8 @@ def from_vllm_choice(choice, tokens, spec, prompt_start=None):
 
 # -- SGLang: base64 raw flat ---------------------------------------------------
 
-def from_sglang_meta_info(meta_info, tokens, spec, start_len=None):
+def from_sglang_meta_info(meta_info: Mapping[str, Any], tokens: ArrayLike, spec: ModelSpec,
+                          start_len: Optional[int] = None) -> RoutedExperts:
     """SGLang ``/generate`` with ``--enable-return-routed-experts`` and
     ``return_routed_experts: true`` (SGLang builds since sgl-project/sglang
     PR 12162, which added the capture; ``routed_experts_start_len`` came
@@ -322,7 +335,8 @@ def from_sglang_meta_info(meta_info, tokens, spec, start_len=None):
 
 # -- {data, shape, dtype} base64 dict (SkyRL, ms-swift) ----------------------
 
-def from_ndarray_dict(d, tokens, spec, row_offset=0):
+def from_ndarray_dict(d: Mapping[str, Any], tokens: ArrayLike, spec: ModelSpec,
+                      row_offset: int = 0) -> RoutedExperts:
     """The ``{"data": base64, "shape": [...], "dtype": "int32"}`` dict that
     SkyRL and ms-swift use to ship routed-expert tensors between their
     rollout servers and trainers: raw C-order little-endian bytes, dtype as a

@@ -17,16 +17,24 @@ Every method raises the server's error as a rollpack.errors exception
 protobuf messages of rollpack.v1 (StepInfo, Plan, PoolInfo).
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Union
+
 import grpc
 
 from rollpack import errors
 from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from rollpack.producer import _read
+from rollpack.producer import PemSource, _read
+
+#: A Topology message, or a dict of its fields.
+TopologyLike = Union[scheduler_pb2.Topology, Mapping[str, Any]]
 
 _SELECTIONS = {"oldest": scheduler_pb2.OLDEST, "newest_version": scheduler_pb2.NEWEST_VERSION}
 
 
-def topology_message(topology=None, **fields):
+def topology_message(topology: Optional[TopologyLike] = None,
+                     **fields: Any) -> scheduler_pb2.Topology:
     """A Topology message from a Topology, a dict of its fields, or keyword
     fields (``dp``, ``cp``, ``tp``, ``pp``, ``max_tokens_per_rank``, ...)."""
     if isinstance(topology, scheduler_pb2.Topology):
@@ -42,16 +50,26 @@ def topology_message(topology=None, **fields):
 
 
 class Controller:
-    """``Controller(address, *, token=None, tls=False, root_certificates=None,
-    client_certificate=None, client_key=None, server_name=None, timeout=30.0)``.
+    """A training loop controller's client: pools, steps, plans, releases.
+    A context manager (closes the channel).
 
-    ``token``: a bearer token of a role allowed to call the methods used
-    (trainer: create, plan, list; admin: release too). TLS options as for
-    :class:`rollpack.Producer`. ``timeout``: seconds per call.
+    ``Controller(address, *, token=None, tls=False, root_certificates=None,
+    client_certificate=None, client_key=None, server_name=None, timeout=30.0)``.
     """
 
-    def __init__(self, address, *, token=None, tls=False, root_certificates=None,
-                 client_certificate=None, client_key=None, server_name=None, timeout=30.0):
+    def __init__(self, address: str, *, token: Optional[str] = None, tls: bool = False,
+                 root_certificates: Optional[PemSource] = None,
+                 client_certificate: Optional[PemSource] = None,
+                 client_key: Optional[PemSource] = None, server_name: Optional[str] = None,
+                 timeout: float = 30.0) -> None:
+        """Opens a channel to rollpackd at ``address`` ("host:port").
+
+        - ``token``: a bearer token of a role allowed to call the methods used
+          (trainer: create, plan, list; admin: release too).
+        - ``tls``, ``root_certificates``, ``client_certificate`` +
+          ``client_key``, ``server_name``: TLS as for :class:`rollpack.Producer`.
+        - ``timeout``: seconds, the deadline of each call.
+        """
         if address.startswith(("http://", "https://")):
             raise ValueError("address is host:port, got %r" % address)
         self.address = address
@@ -72,38 +90,41 @@ class Controller:
         self._rollouts = rollouts_pb2_grpc.RolloutsStub(self._channel)
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the channel."""
         self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Controller:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, what, method, request):
+    def _call(self, what: str, method: Callable[..., Any], request: Any) -> Any:
         try:
             return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             raise errors.from_rpc_error(err, what) from None
 
     # -- pools ---------------------------------------------------------------
-    def pools(self):
+    def pools(self) -> List[rollouts_pb2.PoolInfo]:
         """Every pool with a registered model (cluster-wide in a cluster), by
         name: a list of PoolInfo."""
         return list(self._call("ListPools", self._rollouts.ListPools,
                                rollouts_pb2.ListPoolsRequest()).pools)
 
-    def pool(self, pool):
+    def pool(self, pool: str) -> rollouts_pb2.PoolInfo:
         """The pool's PoolInfo (samples, groups, versions, options)."""
         return self._call("GetPool %r" % pool, self._rollouts.GetPool,
                           rollouts_pb2.GetPoolRequest(pool=pool))
 
     # -- steps ---------------------------------------------------------------
-    def create_step(self, step_id, pool, *, topology=None, sample_ids=None, num_samples=0,
-                    num_groups=0, num_tokens=0, whole_groups=False, policy_version=0,
-                    max_staleness=None, selection="oldest", reuse_samples=False,
-                    **topology_fields):
+    def create_step(self, step_id: str, pool: str, *, topology: Optional[TopologyLike] = None,
+                    sample_ids: Optional[Iterable[str]] = None, num_samples: int = 0,
+                    num_groups: int = 0, num_tokens: int = 0, whole_groups: bool = False,
+                    policy_version: int = 0, max_staleness: Optional[int] = None,
+                    selection: str = "oldest", reuse_samples: bool = False,
+                    **topology_fields: int) -> scheduler_pb2.StepInfo:
         """Creates step ``step_id`` from pool ``pool``: exactly one of
         ``sample_ids``, ``num_samples``, ``num_groups``, ``num_tokens``
         (docs/lifecycle.md). ``topology``: a Topology, a dict, or its fields as
@@ -120,7 +141,7 @@ class Controller:
             request.max_staleness = max_staleness
         return self._call("CreateStep %r" % step_id, self._scheduler.CreateStep, request)
 
-    def step(self, step_id):
+    def step(self, step_id: str) -> scheduler_pb2.StepInfo:
         """The live step's StepInfo with its created time and trainer streams
         (NotFound when it is not live)."""
         if not step_id:
@@ -128,24 +149,24 @@ class Controller:
         return self._call("ListSteps %r" % step_id, self._scheduler.ListSteps,
                           scheduler_pb2.ListStepsRequest(step_id=step_id)).steps[0]
 
-    def steps(self, pool=""):
+    def steps(self, pool: str = "") -> List[scheduler_pb2.StepInfo]:
         """The live steps (of ``pool``; "" = every pool), by id: StepInfo with
         created time and trainer streams (what a restarted controller finds)."""
         return list(self._call("ListSteps", self._scheduler.ListSteps,
                                scheduler_pb2.ListStepsRequest(pool=pool)).steps)
 
-    def plan(self, step_id):
+    def plan(self, step_id: str) -> scheduler_pb2.Plan:
         """The step's Plan (micro-batches, CP groups, sample ids)."""
         return self._call("GetPlan %r" % step_id, self._scheduler.GetPlan,
                           scheduler_pb2.GetPlanRequest(step_id=step_id))
 
-    def release(self, step_id):
+    def release(self, step_id: str) -> scheduler_pb2.ReleaseStepResponse:
         """Releases the step (its samples are deleted, or returned to the free
         set for a reuse step): the ReleaseStepResponse."""
         return self._call("ReleaseStep %r" % step_id, self._scheduler.ReleaseStep,
                           scheduler_pb2.ReleaseStepRequest(step_id=step_id))
 
-    def set_policy_version(self, pool, policy_version):
+    def set_policy_version(self, pool: str, policy_version: int) -> rollouts_pb2.PoolInfo:
         """Records the trainer's policy version (docs/lifecycle.md): PoolInfo."""
         return self._call("SetPolicyVersion %r" % pool, self._scheduler.SetPolicyVersion,
                           scheduler_pb2.SetPolicyVersionRequest(pool=pool,

@@ -11,6 +11,10 @@ linked: the kernels get pointers, shapes and dtypes from the tensors.
   its [rows, K] target through RouterReplay.set_target_indices, in order.
 """
 
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple, Union
+
 import torch
 
 from rollpack import _capi
@@ -75,7 +79,10 @@ class _ApplyReplay(torch.autograd.Function):
         return grad_logits, None, None, None, None
 
 
-def apply_replay(logits, ids, *, score="softmax", renormalize=True, scale=1.0, dense=False):
+def apply_replay(logits: torch.Tensor, ids: torch.Tensor, *, score: str = "softmax",
+                 renormalize: bool = True, scale: float = 1.0, dense: bool = False
+                 ) -> Union[Tuple[torch.Tensor, torch.Tensor],
+                            Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Router outputs for replayed experts.
 
     logits: [rows, E] float32 or bfloat16 (live router logits); ids: [rows, K]
@@ -112,32 +119,38 @@ class Agreement:
 
     __slots__ = ("rows_counted", "rows_differ", "overlap_sum", "k")
 
-    def __init__(self, stats, k):
+    rows_counted: torch.Tensor
+    rows_differ: torch.Tensor
+    overlap_sum: torch.Tensor
+    k: int
+
+    def __init__(self, stats: torch.Tensor, k: int) -> None:
         self.rows_counted, self.rows_differ, self.overlap_sum = stats.cpu().unbind(1)
         self.k = k
 
     @property
-    def fraction_differ(self):
+    def fraction_differ(self) -> float:
         """Over all layers: rows whose sets differ / rows counted."""
         n = int(self.rows_counted.sum())
         return float(self.rows_differ.sum()) / n if n else 0.0
 
     @property
-    def mean_overlap(self):
+    def mean_overlap(self) -> float:
         """Over all layers: |live & replay| / (rows counted * K) (1.0 = identical)."""
         n = int(self.rows_counted.sum())
         return float(self.overlap_sum.sum()) / (n * self.k) if n else 0.0
 
     @property
-    def agreement(self):
+    def agreement(self) -> float:
         """1 - fraction_differ: the fraction of rows routed exactly as replayed."""
         return 1.0 - self.fraction_differ
 
-    def per_layer_fraction_differ(self):
+    def per_layer_fraction_differ(self) -> torch.Tensor:
+        """float64 [layers]: rows whose sets differ / rows counted, per layer."""
         n = self.rows_counted.double()
         return torch.where(n > 0, self.rows_differ.double() / n.clamp(min=1), torch.zeros_like(n))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Agreement(layers=%d, rows=%d, fraction_differ=%.6f, mean_overlap=%.6f)" % (
             self.rows_counted.numel(), int(self.rows_counted.sum()), self.fraction_differ,
             self.mean_overlap)
@@ -152,7 +165,9 @@ def _as_layers(t, what):
     return t
 
 
-def routing_agreement(live, replay, *, mask=None, k=None):
+def routing_agreement(live: torch.Tensor, replay: torch.Tensor, *,
+                      mask: Optional[torch.Tensor] = None, k: Optional[int] = None
+                      ) -> Agreement:
     """Routing agreement of live routing vs the replayed ids, per layer.
 
     live: router logits [rows, E] / [layers, rows, E] (float32 / bfloat16;
@@ -211,7 +226,9 @@ def _default_instances():
     return RouterReplay.global_router_replay_instances
 
 
-def install_replay_targets(targets, instances=None, *, action=None, dtype=torch.int64):
+def install_replay_targets(targets: Union[Any, torch.Tensor, Sequence[torch.Tensor]],
+                           instances: Optional[Any] = None, *, action: Optional[Any] = None,
+                           dtype: torch.dtype = torch.int64) -> int:
     """Gives each local MoE layer's router its replay target, in layer order.
 
     targets: a rollpack Microbatch (its replay_indices), a [layers, rows, K]

@@ -10,17 +10,23 @@ with -1), and full-layout payloads of models with dense layers drop those
 layers (compact layout), since the copy is made anyway.
 """
 
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from rollpack import ndarray as _nd
 from rollpack._proto import rollouts_pb2
 from rollpack.errors import PayloadError
+from rollpack.spec import ModelSpec
 
 _ROUTED_KINDS = "iu"
 _ROUTED_WIRE = (np.dtype("u1"), np.dtype("<u2"), np.dtype("<i2"), np.dtype("<i4"))
 
 
-def _as_array(x, what):
+def _as_array(x: Any, what: str) -> np.ndarray:
     if hasattr(x, "numpy") and not isinstance(x, np.ndarray):  # CPU torch tensor: shares memory
         try:
             x = x.detach().numpy() if hasattr(x, "detach") else x.numpy()
@@ -30,7 +36,7 @@ def _as_array(x, what):
     return np.asarray(x)
 
 
-def as_tokens(tokens):
+def as_tokens(tokens: ArrayLike) -> np.ndarray:
     """int32 [n] view of ``tokens`` (copies only when the dtype differs)."""
     t = _as_array(tokens, "tokens")
     if t.ndim != 1:
@@ -48,7 +54,7 @@ def as_tokens(tokens):
     return t
 
 
-def _moe_view(arr, spec):
+def _moe_view(arr: np.ndarray, spec: ModelSpec) -> np.ndarray:
     """The MoE layers of a [rows, L, K] payload: the array itself (compact or
     all-MoE), a slice view (contiguous MoE ids) or a gathered copy."""
     m = spec.resolved_moe_layers
@@ -59,7 +65,8 @@ def _moe_view(arr, spec):
     return arr[:, list(m), :]
 
 
-def narrow_routed_experts(arr, spec, what="routed_experts"):
+def narrow_routed_experts(arr: np.ndarray, spec: ModelSpec,
+                          what: str = "routed_experts") -> np.ndarray:
     """Returns ``arr`` in the smallest wire dtype that holds it, in compact
     layout when that takes no extra copy. Raises PayloadError for values the
     server would refuse anyway (ids >= E, values < -1, uint8 with E > 256)."""
@@ -114,9 +121,24 @@ class Sample:
     __slots__ = ("sample_id", "tokens", "routed_experts", "row_offset", "token_fields",
                  "scalars", "group_id", "policy_version", "group_size", "piece", "partial")
 
-    def __init__(self, sample_id, tokens, routed_experts=None, row_offset=0, *,
-                 token_fields=None, scalars=None, group_id="", policy_version=0, group_size=0,
-                 piece=0, partial=False):
+    sample_id: str
+    tokens: np.ndarray
+    routed_experts: Optional[np.ndarray]
+    row_offset: int
+    token_fields: Dict[str, np.ndarray]
+    scalars: Dict[str, float]
+    group_id: str
+    policy_version: int
+    group_size: int
+    piece: int
+    partial: bool
+
+    def __init__(self, sample_id: str, tokens: ArrayLike,
+                 routed_experts: Optional[ArrayLike] = None, row_offset: int = 0, *,
+                 token_fields: Optional[Mapping[str, ArrayLike]] = None,
+                 scalars: Optional[Mapping[str, float]] = None, group_id: str = "",
+                 policy_version: int = 0, group_size: int = 0, piece: int = 0,
+                 partial: bool = False) -> None:
         if not isinstance(sample_id, str) or not sample_id:
             raise PayloadError("sample_id must be a non-empty string, got %r" % (sample_id,))
         self.sample_id = sample_id
@@ -157,10 +179,11 @@ class Sample:
         self._check_fields()
 
     @property
-    def num_tokens(self):
+    def num_tokens(self) -> int:
+        """n, the number of tokens."""
         return int(self.tokens.shape[0])
 
-    def _check_fields(self):
+    def _check_fields(self) -> None:
         n = self.num_tokens
         for k, v in self.token_fields.items():
             if v.ndim < 1 or v.shape[0] != n:
@@ -169,7 +192,7 @@ class Sample:
                                                                  list(v.shape), n))
             _nd.wire_dtype(v.dtype)
 
-    def check(self, spec):
+    def check(self, spec: ModelSpec) -> None:
         """Client-side checks of the layout rules (shapes, coverage, id range
         via narrowing); the server re-checks everything."""
         sid, n = self.sample_id, self.num_tokens
@@ -207,7 +230,8 @@ class Sample:
                 "sample %r: routed_experts rows [%d, %d) must end at n = %d or n - 1 = %d"
                 % (sid, self.row_offset, end, n, n - 1))
 
-    def to_proto(self, spec, pb=None):
+    def to_proto(self, spec: ModelSpec,
+                 pb: Optional[rollouts_pb2.Sample] = None) -> rollouts_pb2.Sample:
         """Encodes into a rollouts_pb2.Sample (``pb`` filled in place when
         given), narrowing routed experts for ``spec``."""
         self.check(spec)
@@ -232,7 +256,7 @@ class Sample:
             pb.scalars[k] = v
         return pb
 
-    def wire_size_hint(self):
+    def wire_size_hint(self) -> int:
         """Upper bound of the encoded size, before narrowing (for batching)."""
         b = self.tokens.nbytes + 128 + len(self.sample_id) + len(self.group_id)
         if self.routed_experts is not None:
@@ -242,7 +266,9 @@ class Sample:
         return b + 24 * len(self.scalars)
 
     # -- multi-turn stitching ------------------------------------------------
-    def extend(self, tokens, routed_experts, row_offset, spec=None, token_fields=None):
+    def extend(self, tokens: ArrayLike, routed_experts: Optional[ArrayLike], row_offset: int,
+               spec: Optional[ModelSpec] = None,
+               token_fields: Optional[Mapping[str, ArrayLike]] = None) -> Sample:
         """Extends this sample in place with a later turn of the same rollout.
 
         ``tokens``: the later turn's whole sequence (this sample's tokens must
@@ -325,7 +351,7 @@ class Sample:
         self.tokens, self.routed_experts, self.token_fields = new_tokens, rows, fields
         return self
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         r = self.routed_experts
         return "Sample(%r, n=%d, routed_experts=%s, row_offset=%d, fields=%s)" % (
             self.sample_id, self.num_tokens,

@@ -1,6 +1,9 @@
 """ModelSpec: the routing payload a pool carries (layout.md section 1)."""
 
+from __future__ import annotations
+
 import json
+from typing import Any, Dict, Iterable, Mapping, Tuple
 
 from rollpack._proto import rollouts_pb2
 
@@ -17,8 +20,17 @@ class ModelSpec:
     __slots__ = ("name", "num_layers", "moe_layers", "num_experts", "topk",
                  "allow_all_zero_layers", "finite_token_fields")
 
-    def __init__(self, name="", num_layers=0, moe_layers=(), num_experts=0, topk=0,
-                 allow_all_zero_layers=False, finite_token_fields=()):
+    name: str
+    num_layers: int
+    moe_layers: Tuple[int, ...]
+    num_experts: int
+    topk: int
+    allow_all_zero_layers: bool
+    finite_token_fields: Tuple[str, ...]
+
+    def __init__(self, name: str = "", num_layers: int = 0, moe_layers: Iterable[int] = (),
+                 num_experts: int = 0, topk: int = 0, allow_all_zero_layers: bool = False,
+                 finite_token_fields: Iterable[str] = ()) -> None:
         self.name = str(name)
         self.num_layers = int(num_layers)
         self.moe_layers = tuple(int(x) for x in moe_layers)
@@ -32,7 +44,9 @@ class ModelSpec:
         self.validate()
 
     # -- rules -------------------------------------------------------------
-    def validate(self):
+    def validate(self) -> None:
+        """Raises ValueError naming the first rule broken (the server's rules
+        and messages)."""
         who = 'model "%s": ' % self.name
         if self.num_layers < 1:
             raise ValueError(who + "num_layers is %d, must be >= 1" % self.num_layers)
@@ -63,22 +77,25 @@ class ModelSpec:
                              % (self.topk, self.num_experts))
 
     @property
-    def is_dense(self):
+    def is_dense(self) -> bool:
+        """A dense model (num_experts 0): no routed experts to replay."""
         return self.num_experts == 0
 
     @property
-    def resolved_moe_layers(self):
+    def resolved_moe_layers(self) -> Tuple[int, ...]:
         """M with the "empty means all" default applied (empty when dense)."""
         if self.is_dense:
             return ()
         return self.moe_layers if self.moe_layers else tuple(range(self.num_layers))
 
     @property
-    def num_moe_layers(self):
+    def num_moe_layers(self) -> int:
+        """The number of MoE layers (``len(resolved_moe_layers)``)."""
         return len(self.resolved_moe_layers)
 
     # -- conversions ---------------------------------------------------------
-    def to_proto(self):
+    def to_proto(self) -> rollouts_pb2.ModelSpec:
+        """The rollpack.v1.ModelSpec message."""
         return rollouts_pb2.ModelSpec(
             name=self.name, num_layers=self.num_layers, moe_layers=list(self.moe_layers),
             num_experts=self.num_experts, topk=self.topk,
@@ -86,18 +103,21 @@ class ModelSpec:
             finite_token_fields=list(self.finite_token_fields))
 
     @classmethod
-    def from_proto(cls, pb):
+    def from_proto(cls, pb: rollouts_pb2.ModelSpec) -> ModelSpec:
+        """From a rollpack.v1.ModelSpec message (validated)."""
         return cls(pb.name, pb.num_layers, list(pb.moe_layers), pb.num_experts, pb.topk,
                    pb.allow_all_zero_layers, list(pb.finite_token_fields))
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields as a JSON-ready dict (``from_dict`` takes it back)."""
         return {"name": self.name, "num_layers": self.num_layers,
                 "moe_layers": list(self.moe_layers), "num_experts": self.num_experts,
                 "topk": self.topk, "allow_all_zero_layers": self.allow_all_zero_layers,
                 "finite_token_fields": list(self.finite_token_fields)}
 
     @classmethod
-    def from_dict(cls, d):
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelSpec:
+        """From a dict of the constructor's fields; unknown keys raise ValueError."""
         unknown = set(d) - set(cls.__slots__)
         if unknown:
             raise ValueError("model spec: unknown keys %s (known: %s)"
@@ -105,16 +125,17 @@ class ModelSpec:
         return cls(**d)
 
     @classmethod
-    def from_json(cls, text):
+    def from_json(cls, text: str) -> ModelSpec:
+        """From a JSON object of the constructor's fields."""
         return cls.from_dict(json.loads(text))
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, ModelSpec):
             return NotImplemented
         return self.to_dict() == other.to_dict()
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(json.dumps(self.to_dict(), sort_keys=True))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "ModelSpec(%s)" % ", ".join("%s=%r" % (k, v) for k, v in self.to_dict().items())

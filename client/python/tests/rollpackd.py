@@ -12,7 +12,7 @@ import tempfile
 import time
 import unittest
 
-_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+_REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", ".."))
 
 
 def binary():
@@ -97,3 +97,17 @@ class Rollpackd:
 
     def __exit__(self, *exc):
         self.cleanup()  # stops it; output() and returncode stay readable
+
+
+def read_port_file(path, timeout=30.0):
+    """The port rollpackd wrote to ``path`` (--metrics-port-file), waiting
+    for the file up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise AssertionError("no port in %s after %.0f s" % (path, timeout))
+            time.sleep(0.05)

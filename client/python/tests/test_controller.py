@@ -22,7 +22,7 @@ from rollpack.controller import Controller
 from rollpack.producer import Producer
 from rollpack.sample import Sample
 from tests import engines as eng
-from tests.rollpackd import Rollpackd
+from tests.rollpackd import Rollpackd, read_port_file
 
 S = eng.SMALL
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,16 +58,7 @@ class _Server(unittest.TestCase):
                           *cls.ARGS)
         cls.addClassCleanup(cls.d.cleanup)
         cls.d.start()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with open(port_file) as f:
-                    cls.metrics_port = int(f.read().strip())
-                break
-            except (FileNotFoundError, ValueError):
-                if time.monotonic() > deadline:
-                    raise AssertionError("no metrics port in %s" % port_file)
-                time.sleep(0.05)
+        cls.metrics_port = read_port_file(port_file)
         cls.c = Controller(cls.d.address, timeout=30)
         cls.addClassCleanup(cls.c.close)
 

@@ -14,7 +14,6 @@
 
 import os
 import tempfile
-import time
 import unittest
 import urllib.request
 
@@ -23,7 +22,7 @@ import numpy as np
 import rollpack
 from rollpack import errors
 from rollpack._proto import scheduler_pb2, scheduler_pb2_grpc
-from tests.rollpackd import Rollpackd
+from tests.rollpackd import Rollpackd, read_port_file
 from tests.test_trainer import _need_trainer, make_samples
 
 import grpc
@@ -70,16 +69,7 @@ class RoutingReport(unittest.TestCase):
         cls.d = Rollpackd("--metrics-listen", "127.0.0.1:0", "--metrics-port-file", port_file)
         cls.addClassCleanup(cls.d.cleanup)
         cls.d.start()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with open(port_file) as f:
-                    cls.metrics_port = int(f.read().strip())
-                break
-            except (OSError, ValueError):
-                if time.monotonic() > deadline:
-                    raise AssertionError("no metrics port in %s" % port_file)
-                time.sleep(0.05)
+        cls.metrics_port = read_port_file(port_file)
         spec = rollpack.ModelSpec("tiny", num_layers=NUM_LAYERS, moe_layers=MOE, num_experts=E,
                                   topk=K)
         with rollpack.Producer(cls.d.address, "pool") as p:
