@@ -1,9 +1,14 @@
 #include "client/cpp/trainer_stream.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "client/cpp/client.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/impl/client_unary_call.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
@@ -12,6 +17,10 @@ namespace rollpack {
 namespace {
 
 constexpr char kFetchMethod[] = "/rollpack.v1.Trainer/FetchMicrobatches";
+constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+// Attempts after the first that an INTERNAL or UNKNOWN error gets when it
+// recurs with no micro-batch in between (UNAVAILABLE gets the time budget).
+constexpr int kMaxRepeatedErrors = 4;
 
 }  // namespace
 
@@ -66,9 +75,57 @@ absl::StatusOr<std::optional<ReceivedMicrobatch>> TrainerStream::NextReceived() 
   return std::optional<ReceivedMicrobatch>();
 }
 
+bool TrainerStream::WaitToResume(absl::Duration delay) {
+  const absl::Time until = absl::Now() + delay;
+  // A channel that is not ready is waited on with a wait-for-ready probe
+  // (grpc.health.v1.Health/Check, open without a token) that ends when the
+  // channel connects or at `until`. gRPC 1.51 makes no connection attempt
+  // for a channel in TRANSIENT_FAILURE whose calls fail fast (measured: a
+  // restarted server was seen again only ~10 s later, whatever the
+  // reconnect backoff arguments or ChannelResetConnectionBackoff), while a
+  // queued wait-for-ready call gets one at once. A channel that is ready
+  // (the server answered UNAVAILABLE itself, e.g. a cluster member naming
+  // another) is just waited out.
+  if (channel_->GetState(true) != GRPC_CHANNEL_READY) {
+    grpc::ClientContext probe;
+    probe.set_wait_for_ready(true);
+    probe.set_deadline(absl::ToChronoTime(until));
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return false;
+      context_ = &probe;
+    }
+    const grpc::internal::RpcMethod method(kHealthCheckMethod,
+                                           grpc::internal::RpcMethod::NORMAL_RPC, channel_);
+    grpc::Slice empty("");
+    grpc::ByteBuffer request(&empty, 1), response;
+    const grpc::Status status =
+        grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+            channel_.get(), method, &probe, request, &response);
+    absl::MutexLock lock(&mu_);
+    context_ = nullptr;
+    if (cancelled_) return false;
+    // Any answer from the server (even UNIMPLEMENTED) means it is back.
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return true;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  const absl::Duration left = until - absl::Now();
+  if (left > absl::ZeroDuration() && mu_.AwaitWithTimeout(absl::Condition(&cancelled_), left)) {
+    return false;
+  }
+  return !cancelled_;
+}
+
 void TrainerStream::ReadLoop() {
   int next_index = options_.start_index;
-  int attempts = 0;
+  // Failed attempts, and when the first of them failed, since the last
+  // micro-batch received.
+  int failures = 0;
+  absl::Time outage_start;
+  const uint64_t seed = ResumeSeed(step_id_, rank_);
   absl::Status final_status;
   while (true) {
     grpc::ClientContext context;
@@ -103,8 +160,8 @@ void TrainerStream::ReadLoop() {
         context.TryCancel();
         break;
       }
-      next_index = message->meta().index() + 1;
-      attempts = 0;
+      failures = 0;
+      const int index = message->meta().index();
       absl::MutexLock lock(&mu_);
       // Back-pressure: wait for room before taking the next message.
       mu_.Await(absl::Condition(
@@ -115,6 +172,8 @@ void TrainerStream::ReadLoop() {
           this));
       if (cancelled_) break;
       queue_.push_back(*std::move(message));
+      // Only once queued: a message dropped by Cancel() is not skipped.
+      next_index = index + 1;
     }
     grpc::Status status = reader->Finish();
     if (!parse_error.ok()) {
@@ -125,20 +184,50 @@ void TrainerStream::ReadLoop() {
       context_ = nullptr;
       if (cancelled_) break;
     }
-    const bool transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                           status.error_code() == grpc::StatusCode::INTERNAL ||
+    if (status.ok()) break;
+    const bool unavailable = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    const bool transient = unavailable || status.error_code() == grpc::StatusCode::INTERNAL ||
                            status.error_code() == grpc::StatusCode::UNKNOWN;
-    if (status.ok() || !transient || attempts >= options_.max_resumes) {
+    if (!transient) {
       final_status = FromGrpcStatus(status);
       break;
     }
-    ++attempts;
+    const absl::Time now = absl::Now();
+    if (failures == 0) outage_start = now;
+    const absl::Duration down = now - outage_start;
+    // A server that is down or restarting gets the time budget; an
+    // INTERNAL/UNKNOWN error (or a micro-batch that does not parse) that
+    // comes back at the same index is not going away: a few tries only.
+    const bool repeated = !unavailable && failures >= kMaxRepeatedErrors;
+    const bool capped =
+        repeated || (options_.max_resumes >= 0 && failures >= options_.max_resumes);
+    if (capped || down >= options_.resume_timeout) {
+      final_status = Annotate(
+          FromGrpcStatus(status),
+          absl::StrCat("step \"", step_id_, "\" rank (dp=", rank_.dp(), ", cp=", rank_.cp(),
+                       ", tp=", rank_.tp(), ", pp=", rank_.pp(), "): gave up after ",
+                       failures + 1, " failed attempt", failures == 0 ? "" : "s", " in ",
+                       absl::FormatDuration(absl::Trunc(down, absl::Milliseconds(1))), " (",
+                       repeated  ? absl::StrCat("the same error at micro-batch ", next_index, " each time")
+                       : capped ? absl::StrCat("max_resumes ", options_.max_resumes)
+                                : absl::StrCat("resume_timeout ",
+                                             absl::FormatDuration(options_.resume_timeout)),
+                       ")"));
+      break;
+    }
+    const absl::Duration delay =
+        std::min(ResumeDelay(options_.backoff, failures, seed), options_.resume_timeout - down);
+    ++failures;
+    if (!WaitToResume(delay)) break;
     absl::MutexLock lock(&mu_);
     ++resumes_;
   }
   absl::MutexLock lock(&mu_);
   error_ = final_status;
   if (cancelled_ && error_.ok()) error_ = absl::CancelledError("trainer stream cancelled");
+  // Every micro-batch before next_index is queued or handed out, and the
+  // consumer sees this error only after the queue: it resumes at next_index.
+  error_ = WithResumeFrom(error_, next_index);
   finished_ = true;
 }
 

@@ -27,6 +27,8 @@ inline TrainerStreamOptions NetworkOptions(const DeviceStreamOptions& o) {
   t.prefetch = std::max(1, o.prefetch);
   t.all_fields = o.all_fields;
   t.start_index = o.start_index;
+  t.resume_timeout = o.resume_timeout;
+  t.max_resumes = o.max_resumes;
   t.auth_token = o.auth_token;
   return t;
 }

@@ -3,6 +3,7 @@
 #include <optional>
 #include <utility>
 
+#include "client/cpp/stream_resume.h"
 #include "client/cpp/trainer_stream.h"
 #include "client/trainer/batch_layout.h"
 #include "client/trainer/batch_source.h"
@@ -85,13 +86,23 @@ class HostSource final : public BatchSource {
 
 }  // namespace
 
-DeviceStream::DeviceStream(std::unique_ptr<BatchSource> source) : source_(std::move(source)) {}
+DeviceStream::DeviceStream(std::unique_ptr<BatchSource> source, int start_index)
+    : source_(std::move(source)), next_index_(start_index) {}
 DeviceStream::~DeviceStream() = default;
 
 bool DeviceStream::cuda_built() const { return DeviceStreamHasCuda(); }
 
 absl::StatusOr<std::shared_ptr<DeviceBatch>> DeviceStream::Next(void* consumer_stream) {
-  return source_->Next(consumer_stream);
+  absl::StatusOr<std::shared_ptr<DeviceBatch>> b = source_->Next(consumer_stream);
+  if (!b.ok()) {
+    // TrainerStream's own index stands: it is the same number whenever the
+    // paths hand out every batch before the error (they do), and it is the
+    // one the network saw.
+    if (ResumeFrom(b.status()).has_value()) return b.status();
+    return WithResumeFrom(b.status(), next_index_);
+  }
+  if (*b != nullptr) next_index_ = (*b)->meta().index() + 1;
+  return b;
 }
 
 absl::StatusOr<std::unique_ptr<DeviceStream>> DeviceStream::Open(
@@ -102,15 +113,18 @@ absl::StatusOr<std::unique_ptr<DeviceStream>> DeviceStream::Open(
   }
   if (options.device < 0) {
     return std::unique_ptr<DeviceStream>(new DeviceStream(
-        std::make_unique<HostSource>(std::move(channel), step_id, rank, options)));
+        std::make_unique<HostSource>(std::move(channel), step_id, rank, options),
+        options.start_index));
   }
 #ifdef ROLLPACK_WITH_CUDA
   absl::StatusOr<std::unique_ptr<BatchSource>> source =
       options.tp_leader_size > 1
           ? trainer_internal::OpenTpLeaderSource(std::move(channel), step_id, rank, options)
           : trainer_internal::OpenCudaSource(std::move(channel), step_id, rank, options);
-  if (!source.ok()) return source.status();
-  return std::unique_ptr<DeviceStream>(new DeviceStream(*std::move(source)));
+  // Opening failed past the options (CUDA, NCCL, the rendezvous): opening
+  // again later starts where this one would have.
+  if (!source.ok()) return WithResumeFrom(source.status(), options.start_index);
+  return std::unique_ptr<DeviceStream>(new DeviceStream(*std::move(source), options.start_index));
 #else
   return absl::FailedPreconditionError(
       "rollpack was built without CUDA (ROLLPACK_WITH_CUDA=OFF): use device -1");

@@ -53,13 +53,18 @@ class DeviceStream {
   // ended the stream. `consumer_stream` (a cudaStream_t as void*, nullptr =
   // legacy default stream) is made to wait for the batch's copies and
   // unpack; the batch's memory is released after the work queued on it.
+  // An error carries the index to resume from (ResumeFrom(),
+  // client/cpp/stream_resume.h): the first micro-batch not handed out.
   absl::StatusOr<std::shared_ptr<DeviceBatch>> Next(void* consumer_stream = nullptr);
 
   bool cuda_built() const;
 
  private:
-  explicit DeviceStream(std::unique_ptr<trainer_internal::BatchSource> source);
+  DeviceStream(std::unique_ptr<trainer_internal::BatchSource> source, int start_index);
   std::unique_ptr<trainer_internal::BatchSource> source_;
+  // The first micro-batch not handed out yet, for errors that do not say
+  // where to resume (a TP follower's, a staging failure).
+  int next_index_;
 };
 
 // Whether this build has CUDA support (ROLLPACK_WITH_CUDA).

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "absl/time/time.h"
+
 namespace rollpack {
 
 struct DeviceStreamOptions {
@@ -16,6 +18,15 @@ struct DeviceStreamOptions {
   int prefetch = 2;
   bool all_fields = false;
   int start_index = 0;
+  // How long the network side keeps resuming a broken stream (UNAVAILABLE,
+  // transport errors), from the first failure with no micro-batch received
+  // since; InfiniteDuration() = until the stream is destroyed. And an
+  // additional cap on failed attempts in a row: < 0 = none, 0 = never
+  // resume. TrainerStreamOptions has the details. Whatever ends a stream,
+  // its error carries the index to resume from (ResumeFrom(),
+  // client/cpp/stream_resume.h).
+  absl::Duration resume_timeout = absl::Seconds(60);
+  int max_resumes = -1;
   // Unpacked replay ids as int32 instead of int64.
   bool ids_int32 = false;
   // Unpack writes -1 on rows with mask 0 instead of the filler ids.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
+#include "client/cpp/stream_resume.h"
 #include "client/trainer/device_stream.h"
 #include "kernels/replay_kernels.h"
 
@@ -25,14 +26,17 @@ namespace k = rollpack::kernels;
 namespace {
 
 thread_local std::string g_error;
+thread_local int64_t g_resume_from = -1;
 
 int Fail(const absl::Status& s) {
   g_error = std::string(s.message());
+  g_resume_from = rollpack::ResumeFrom(s).value_or(-1);
   return s.ok() ? 0 : static_cast<int>(s.code());
 }
 
 int Ret(const k::KernelStatus& s) {
   g_error = s.message;
+  g_resume_from = -1;
   return static_cast<int>(s.code);
 }
 
@@ -170,11 +174,17 @@ absl::StatusOr<rollpack::DeviceStreamOptions> StreamOptions(const rpt_stream_opt
   o.tp_leader_size = in.tp_leader_size;
   if (in.rendezvous_timeout_s > 0) o.rendezvous_timeout_s = in.rendezvous_timeout_s;
   if (in.rendezvous_tag != nullptr) o.rendezvous_tag = in.rendezvous_tag;
+  // Zero (also what an older caller's shorter struct reads as) keeps
+  // DeviceStreamOptions' defaults.
+  if (in.resume_timeout_ms < 0) o.resume_timeout = absl::InfiniteDuration();
+  if (in.resume_timeout_ms > 0) o.resume_timeout = absl::Milliseconds(in.resume_timeout_ms);
+  if (in.max_resumes != 0) o.max_resumes = in.max_resumes < 0 ? 0 : in.max_resumes;
   return o;
 }
 
 [[maybe_unused]] int NoCuda() {
   g_error = "librollpack_trainer was built without CUDA";
+  g_resume_from = -1;
   return static_cast<int>(k::StatusCode::kInvalidArgument);
 }
 
@@ -200,6 +210,7 @@ extern "C" {
 
 int rpt_abi_version(void) { return RPT_ABI_VERSION; }
 const char* rpt_last_error(void) { return g_error.c_str(); }
+int64_t rpt_last_resume_from(void) { return g_resume_from; }
 int rpt_has_cuda(void) { return rollpack::DeviceStreamHasCuda() ? 1 : 0; }
 
 void rpt_close_tp_communicators(void) { rollpack::CloseTpCommunicators(); }
@@ -320,6 +331,7 @@ void* rpt_batch_dlpack(void* batch, const char* name) {
   }
   if (r == nullptr) {
     g_error = "no array named " + n;
+    g_resume_from = -1;
     return nullptr;
   }
   auto* m = new Managed();
@@ -328,6 +340,7 @@ void* rpt_batch_dlpack(void* batch, const char* name) {
   if (r->dtype != rollpack::v1::DTYPE_UNSPECIFIED && !DType(r->dtype, &dt)) {
     delete m;
     g_error = "unsupported dtype for " + n;
+    g_resume_from = -1;
     return nullptr;
   }
   m->shape = r->shape;

@@ -9,7 +9,8 @@
  * DLManagedTensor pointers.
  *
  * Every int-returning function returns 0 on success, else an absl/gRPC status
- * code, with the message in rpt_last_error() (per thread).
+ * code, with the message in rpt_last_error() (per thread) and, for a stream,
+ * the micro-batch to resume from in rpt_last_resume_from().
  */
 #ifndef ROLLPACK_CLIENT_TRAINER_TRAINER_CAPI_H_
 #define ROLLPACK_CLIENT_TRAINER_TRAINER_CAPI_H_
@@ -23,11 +24,19 @@ extern "C" {
 /* 2: rpt_connect_options, rpt_open2, rpt_client_*, rpt_report_routing_agreement.
  * 3: rpt_stream_open with rpt_stream_options replaces rpt_open (ABI 1) and
  *    rpt_open2 (ABI 2), which are gone: a caller built for an older ABI fails
- *    to find its entry point instead of passing arguments in the wrong places. */
+ *    to find its entry point instead of passing arguments in the wrong places.
+ *    Since grown, without a new version (nothing changed, only added):
+ *    rpt_stream_options.resume_timeout_ms and .max_resumes,
+ *    rpt_last_resume_from. */
 #define RPT_ABI_VERSION 3
 
 int rpt_abi_version(void);
 const char* rpt_last_error(void);
+/* The micro-batch index to resume from that the error of the last failed
+ * call on this thread carries (rpt_next, rpt_stream_open): pass it as
+ * start_index to a new stream of the same rank. -1 when that error carries
+ * none (not a stream's) or no call failed yet. */
+int64_t rpt_last_resume_from(void);
 /* 1 when built with CUDA (device >= 0 and TP-leader mode available). */
 int rpt_has_cuda(void);
 /* Aborts the NCCL communicators TP-leader mode keeps between steps of the
@@ -60,8 +69,10 @@ typedef struct rpt_connect_options {
  * Set struct_size = sizeof(rpt_stream_options). As for rpt_connect_options,
  * fields are only ever added at the end, the library reads only the first
  * struct_size bytes and counts the rest as zero, and a later field's zero
- * keeps the behaviour of the ABI before it; struct_size must cover at least
- * the fields below (ABI 3). */
+ * keeps the behaviour of the ABI before it, with one deliberate exception:
+ * resume_timeout_ms (the old behaviour, 5 immediate retries, could not ride
+ * out a restart; docs/trainer.md); struct_size must cover at least the
+ * fields below (ABI 3). */
 typedef struct rpt_stream_options {
   uint32_t struct_size;
   /* This process's rank in the step's topology. */
@@ -89,6 +100,15 @@ typedef struct rpt_stream_options {
   /* Part of the rendezvous key: a fresh one when a group opens the same
    * step again. NUL-terminated; NULL = empty. */
   const char* rendezvous_tag;
+  /* Appended after ABI 3's first release. How long a broken stream keeps
+   * resuming (exponential backoff) from its first failure with no
+   * micro-batch received since, in milliseconds: 0 = the library's default
+   * (60000: a caller built against the older header gets it too, where it
+   * had 5 immediate retries), < 0 = no limit. */
+  int32_t resume_timeout_ms;
+  /* An additional cap on failed resume attempts in a row: 0 = none (only
+   * resume_timeout_ms counts), > 0 = at most this many, < 0 = never resume. */
+  int32_t max_resumes;
 } rpt_stream_options;
 
 /* Opens one rank's stream of `step_id`. connect may be NULL (plaintext, no

@@ -10,7 +10,8 @@ Python threads.
 
 The library is $ROLLPACK_TRAINER_LIBRARY, else librollpack_trainer.so next to
 this file. A failed call raises RuntimeError(code, message); ``call`` turns
-that into the rollpack.errors class of the code.
+that into the rollpack.errors class of the code (with ``resume_from``, the
+micro-batch a failed stream resumes from, when the error names one).
 """
 
 import ctypes
@@ -43,12 +44,14 @@ class StreamOptions(ctypes.Structure):
         (n, _c.c_int32) for n in ("dp", "cp", "tp", "pp", "device", "prefetch", "all_fields",
                                   "start_index", "ids_int32", "masked_fill_minus_one",
                                   "tp_leader_size", "rendezvous_timeout_s")
-    ] + [("rendezvous_tag", _c.c_char_p)]
+    ] + [("rendezvous_tag", _c.c_char_p), ("resume_timeout_ms", _c.c_int32),
+         ("max_resumes", _c.c_int32)]
 
 
 _SIGS = {
     "rpt_abi_version": (_I, []),
     "rpt_last_error": (_c.c_char_p, []),
+    "rpt_last_resume_from": (_L, []),
     "rpt_has_cuda": (_I, []),
     "rpt_close_tp_communicators": (None, []),
     "rpt_stream_open": (_I, [_c.c_char_p, _c.POINTER(ConnectOptions), _c.c_char_p,
@@ -80,6 +83,11 @@ _SIGS = {
 }
 
 
+# Added to ABI 3 after its first release: a library built before them still
+# works, without what they give (here: RollpackError.resume_from is None).
+_OPTIONAL = {"rpt_last_resume_from"}
+
+
 def library_path():
     env = os.environ.get("ROLLPACK_TRAINER_LIBRARY")
     if env:
@@ -99,6 +107,8 @@ def _lib():
             try:
                 fn = getattr(lib, name)
             except AttributeError:
+                if name in _OPTIONAL:
+                    continue
                 raise ImportError("rollpack: %s has no %s: it is older than this package; "
                                   "rebuild the target rollpack_trainer" % (path, name)) from None
             fn.restype = res
@@ -113,7 +123,11 @@ def _lib():
 
 def _check(rc):
     if rc != 0:
-        raise RuntimeError(rc, _lib().rpt_last_error().decode(errors="replace"))
+        lib = _lib()
+        # Per thread: this failed call's (-1: none, or a library without it).
+        resume_from = lib.rpt_last_resume_from() if hasattr(lib, "rpt_last_resume_from") else -1
+        raise RuntimeError(rc, lib.rpt_last_error().decode(errors="replace"),
+                           resume_from if resume_from >= 0 else None)
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -125,10 +139,12 @@ def call(fn, what, *args):
     try:
         return fn(*args)
     except RuntimeError as e:
-        if len(e.args) == 2 and isinstance(e.args[0], int):
+        if len(e.args) in (2, 3) and isinstance(e.args[0], int):
             code = _CODES.get(e.args[0], grpc.StatusCode.UNKNOWN)
             cls = errors._BY_CODE.get(code, errors.RollpackError)
-            raise cls("%s: %s" % (what, e.args[1]), code=code, details=e.args[1]) from None
+            resume_from = e.args[2] if len(e.args) == 3 else None
+            raise cls("%s: %s" % (what, e.args[1]), code=code, details=e.args[1],
+                      resume_from=resume_from) from None
         raise
 
 
@@ -174,8 +190,10 @@ def _connect(connect):
 
 def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_index=0,
                    ids_int32=False, fill=False, tp_leader_size=0, rendezvous_timeout_s=300,
-                   rendezvous_tag=""):
-    """A StreamOptions (its tag bytes are kept alive by the structure)."""
+                   rendezvous_tag="", resume_timeout_ms=0, max_resumes=0):
+    """A StreamOptions (its tag bytes are kept alive by the structure).
+    resume_timeout_ms: 0 = the library's default (60 s), < 0 = no limit;
+    max_resumes: 0 = no cap, < 0 = never resume (trainer_capi.h)."""
     o = StreamOptions()
     o.struct_size = ctypes.sizeof(StreamOptions)
     o.dp, o.cp, o.tp, o.pp, o.device = dp, cp, tp, pp, device
@@ -183,6 +201,7 @@ def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_i
     o.ids_int32, o.masked_fill_minus_one = int(ids_int32), int(fill)
     o.tp_leader_size, o.rendezvous_timeout_s = tp_leader_size, rendezvous_timeout_s
     o.rendezvous_tag = _bytes(rendezvous_tag)
+    o.resume_timeout_ms, o.max_resumes = resume_timeout_ms, max_resumes
     return o
 
 

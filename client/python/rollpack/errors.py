@@ -11,18 +11,35 @@ shape does not fit the tokens or the model) raises :class:`PayloadError`, a
 ``ValueError``, before anything is sent.
 """
 
+from __future__ import annotations
+
+from typing import Optional
+
 import grpc
 
 
 class RollpackError(Exception):
     """An RPC to rollpackd failed. ``code`` is a ``grpc.StatusCode`` (None
-    when the failure is local), ``details`` the server's message verbatim."""
+    when the failure is local), ``details`` the server's message verbatim.
 
-    def __init__(self, message, code=None, details="", method=""):
+    ``resume_from`` (None unless a trainer stream's error): the micro-batch a
+    ``TrainerClient`` whose stream ended with this error resumes from, the
+    first one it did not hand out; pass it as ``start_index`` to a new
+    client of the same rank (same bytes). The message says it too
+    (``...; resume from micro-batch 7``)."""
+
+    code: Optional[grpc.StatusCode]
+    details: str
+    method: str
+    resume_from: Optional[int]
+
+    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None, details: str = "",
+                 method: str = "", resume_from: Optional[int] = None) -> None:
         super().__init__(message)
         self.code = code
         self.details = details
         self.method = method
+        self.resume_from = resume_from
 
 
 class InvalidArgument(RollpackError, ValueError):
@@ -47,7 +64,8 @@ class ResourceExhausted(RollpackError):
 
 
 class Unavailable(RollpackError):
-    """UNAVAILABLE after the retries ran out: the server cannot be reached."""
+    """UNAVAILABLE after the retries ran out: the server cannot be reached
+    (a TrainerClient: for ``resume_timeout`` seconds; see ``resume_from``)."""
 
 
 class DeadlineExceeded(RollpackError):
@@ -76,7 +94,7 @@ _BY_CODE = {
 }
 
 
-def from_rpc_error(err, what, attempts=1):
+def from_rpc_error(err: BaseException, what: str, attempts: int = 1) -> RollpackError:
     """Turns a grpc.RpcError (sync or aio) into the matching RollpackError."""
     code = err.code() if callable(getattr(err, "code", None)) else None
     details = err.details() if callable(getattr(err, "details", None)) else str(err)

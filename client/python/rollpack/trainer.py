@@ -127,6 +127,29 @@ def report_routing_agreement(address, step_id, rank, agreement, layers, **connec
         _capi.client_close(client)
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _resume_limits(resume_timeout, max_resumes):
+    """(resume_timeout_ms, max_resumes) as rpt_stream_options reads them."""
+    if resume_timeout is None:
+        ms = -1
+    elif resume_timeout < 0 or resume_timeout * 1000 > _INT32_MAX:
+        raise ValueError("resume_timeout is %r: seconds in [0, %d], or None for no limit"
+                         % (resume_timeout, _INT32_MAX // 1000))
+    else:
+        ms = max(1, int(round(resume_timeout * 1000)))
+    if max_resumes is None:
+        cap = 0
+    elif max_resumes < 0 or max_resumes > _INT32_MAX:
+        raise ValueError("max_resumes is %r: an int >= 0, or None for no cap" % (max_resumes,))
+    else:
+        cap = int(max_resumes) if max_resumes > 0 else -1
+    if resume_timeout is not None and resume_timeout == 0:
+        cap = -1  # 0 s: not a single resume
+    return ms, cap
+
+
 def _device_index(device):
     if device is None:
         return -1
@@ -204,6 +227,15 @@ class TrainerClient:
     or PEM bytes; any of them turns TLS on, no root certificates = the
     default roots) / ``server_name`` (TLS name override).
 
+    Restarts: a broken stream (UNAVAILABLE, transport errors) resumes at
+    the next micro-batch with exponential backoff (100 ms doubling, at most
+    5 s per wait, jittered) for up to ``resume_timeout`` seconds from its
+    first failure with no micro-batch received since (None = no limit, 0 =
+    never resume); ``max_resumes`` (None = no cap) also caps the failed
+    attempts in a row. An error that ends the stream has ``resume_from``:
+    the first micro-batch not handed out, for a new client's
+    ``start_index``.
+
     Tensors handed out stay valid while referenced; on a GPU they are
     ordered on the current CUDA stream at the time of ``next`` (use
     ``Tensor.record_stream`` before using them on another stream).
@@ -213,7 +245,7 @@ class TrainerClient:
                  start_index=0, index_dtype=torch.int64, masked_fill_minus_one=False,
                  tp_leader=False, tp_size=None, rendezvous_timeout_s=300, rendezvous_tag="",
                  token=None, tls=False, root_certificates=None, client_certificate=None,
-                 client_key=None, server_name=None):
+                 client_key=None, server_name=None, resume_timeout=60.0, max_resumes=None):
         _capi.abi_version()  # loads the library, or raises ImportError
         self._stream = 0
         self._client = 0
@@ -232,6 +264,7 @@ class TrainerClient:
                 raise ValueError("tp_leader needs tp_size (the topology's tp)")
             tp_leader_size = int(tp_size)
             _find_nccl()
+        resume_timeout_ms, max_resumes = _resume_limits(resume_timeout, max_resumes)
         dp, cp, tp, pp = _coords(rank)
         self.rank = (dp, cp, tp, pp)
         self.step_id = step_id
@@ -239,7 +272,8 @@ class TrainerClient:
             dp, cp, tp, pp, self.device_index, prefetch=int(prefetch), all_fields=all_fields,
             start_index=int(start_index), ids_int32=index_dtype == torch.int32,
             fill=masked_fill_minus_one, tp_leader_size=tp_leader_size,
-            rendezvous_timeout_s=int(rendezvous_timeout_s), rendezvous_tag=str(rendezvous_tag))
+            rendezvous_timeout_s=int(rendezvous_timeout_s), rendezvous_tag=str(rendezvous_tag),
+            resume_timeout_ms=resume_timeout_ms, max_resumes=max_resumes)
         self._stream = call(_capi.open, "open %s rank %s" % (step_id, self.rank), address,
                             step_id, options, self._connect)
 

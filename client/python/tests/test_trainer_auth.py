@@ -234,14 +234,16 @@ class Tls(unittest.TestCase):
         ack = c.report_routing_agreement(_agreement(self.trainer, next(c)))
         self.assertEqual(ack.reports, 1)
 
+    # A handshake that fails reads as UNAVAILABLE, which the client would
+    # keep resuming for resume_timeout (60 s): these ask for no resuming.
     def test_plaintext_client_fails(self):
         with self.assertRaises(errors.Unavailable):
-            self.fetch(self.d.address)
+            self.fetch(self.d.address, resume_timeout=0)
 
     def test_name_mismatch_fails(self):
         # The certificate is for rollpack-test, not 127.0.0.1.
         with self.assertRaises(errors.Unavailable):
-            self.fetch(self.d.address, root_certificates=self.certs["ca.crt"])
+            self.fetch(self.d.address, root_certificates=self.certs["ca.crt"], resume_timeout=0)
 
     def test_mutual_tls(self):
         got = self.fetch(self.mtls.address, root_certificates=self.certs["ca.crt"],
@@ -250,7 +252,7 @@ class Tls(unittest.TestCase):
         self.assertEqual(len(got), self.mtls_num_mb)
         with self.assertRaises(errors.Unavailable):
             self.fetch(self.mtls.address, root_certificates=self.certs["ca.crt"],
-                       server_name="rollpack-test")
+                       server_name="rollpack-test", resume_timeout=0)
 
 
 class StreamOpenAbi(unittest.TestCase):
