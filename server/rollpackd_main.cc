@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -17,6 +19,8 @@
 #include "absl/time/time.h"
 #include "server/cluster/cluster.h"
 #include "server/ops/keep_freed_memory.h"
+#include "server/ops/log_format.h"
+#include "server/ops/metrics/metrics_endpoint.h"
 #include "server/server.h"
 #include "server/store/sample_store.h"
 #include "spdlog/spdlog.h"
@@ -49,6 +53,13 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "127.0.0.1:PORT keeps them on loopback");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "write the bound metrics port to this file once serving (for port 0)");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warning, error or off: control calls are logged at info, "
+          "refusals at warning (rate-limited), data calls and health checks at debug");
+ABSL_FLAG(std::string, log_format, "text",
+          "text, or json: one JSON object per line (time, level, thread, msg)");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "file of `user:password` lines: GET /metrics needs HTTP basic auth; empty = none");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -110,6 +121,12 @@ int main(int argc, char** argv) {
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (absl::Status logging = rollpack::ConfigureLogging(absl::GetFlag(FLAGS_log_level),
+                                                        absl::GetFlag(FLAGS_log_format));
+      !logging.ok()) {
+    std::fprintf(stderr, "rollpackd: %s\n", std::string(logging.message()).c_str());
+    return 2;
+  }
 
   // Block the stop signals in every thread (gRPC's inherit the mask) and
   // wait for them synchronously: no work in a signal handler.
@@ -143,6 +160,21 @@ int main(int argc, char** argv) {
   options.fsync_batch_interval = absl::Milliseconds(absl::GetFlag(FLAGS_fsync_batch_ms));
   options.compact_min_dead_bytes = absl::GetFlag(FLAGS_compact_min_dead_bytes);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (const std::string users = absl::GetFlag(FLAGS_metrics_basic_auth_file); !users.empty()) {
+    if (options.metrics_listen.empty()) {
+      spdlog::error("rollpackd: --metrics-basic-auth-file needs --metrics-listen (there is no "
+                    "metrics endpoint to protect)");
+      return 2;
+    }
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> basic_auth =
+        rollpack::metrics::ReadBasicAuthFile(users);
+    if (!basic_auth.ok()) {
+      spdlog::error("rollpackd: --metrics-basic-auth-file: {}",
+                    std::string(basic_auth.status().message()));
+      return 2;
+    }
+    options.metrics_basic_auth = *std::move(basic_auth);
+  }
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -226,8 +258,21 @@ int main(int argc, char** argv) {
                (*server)->store().Stats().max_memory_bytes);
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  spdlog::info("rollpackd: signal {}, shutting down", signal_number);
+  spdlog::info("rollpackd: signal {} ({}), shutting down; a second signal exits at once",
+               signal_number, strsignal(signal_number));
+  // An operator who does not want to wait out the grace period sends the
+  // signal again (a second Ctrl-C): exit without finishing the streams.
+  // Durable state is safe: every acknowledged write is already in the log.
+  std::thread([stop_signals] {
+    int second = 0;
+    sigwait(&stop_signals, &second);
+    spdlog::warn("rollpackd: signal {} again: exiting now, streams in flight are cut", second);
+    spdlog::default_logger()->flush();
+    std::_Exit(128 + second);
+  }).detach();
+  const absl::Time start = absl::Now();
   (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
-  spdlog::info("rollpackd: stopped");
+  spdlog::info("rollpackd: stopped in {}",
+               absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))));
   return 0;
 }

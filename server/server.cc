@@ -33,8 +33,9 @@
 #include "server/delivery/trainer_service.h"
 #include "server/ingest/rollouts_service.h"
 #include "server/ops/auth.h"
-#include "server/ops/metrics/http_exporter.h"
-#include "server/ops/metrics/registry.h"
+#include "server/ops/call_log.h"
+#include "server/ops/metrics/metrics_endpoint.h"
+#include "server/ops/metrics/scrape_registry.h"
 #include "server/ops/server_metrics.h"
 #include "server/store/log_replay.h"
 #include "server/store/sample_store.h"
@@ -171,7 +172,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     server->log_ = std::move(log);
     server->store_->AttachLog(server->log_.get());
   }
-  server->registry_ = std::make_unique<metrics::Registry>();
+  server->registry_ = std::make_shared<metrics::ScrapeRegistry>();
   server->metrics_ = std::make_unique<ServerMetrics>(server->registry_.get(), server->store_.get());
   if (server->log_ != nullptr) {
     server->registry_
@@ -238,6 +239,8 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   builder.AddListeningPort(options.listen, credentials, &port);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(server->metrics_->InterceptorFactory());
+  server->call_log_ = std::make_unique<CallLog>(server->auth_.get());
+  interceptors.push_back(server->call_log_->InterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
@@ -340,8 +343,11 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
         });
   }
   if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<metrics::HttpExporter>> exporter =
-        metrics::HttpExporter::Start(options.metrics_listen, server->registry_.get());
+    metrics::MetricsEndpointOptions endpoint;
+    endpoint.listen = options.metrics_listen;
+    endpoint.basic_auth = options.metrics_basic_auth;
+    absl::StatusOr<std::unique_ptr<metrics::MetricsEndpoint>> exporter =
+        metrics::MetricsEndpoint::Start(endpoint, server->registry_);
     if (!exporter.ok()) {
       server->Shutdown(absl::ZeroDuration());
       return exporter.status();
@@ -415,17 +421,30 @@ std::string RollpackServer::address() const { return absl::StrCat(host_, ":", po
 void RollpackServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
+  const absl::Time start = absl::Now();
   group_expiry_.reset();
   step_expiry_.reset();
   server_->GetHealthCheckService()->Shutdown();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  const int streams = trainer_ != nullptr ? trainer_->active_streams() : 0;
+  if (grace > absl::ZeroDuration()) {
+    spdlog::info("rollpackd: shutting down: health NOT_SERVING, no new calls; {} trainer "
+                 "stream(s) in flight get up to {}",
+                 streams, absl::FormatDuration(grace));
+  }
+  server_->Shutdown(absl::ToChronoTime(start + grace));
   server_->Wait();
-  if (exporter_ != nullptr) exporter_->Stop();
+  if (grace > absl::ZeroDuration()) {
+    const absl::Duration took = absl::Now() - start;
+    spdlog::info("rollpackd: calls ended in {}{}", absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))),
+                 took >= grace ? " (the grace period ran out: what was left was cancelled)" : "");
+  }
+  exporter_.reset();
   if (cluster_ != nullptr) {
     joined_cluster_.store(nullptr);
     rollouts_->AttachCluster(nullptr);
     cluster_steps_->Detach();
     cluster_.reset();
+    if (grace > absl::ZeroDuration()) spdlog::info("rollpackd: left the cluster");
   }
 }
 

@@ -26,6 +26,7 @@ namespace rollpack {
 // The services and parts the server owns; their headers stay out of every
 // tool that only starts a server.
 class Authorizer;
+class CallLog;
 class Cluster;
 class ClusterSteps;
 class MemberService;
@@ -40,8 +41,8 @@ class ServerMetrics;
 class TelemetryService;
 class TrainerService;
 namespace metrics {
-class HttpExporter;
-class Registry;
+class MetricsEndpoint;
+class ScrapeRegistry;
 }  // namespace metrics
 
 struct ServerOptions {
@@ -67,6 +68,8 @@ struct ServerOptions {
   // --- Operations (docs/operations.md) ---
   // host:port of the Prometheus endpoint (GET /metrics); empty = off.
   std::string metrics_listen;
+  // HTTP basic auth on /metrics: user -> password; empty = none.
+  std::vector<std::pair<std::string, std::string>> metrics_basic_auth;
   // TLS on the gRPC port: PEM certificate chain and private key files. With
   // tls_client_ca too, clients must present a certificate signed by it
   // (mutual TLS). All empty = plaintext.
@@ -128,7 +131,7 @@ class RollpackServer {
   const RecoveryInfo& recovery() const { return recovery_; }
   // Port of the metrics endpoint, 0 when off.
   int metrics_port() const;
-  metrics::Registry& metrics_registry() { return *registry_; }
+  metrics::ScrapeRegistry& metrics_registry() { return *registry_; }
   // Null unless cluster mode.
   Cluster* cluster() { return cluster_.get(); }
   ClusterSteps* cluster_steps() { return cluster_steps_; }
@@ -147,10 +150,12 @@ class RollpackServer {
   std::unique_ptr<DurableLog> log_;
   RecoveryInfo recovery_;
   std::unique_ptr<SampleStore> store_;
-  std::unique_ptr<metrics::Registry> registry_;
+  std::shared_ptr<metrics::ScrapeRegistry> registry_;
   std::unique_ptr<ServerMetrics> metrics_;
-  std::unique_ptr<metrics::HttpExporter> exporter_;
+  std::unique_ptr<metrics::MetricsEndpoint> exporter_;
   std::unique_ptr<Authorizer> auth_;
+  // After auth_: its interceptors name the caller's role through it.
+  std::unique_ptr<CallLog> call_log_;
   std::unique_ptr<RolloutsService> rollouts_;
   // Where steps live: the store's own, or the cluster's (then cluster_steps_
   // too, and the Member service other members call).

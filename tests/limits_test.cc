@@ -25,7 +25,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "server/ops/auth.h"
-#include "server/ops/metrics/registry.h"
+#include "server/ops/metrics/scrape_registry.h"
 #include "server/server.h"
 #include "testing/exposition.h"
 #include "testing/ops_fixtures.h"
@@ -130,7 +130,7 @@ TEST(PoolMemoryTest, OnePoolCannotTakeTheWholeStore) {
   EXPECT_THAT(over.status().message(), HasSubstr("--max-pool-memory"));
   // Another pool still has its own room.
   EXPECT_TRUE(client.PutSamples("b", absl::MakeSpan(samples).subspan(0, 4)).ok());
-  const std::string text = (*server)->metrics_registry().Serialize();
+  const std::string text = (*server)->metrics_registry().SerializeText();
   EXPECT_THAT(text, HasSubstr("rollpack_pool_max_bytes " + std::to_string(four) + "\n"));
   EXPECT_THAT(text, HasSubstr(
       "rollpack_put_refusals_total{pool=\"a\",reason=\"resource_exhausted\"} 1\n"));
@@ -186,7 +186,7 @@ TEST(StreamLimitTest, RefusesStreamsPastTheLimitAndRecovers) {
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   EXPECT_TRUE(s.ok()) << s.error_message();
-  EXPECT_THAT((*server)->metrics_registry().Serialize(),
+  EXPECT_THAT((*server)->metrics_registry().SerializeText(),
               HasSubstr("rollpack_streams_refused_total "));
   (*server)->Shutdown(absl::Seconds(1));
 }

@@ -27,7 +27,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "server/ops/auth.h"
-#include "server/ops/metrics/registry.h"
+#include "server/ops/metrics/scrape_registry.h"
 #include "server/server.h"
 #include "testing/exposition.h"
 #include "testing/ops_fixtures.h"
@@ -61,7 +61,7 @@ class MetricsTest : public ::testing::Test {
     EXPECT_TRUE(res) << "GET /metrics failed";
     if (!res) return {};
     EXPECT_EQ(res->status, 200);
-    EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+    EXPECT_THAT(res->get_header_value("Content-Type"), ::testing::StartsWith("text/plain"));
     return ParseExposition(res->body);
   }
 

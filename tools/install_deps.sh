@@ -6,10 +6,13 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libspdlog-dev libcpp-httplib-dev
+  libabsl-dev libspdlog-dev libcpp-httplib-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-dev python3-grpcio python3-protobuf python3-numpy
 )
+# The Python package is tested as installed (issue 17): a venv over Debian's
+# python3 and `pip install --no-build-isolation --no-index ./client/python`.
+packages+=(python3-venv python3-pip python3-setuptools python3-wheel)
 if [[ "${ROLLPACK_WITH_TORCH:-1}" == 1 ]]; then
   packages+=(python3-torch)
 fi

@@ -86,7 +86,7 @@ absl::Status ValidateRoutingAgreementReport(const Step& step,
   return absl::OkStatus();
 }
 
-RoutingAgreementBook::RoutingAgreementBook(metrics::Registry* registry)
+RoutingAgreementBook::RoutingAgreementBook(metrics::ScrapeRegistry* registry)
     : rows_compared_(registry->AddCounter(
           "rollpack_routing_rows_compared_total",
           "Router rows whose live top-K was compared with the replayed experts, reported by "

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "rollpack/v1/telemetry.pb.h"
-#include "server/ops/metrics/registry.h"
+#include "server/ops/metrics/scrape_registry.h"
 #include "server/store/step.h"
 
 namespace rollpack {
@@ -36,7 +36,7 @@ class RoutingAgreementBook {
  public:
   // Registers the rollpack_routing_* families in `registry`, which must
   // outlive this object.
-  explicit RoutingAgreementBook(metrics::Registry* registry);
+  explicit RoutingAgreementBook(metrics::ScrapeRegistry* registry);
 
   // Validates (ValidateRoutingAgreementReport), adds the counts and returns
   // the step's totals so far. `step` must not be null.

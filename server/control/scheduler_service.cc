@@ -4,8 +4,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "server/ops/call_log.h"
 #include "server/store/convert.h"
 #include "server/store/names.h"
 
@@ -57,6 +59,16 @@ grpc::ServerUnaryReactor* SchedulerService::CreateStep(grpc::CallbackServerConte
     *response = StepInfoToProto(**step);
     if (metrics_ != nullptr) metrics_->OnStepCreated(**step);
     if (activity_ != nullptr) activity_->StepCreated((*step)->step_id, absl::Now());
+    const Step& s = **step;
+    const PlanStats& p = s.plan.stats;
+    AnnotateCall(context,
+                 absl::StrFormat("step \"%s\" in pool \"%s\": %d samples, dp%d cp%d tp%d pp%d, %d "
+                                 "micro-batches per rank, imbalance %.3f, sync %.3f, padding "
+                                 "%.1f%%, %d tokens, planned in %.1f ms",
+                                 s.step_id, s.pool, s.sample_ids.size(), s.topology.dp,
+                                 s.topology.cp, s.topology.tp, s.topology.pp, p.num_microbatches,
+                                 p.rank_imbalance, p.sync, 100 * p.padding_overhead, p.num_tokens,
+                                 p.plan_ms));
   }
   reactor->Finish(ToGrpcStatus(step.status()));
   return reactor;

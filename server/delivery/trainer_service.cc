@@ -1,6 +1,7 @@
 #include "server/delivery/trainer_service.h"
 
 #include <memory>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/wire/byte_buffer.h"
 #include "server/delivery/microbatch_encoder.h"
+#include "server/ops/call_log.h"
 #include "server/store/convert.h"
 
 namespace rollpack {
@@ -25,10 +27,12 @@ constexpr absl::Duration kMaxPrefetchHold = absl::Milliseconds(100);
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // `active` was already incremented for this stream; OnDone decrements it.
-  FetchReactor(const v1::FetchRequest& request, ServerMetrics* metrics,
-               std::atomic<int>* active, FirstDeliveryGate* gate /* null: no priority */,
-               int64_t id, StepActivity* activity /* null: not recorded */)
+  FetchReactor(const v1::FetchRequest& request, const grpc::CallbackServerContext* context,
+               ServerMetrics* metrics, std::atomic<int>* active,
+               FirstDeliveryGate* gate /* null: no priority */, int64_t id,
+               StepActivity* activity /* null: not recorded */)
       : request_(request),
+        context_(context),
         activity_(activity),
         // Counted before the step is looked up: a step being fetched is
         // never idle (--step-ttl).
@@ -49,12 +53,12 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // bound to its call).
   void Begin(absl::StatusOr<RankStep> step) {
     if (!step.ok()) {
-      Finish(ToGrpcStatus(step.status()));
+      End(ToGrpcStatus(step.status()));
       return;
     }
     const int num = step->step->layout.num_microbatches();
     if (request_.start_index() < 0 || request_.start_index() > num) {
-      Finish(ToGrpcStatus(absl::OutOfRangeError(
+      End(ToGrpcStatus(absl::OutOfRangeError(
           absl::StrCat("start_index ", request_.start_index(), " is outside [0, ", num,
                        "] for step \"", request_.step_id(), "\""))));
       return;
@@ -77,9 +81,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnWriteDone(bool ok) override {
     EndFirstWrite();
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
       return;
     }
+    sent_bytes_ += written_bytes_;
+    ++delivered_;
     if (metrics_ != nullptr) metrics_->OnMicrobatchSent(static_cast<int64_t>(written_bytes_));
     if (next_ < step_->layout.num_microbatches() && !MayPrefetch()) return;
     WriteNext();
@@ -89,7 +95,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // and fails instead): end the stream unless a resume got there first.
   void OnCancel() override {
     if (gate_ != nullptr && gate_->Withdraw(id_)) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
     }
   }
 
@@ -154,16 +160,31 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     return false;
   }
 
+  // Every end of the stream: its log line says what it carried (written to
+  // the transport; what the trainer received is its own to say).
+  void End(const grpc::Status& status) {
+    const int first = request_.start_index();
+    const int written_end = first + delivered_;
+    std::string note = absl::StrCat("step \"", request_.step_id(), "\" rank dp", coords_.dp, " cp",
+                                    coords_.cp, " tp", coords_.tp, " pp", coords_.pp);
+    if (step_ != nullptr) {
+      absl::StrAppend(&note, ": micro-batches [", first, ", ", written_end, ") of ",
+                      step_->layout.num_microbatches(), " written, ", sent_bytes_, " bytes");
+    }
+    AnnotateCall(context_, std::move(note));
+    Finish(status);
+  }
+
   void WriteNext() {
     if (next_ >= step_->layout.num_microbatches()) {
-      Finish(grpc::Status::OK);
+      End(grpc::Status::OK);
       return;
     }
     absl::Status s = encoder_.Prepare(
         *step_, {coords_, next_, all_fields_},
         samples_ != nullptr ? absl::MakeConstSpan(*samples_) : absl::MakeConstSpan(step_->samples));
     if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
+      End(ToGrpcStatus(s));
       return;
     }
     // The slice is gRPC's from here on: it is freed when the transport is
@@ -176,7 +197,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     s = encoder_.Encode(absl::MakeSpan(
         reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin())), written_bytes_));
     if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
+      End(ToGrpcStatus(s));
       return;
     }
     ++next_;
@@ -185,6 +206,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   const v1::FetchRequest request_;
+  const grpc::CallbackServerContext* const context_;
   StepActivity* const activity_;
   const uint64_t activity_token_;
   // Set by Begin, before the first write.
@@ -204,6 +226,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   const std::shared_ptr<Hold> hold_;
   std::unique_ptr<grpc::Alarm> hold_timer_;
   size_t written_bytes_ = 0;
+  // Of the writes that completed.
+  int delivered_ = 0;
+  int64_t sent_bytes_ = 0;
   MicrobatchEncoder encoder_;
   grpc::ByteBuffer buffer_;
 };
@@ -246,7 +271,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
         kMaxQueuedLookups, " FetchMicrobatches streams wait for their samples from other "
         "members; retry later")));
   }
-  auto* reactor = new FetchReactor(parsed, metrics_, &active_streams_,
+  auto* reactor = new FetchReactor(parsed, context, metrics_, &active_streams_,
                                    options_.first_microbatch_priority ? &first_delivery_ : nullptr,
                                    next_stream_id_.fetch_add(1), activity_);
   const RankCoords coords{parsed.rank().dp(), parsed.rank().cp(), parsed.rank().tp(),

@@ -135,6 +135,20 @@ grpc::Status Authorizer::Check(const grpc::ServerContextBase& context,
   return CheckHeader(header, method);
 }
 
+std::string Authorizer::RoleOf(const std::string& authorization) const {
+  if (!enabled()) return "";
+  absl::string_view value = authorization;
+  if (!absl::ConsumePrefix(&value, "Bearer ") && !absl::ConsumePrefix(&value, "bearer ")) {
+    return "no token";
+  }
+  const std::string token(absl::StripAsciiWhitespace(value));
+  const Entry* match = nullptr;
+  for (const Entry& e : tokens_) {
+    if (ConstantTimeEquals(e.token, token) && match == nullptr) match = &e;
+  }
+  return match != nullptr ? RoleName(match->role) : "unknown token";
+}
+
 grpc::Status Authorizer::CheckHeader(const std::string& authorization,
                                      const std::string& method) const {
   if (!enabled()) return grpc::Status::OK;

@@ -14,9 +14,9 @@ using metrics::Histogram;
 
 // 100 us .. ~52 s: unary calls are sub-millisecond, a trainer stream of a
 // large step lasts seconds.
-Histogram::BucketBoundaries RpcBuckets() { return Histogram::ExponentialBuckets(1e-4, 2.0, 20); }
+Histogram::BucketBoundaries RpcBuckets() { return metrics::ExponentialBuckets(1e-4, 2.0, 20); }
 // 100 us .. ~6.5 s for planning.
-Histogram::BucketBoundaries PlanBuckets() { return Histogram::ExponentialBuckets(1e-4, 2.0, 17); }
+Histogram::BucketBoundaries PlanBuckets() { return metrics::ExponentialBuckets(1e-4, 2.0, 17); }
 
 class MetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
@@ -87,7 +87,7 @@ const char* StatusCodeName(int code) {
   return kNames[code];
 }
 
-ServerMetrics::ServerMetrics(metrics::Registry* registry, SampleStore* store)
+ServerMetrics::ServerMetrics(metrics::ScrapeRegistry* registry, SampleStore* store)
     : registry_(registry),
       store_(store),
       samples_ingested_(registry->AddCounter(

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/support/server_interceptor.h"
-#include "server/ops/metrics/registry.h"
+#include "server/ops/metrics/scrape_registry.h"
 #include "server/store/sample_store.h"
 #include "server/store/step.h"
 
@@ -19,9 +19,9 @@ class ServerMetrics {
  public:
   // Registers every family in `registry` and a scrape-time callback reading
   // `store` (both must outlive this object's registry use).
-  ServerMetrics(metrics::Registry* registry, SampleStore* store);
+  ServerMetrics(metrics::ScrapeRegistry* registry, SampleStore* store);
 
-  metrics::Registry& registry() { return *registry_; }
+  metrics::ScrapeRegistry& registry() { return *registry_; }
 
   // Ingest: samples newly stored (duplicates counted apart) and their bytes.
   void OnPut(const std::string& pool, int64_t accepted, int64_t duplicates, int64_t bytes);
@@ -44,7 +44,7 @@ class ServerMetrics {
  private:
   void Collect();
 
-  metrics::Registry* const registry_;
+  metrics::ScrapeRegistry* const registry_;
   SampleStore* const store_;
 
   metrics::Family<metrics::Counter>& samples_ingested_;

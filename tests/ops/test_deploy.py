@@ -231,10 +231,17 @@ class DeployTest(unittest.TestCase):
         with open(os.path.join(DEPLOY, "grafana", "rollpack-dashboard.json")) as f:
             dash = json.load(f)
         exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+        # Every graph says what its lines are.
+        for p in dash["panels"]:
+            if p["type"] == "row":
+                continue
+            self.assertTrue(p["options"]["legend"].get("showLegend"), p["title"])
+            for t in p["targets"]:
+                self.assertTrue(t.get("legendFormat"), (p["title"], t["expr"]))
         self.assertGreater(len(exprs), 20)
         used = set()
         for e in exprs:
-            used |= set(re.findall(r"\b(rollpack_[a-z_]+?)(?:_bucket|_sum|_count)?\b(?=[{\[ )]|$)", e))
+            used |= set(re.findall(r"\b((?:rollpack|exposer)_[a-z_]+?)(?:_bucket|_sum|_count)?\b(?=[{\[ )]|$)", e))
         # What a live rollpackd exports (families from # TYPE lines).
         with harness.tempdir() as d, harness.Rollpackd(d) as rp:
             text = rp.scrape()

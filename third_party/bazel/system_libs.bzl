@@ -29,6 +29,9 @@ _LIBS = {
     "absl_flags_usage": (["absl_flags_usage"], []),
     "spdlog": (["spdlog"], []),
     "cpp_httplib": (["cpp-httplib"], []),
+    # prometheus-cpp's pull exposer and the civetweb it runs on (its C++
+    # wrapper's CivetCallbacks is used directly).
+    "prometheus_cpp": (["prometheus-cpp-pull", "prometheus-cpp-core"], ["-lcivetweb-cpp", "-lcivetweb"]),
     "gtest": (["gtest"], []),
     "gtest_main": (["gtest_main"], []),
     "gmock": (["gmock"], []),
