@@ -31,11 +31,19 @@ struct PreparedMessage {
   std::optional<v1::PutSamplesRequest> unvalidated;
 };
 
-absl::Status ValidateAll(v1::PutSamplesRequest* request, const ModelSpec& model,
-                         std::vector<StoredSample>* out) {
+// Validates against the pool's model and declared token fields.
+absl::Status ValidateAll(SampleStore* store, const std::string& pool,
+                         v1::PutSamplesRequest* request, std::vector<StoredSample>* out) {
+  ASSIGN_OR_RETURN(ModelSpec model, store->GetOrAdoptModel(pool));
+  ASSIGN_OR_RETURN(PoolOptions options, store->GetOptions(pool));
   out->reserve(request->samples_size());
+  // Conversions into declared dtypes may at most double what the message
+  // holds: its size is what --max-message-bytes and the in-flight bound count.
+  int64_t growth_budget =
+      options.token_fields.empty() ? 0 : static_cast<int64_t>(request->ByteSizeLong());
   for (v1::Sample& sample : *request->mutable_samples()) {
-    ASSIGN_OR_RETURN(StoredSample stored, ValidateAndTakeSample(&sample, model));
+    ASSIGN_OR_RETURN(StoredSample stored,
+                     ValidateAndTakeSample(&sample, model, options.token_fields, &growth_budget));
     out->push_back(std::move(stored));
   }
   return absl::OkStatus();
@@ -116,9 +124,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
       return message;
     }
     message.pool = request.pool();
-    absl::StatusOr<ModelSpec> model = store_->GetOrAdoptModel(message.pool);
-    message.status =
-        model.ok() ? ValidateAll(&request, *model, &message.samples) : model.status();
+    message.status = ValidateAll(store_, message.pool, &request, &message.samples);
     return message;
   }
 
@@ -192,8 +198,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     if (!message.status.ok()) return message.status;
     if (message.unvalidated.has_value()) {
       if (pool.empty()) return absl::InvalidArgumentError("PutSamplesRequest.pool is empty");
-      ASSIGN_OR_RETURN(ModelSpec model, store_->GetOrAdoptModel(pool));
-      RETURN_IF_ERROR(ValidateAll(&*message.unvalidated, model, &message.samples));
+      RETURN_IF_ERROR(ValidateAll(store_, pool, &*message.unvalidated, &message.samples));
     }
     ASSIGN_OR_RETURN(PutResult result, store_->Put(pool, std::move(message.samples)));
     if (metrics_ != nullptr) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/ingest/expert_id_check.h"
+#include "server/ingest/token_field_conversion.h"
 #include "server/store/names.h"
 #include "server/store/ndarray.h"
 
@@ -59,7 +60,7 @@ std::optional<std::pair<int64_t, std::string>> FirstNonFinite(v1::DType dtype,
 // The durable log's codec keeps at most 16 dimensions after n; a field it
 // could not replay must not be acknowledged (found by
 // fuzz/sample_validation_fuzzer).
-constexpr int kMaxTokenFieldRank = 17;
+constexpr int kMaxTokenFieldRank = 1 + kMaxTokenFieldTrailingDims;
 
 struct ExpertsInput {
   ArrayView view;
@@ -74,8 +75,11 @@ class SampleValidator {
  public:
   // `owned` is null or `&sample`: a request the caller discards afterwards,
   // whose payload bytes may then be moved into the result.
-  SampleValidator(const v1::Sample& sample, const ModelSpec& model, v1::Sample* owned)
-      : sample_(sample), owned_(owned), model_(model),
+  SampleValidator(const v1::Sample& sample, const ModelSpec& model,
+                  absl::Span<const DeclaredTokenField> declared, int64_t* growth_budget,
+                  v1::Sample* owned)
+      : sample_(sample), owned_(owned), model_(model), declared_(declared),
+        growth_budget_(growth_budget),
         who_(absl::StrCat("sample \"", sample.sample_id(), "\": ")) {}
 
   absl::StatusOr<StoredSample> Run() {
@@ -424,6 +428,10 @@ class SampleValidator {
       const v1::NDArray& array = *array_ptr;
       const std::string what = absl::StrCat(who_, "token_fields[\"", name, "\"]");
       if (name.empty()) return Invalid("token_fields has an empty name");
+      if (absl::Status bad = ValidateName("token field name", name, kMaxTokenFieldNameBytes);
+          !bad.ok()) {
+        return Invalid(bad.message());
+      }
       ASSIGN_OR_RETURN(ArrayView view, ViewArray(array, what));
       if (view.rank() < 1 || view.dim(0) != n_) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -435,23 +443,45 @@ class SampleValidator {
             what, " has rank ", view.rank(), ", at most ", kMaxTokenFieldRank,
             " (n and 16 more dimensions)"));
       }
+      const int64_t per_token = n_ > 0 ? view.num_elements() / n_ : 1;
+      StoredField field;
+      field.dtype = view.dtype;
+      field.trailing_shape.assign(view.shape.begin() + 1, view.shape.end());
+      const auto declared = std::find_if(declared_.begin(), declared_.end(),
+                                         [&](const DeclaredTokenField& f) { return f.name == name; });
+      if (declared != declared_.end() && declared->dtype != view.dtype) {
+        // A widening conversion makes bytes the message's size limits never
+        // counted: bounded per message, before the allocation.
+        const int64_t growth = view.num_elements() * (DTypeSize(declared->dtype) - DTypeSize(view.dtype));
+        if (growth_budget_ != nullptr && growth > 0) {
+          if (growth > *growth_budget_) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                what, " is ", DTypeName(view.dtype), ": converting it to the pool's ",
+                DTypeName(declared->dtype), " adds ", growth, " bytes, past what this message's "
+                "conversions may add (", *growth_budget_, " bytes left of as many as the message "
+                "has); send the declared dtype or smaller messages"));
+          }
+          *growth_budget_ -= growth;
+        }
+        ASSIGN_OR_RETURN(field.data, ConvertTokenField(view, *declared, what, per_token));
+        field.dtype = declared->dtype;
+      } else if (view.dtype == v1::FLOAT64) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " is float64, which a pool takes only into a field it declares float32 with "
+            "allow_narrowing (PoolOptions.token_fields; docs/producer.md#token-field-schema)"));
+      } else if (owned_ != nullptr) {
+        field.data = std::move(*owned_->mutable_token_fields()->at(name).mutable_data());
+      } else {
+        field.data.assign(view.data.data(), view.data.size());
+      }
       if (std::find(model_.finite_token_fields.begin(), model_.finite_token_fields.end(), name) !=
           model_.finite_token_fields.end()) {
-        if (auto bad = FirstNonFinite(view.dtype, view.data); bad.has_value()) {
-          const int64_t per_token = n_ > 0 ? view.num_elements() / n_ : 1;
+        if (auto bad = FirstNonFinite(field.dtype, field.data); bad.has_value()) {
           return absl::InvalidArgumentError(absl::StrCat(
               what, " is ", bad->second, " at token ", bad->first / std::max<int64_t>(per_token, 1),
               " (element ", bad->first, "); the pool requires finite values in this field "
               "(ModelSpec.finite_token_fields)"));
         }
-      }
-      StoredField field;
-      field.dtype = view.dtype;
-      field.trailing_shape.assign(view.shape.begin() + 1, view.shape.end());
-      if (owned_ != nullptr) {
-        field.data = std::move(*owned_->mutable_token_fields()->at(name).mutable_data());
-      } else {
-        field.data.assign(view.data.data(), view.data.size());
       }
       out.token_fields.emplace(name, std::move(field));
     }
@@ -461,6 +491,8 @@ class SampleValidator {
   const v1::Sample& sample_;
   v1::Sample* const owned_;
   const ModelSpec& model_;
+  const absl::Span<const DeclaredTokenField> declared_;
+  int64_t* const growth_budget_;
   const std::string who_;
   bool out_piece() const { return sample_.partial() || sample_.piece() != 0; }
   // A piece after the first: it may carry no tokens and no rows.
@@ -475,13 +507,16 @@ class SampleValidator {
 
 }  // namespace
 
-absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample,
-                                            const ModelSpec& model) {
-  return SampleValidator(sample, model, nullptr).Run();
+absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample, const ModelSpec& model,
+                                            absl::Span<const DeclaredTokenField> declared,
+                                            int64_t* growth_budget) {
+  return SampleValidator(sample, model, declared, growth_budget, nullptr).Run();
 }
 
-absl::StatusOr<StoredSample> ValidateAndTakeSample(v1::Sample* sample, const ModelSpec& model) {
-  return SampleValidator(*sample, model, sample).Run();
+absl::StatusOr<StoredSample> ValidateAndTakeSample(v1::Sample* sample, const ModelSpec& model,
+                                                   absl::Span<const DeclaredTokenField> declared,
+                                                   int64_t* growth_budget) {
+  return SampleValidator(*sample, model, declared, growth_budget, sample).Run();
 }
 
 }  // namespace rollpack

@@ -5,8 +5,10 @@
 #define ROLLPACK_SERVER_INGEST_SAMPLE_VALIDATION_H_
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "scheduler/model_spec.h"
+#include "server/store/pool_options.h"
 #include "server/store/stored_sample.h"
 
 namespace rollpack {
@@ -18,13 +20,22 @@ namespace rollpack {
 // ids, missing rows, duplicate ids, all-zero MoE layers, and token fields'
 // first dimension. Consistency of token fields across a pool is the store's
 // job (it knows the pool).
-absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample,
-                                            const ModelSpec& model);
+//
+// `declared`: the pool's declared token fields (PoolOptions.token_fields);
+// a field sent in another dtype is converted into the declared one where
+// token_field_conversion.h allows it. `growth_budget` (null: no bound) is
+// the bytes widening conversions may still add; each one takes its share,
+// and one past it is INVALID_ARGUMENT.
+absl::StatusOr<StoredSample> ValidateSample(const v1::Sample& sample, const ModelSpec& model,
+                                            absl::Span<const DeclaredTokenField> declared = {},
+                                            int64_t* growth_budget = nullptr);
 
 // The same checks and result, but payload bytes that need no conversion are
 // moved out of `*sample` instead of copied (ingest's path: the request is
 // discarded afterwards). On error `*sample` may have lost payload bytes.
-absl::StatusOr<StoredSample> ValidateAndTakeSample(v1::Sample* sample, const ModelSpec& model);
+absl::StatusOr<StoredSample> ValidateAndTakeSample(
+    v1::Sample* sample, const ModelSpec& model,
+    absl::Span<const DeclaredTokenField> declared = {}, int64_t* growth_budget = nullptr);
 
 }  // namespace rollpack
 

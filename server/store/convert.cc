@@ -1,7 +1,11 @@
 #include "server/store/convert.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "server/store/names.h"
+#include "server/store/ndarray.h"
 
 namespace rollpack {
 
@@ -199,6 +203,44 @@ absl::StatusOr<PoolOptions> FromProto(const v1::PoolOptions& options) {
   out.drop_stale = options.drop_stale();
   out.max_uses = options.max_uses();
   out.incomplete_group_timeout_ms = options.incomplete_group_timeout_ms();
+  for (const v1::TokenFieldSchema& field : options.token_fields()) {
+    const std::string what = absl::StrCat("options.token_fields[\"", field.name(), "\"]");
+    if (field.name().empty()) {
+      return absl::InvalidArgumentError("options.token_fields has an entry without a name");
+    }
+    RETURN_IF_ERROR(
+        ValidateName("options.token_fields name", field.name(), kMaxTokenFieldNameBytes));
+    if (out.FindTokenField(field.name()) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is declared twice"));
+    }
+    if (field.dtype() == v1::FLOAT64 || DTypeSize(field.dtype()) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ".dtype is ", DTypeName(field.dtype()),
+          "; a pool stores uint8, uint16, int16, int32, int64, float16, bfloat16 or float32"));
+    }
+    if (field.allow_narrowing() && field.dtype() != v1::FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ".allow_narrowing is for float32 fields (float64 input), this one is ",
+          DTypeName(field.dtype())));
+    }
+    if (field.trailing_shape_size() > kMaxTokenFieldTrailingDims) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".trailing_shape has ",
+                                                     field.trailing_shape_size(), " dimensions, at most ",
+                                                     kMaxTokenFieldTrailingDims));
+    }
+    for (int64_t d : field.trailing_shape()) {
+      if (d < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ".trailing_shape has dimension ", d, ", must be >= 1"));
+      }
+    }
+    out.token_fields.push_back(DeclaredTokenField{
+        field.name(), field.dtype(),
+        std::vector<int64_t>(field.trailing_shape().begin(), field.trailing_shape().end()),
+        field.allow_narrowing()});
+  }
+  std::sort(out.token_fields.begin(), out.token_fields.end(),
+            [](const DeclaredTokenField& a, const DeclaredTokenField& b) { return a.name < b.name; });
   return out;
 }
 
@@ -209,6 +251,13 @@ v1::PoolOptions ToProto(const PoolOptions& options) {
   out.set_drop_stale(options.drop_stale);
   out.set_max_uses(options.max_uses);
   out.set_incomplete_group_timeout_ms(options.incomplete_group_timeout_ms);
+  for (const DeclaredTokenField& field : options.token_fields) {
+    v1::TokenFieldSchema* f = out.add_token_fields();
+    f->set_name(field.name);
+    f->set_dtype(field.dtype);
+    f->mutable_trailing_shape()->Assign(field.trailing_shape.begin(), field.trailing_shape.end());
+    f->set_allow_narrowing(field.allow_narrowing);
+  }
   return out;
 }
 

@@ -21,6 +21,7 @@ int DTypeSize(v1::DType dtype) {
     case v1::FLOAT32:
       return 4;
     case v1::INT64:
+    case v1::FLOAT64:
       return 8;
     default:
       return 0;
@@ -45,6 +46,8 @@ std::string DTypeName(v1::DType dtype) {
       return "float16";
     case v1::BFLOAT16:
       return "bfloat16";
+    case v1::FLOAT64:
+      return "float64";
     default:
       return absl::StrCat("dtype(", static_cast<int>(dtype), ")");
   }

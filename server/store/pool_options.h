@@ -4,8 +4,28 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
+
+#include "rollpack/v1/ndarray.pb.h"
 
 namespace rollpack {
+
+// The durable log's codec keeps at most 16 dimensions after n.
+inline constexpr int kMaxTokenFieldTrailingDims = 16;
+
+// A token field declared at registration (PoolOptions.token_fields).
+struct DeclaredTokenField {
+  std::string name;
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> trailing_shape;
+  bool allow_narrowing = false;
+
+  friend bool operator==(const DeclaredTokenField& a, const DeclaredTokenField& b) {
+    return a.name == b.name && a.dtype == b.dtype && a.trailing_shape == b.trailing_shape &&
+           a.allow_narrowing == b.allow_narrowing;
+  }
+};
 
 struct PoolOptions {
   // Applied to samples with a group_id and group_size 0.
@@ -18,11 +38,22 @@ struct PoolOptions {
   int32_t max_uses = 0;
   // 0 = groups may stay incomplete forever.
   int64_t incomplete_group_timeout_ms = 0;
+  // Sorted by name; empty = the first sample fixes the pool's fields.
+  std::vector<DeclaredTokenField> token_fields;
+
+  // The declared field `name`, or null.
+  const DeclaredTokenField* FindTokenField(const std::string& name) const {
+    for (const DeclaredTokenField& f : token_fields) {
+      if (f.name == name) return &f;
+    }
+    return nullptr;
+  }
 
   friend bool operator==(const PoolOptions& a, const PoolOptions& b) {
     return a.default_group_size == b.default_group_size && a.max_staleness == b.max_staleness &&
            a.drop_stale == b.drop_stale && a.max_uses == b.max_uses &&
-           a.incomplete_group_timeout_ms == b.incomplete_group_timeout_ms;
+           a.incomplete_group_timeout_ms == b.incomplete_group_timeout_ms &&
+           a.token_fields == b.token_fields;
   }
   friend bool operator!=(const PoolOptions& a, const PoolOptions& b) { return !(a == b); }
 };

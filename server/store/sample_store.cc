@@ -76,6 +76,14 @@ absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
     if (inserted) {
       it->second.model = model;
       it->second.options = options.value_or(PoolOptions{});
+      // Declared fields are the pool's fields from the start: its first
+      // sample proposes nothing (nor, in a cluster, races to fix them).
+      if (!it->second.options.token_fields.empty()) {
+        for (const DeclaredTokenField& f : it->second.options.token_fields) {
+          it->second.schema[f.name] = FieldSchema{f.dtype, f.trailing_shape};
+        }
+        it->second.schema_fixed = true;
+      }
     }
     if (log_ == nullptr) return inserted;
     if (inserted) {
@@ -169,7 +177,7 @@ absl::Status SampleStore::CheckSchema(
       return absl::InvalidArgumentError(absl::StrCat(
           who, "token_fields[\"", name, "\"] is not among the pool's fields {",
           absl::StrJoin(schema, ", ", [](std::string* out, const auto& kv) { out->append(kv.first); }),
-          "} (fixed by its first sample)"));
+          "} (", pool.options.token_fields.empty() ? "fixed by its first sample" : "declared at registration", ")"));
     }
     if (it->second.dtype != field.dtype || it->second.trailing_shape != field.trailing_shape) {
       return absl::InvalidArgumentError(absl::StrCat(

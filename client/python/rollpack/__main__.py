@@ -46,14 +46,18 @@ from rollpack.producer import Producer
 from rollpack.spec import ModelSpec
 
 
-def _model(arg):
+def _json_arg(arg):
     if arg.startswith("@"):
         with open(arg[1:]) as f:
             arg = f.read()
     elif os.path.exists(arg) and not arg.lstrip().startswith("{"):
         with open(arg) as f:
             arg = f.read()
-    return ModelSpec.from_json(arg)
+    return arg
+
+
+def _model(arg):
+    return ModelSpec.from_json(_json_arg(arg))
 
 
 def _connection_flags(parser, timeout, pool_required=True):
@@ -88,6 +92,10 @@ def _parser():
     _connection_flags(put, timeout=60.0)
     put.add_argument("--model-json", metavar="JSON|@FILE",
                      help="ModelSpec as JSON (or @file): registered before the put")
+    put.add_argument("--options-json", metavar="JSON|@FILE",
+                     help="the pool's PoolOptions as JSON (or @file), registered with --model-json, "
+                          "e.g. {\"token_fields\": {\"loss_mask\": \"uint8\"}} "
+                          "(docs/producer.md#token-field-schema)")
     put.add_argument("--batch-bytes", type=int, default=16 << 20)
     put.add_argument("--keep-going", action="store_true",
                      help="skip lines that cannot be adapted (reported on stderr)")
@@ -123,19 +131,39 @@ def _parser():
     return ap
 
 
+def _with_progress(samples, pool, every=5.0):
+    """Passes samples through, with a line on stderr every few seconds: a
+    large file takes minutes, and the summary only comes at its end."""
+    start = last = time.monotonic()
+    count = 0
+    for s in samples:
+        count += 1
+        now = time.monotonic()
+        if now - last >= every:
+            last = now
+            print("rollpack put: %d samples read and sent to pool %r in %.0f s" % (
+                count, pool, now - start), file=sys.stderr, flush=True)
+        yield s
+
+
 def cmd_put(a):
     token = _token(a)
     spec = _model(a.model_json) if a.model_json else None
+    if a.options_json and spec is None:
+        raise SystemExit("rollpack put: --options-json needs --model-json (options come with "
+                         "the pool's registration)")
+    options = json.loads(_json_arg(a.options_json)) if a.options_json else None
     p = Producer(a.server, a.pool, token=token, tls=a.tls, root_certificates=a.root_cert,
                  client_certificate=a.client_cert, client_key=a.client_key,
                  server_name=a.server_name, timeout=a.timeout, max_message_bytes=a.batch_bytes)
     bad = [] if a.keep_going else None
     with p:
-        created = p.register_model(spec) if spec is not None else None
+        created = p.register_model(spec, options=options) if spec is not None else None
         spec = p.model()
         f = sys.stdin if a.from_jsonl == "-" else open(a.from_jsonl, "r", encoding="utf-8")
         try:
-            r = p.put(read_samples(f, spec, errors=bad, name=a.from_jsonl))
+            r = p.put(_with_progress(read_samples(f, spec, errors=bad, name=a.from_jsonl),
+                                     a.pool))
         finally:
             if f is not sys.stdin:
                 f.close()

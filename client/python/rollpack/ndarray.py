@@ -10,15 +10,21 @@ _TO_NUMPY = {
     _D.UINT8: np.dtype("u1"), _D.UINT16: np.dtype("<u2"), _D.INT16: np.dtype("<i2"),
     _D.INT32: np.dtype("<i4"), _D.INT64: np.dtype("<i8"), _D.FLOAT32: np.dtype("<f4"),
     _D.FLOAT16: np.dtype("<f2"), _D.BFLOAT16: np.dtype("<u2"),
+    # Sent only (a pool declaring the field float32 with allow_narrowing
+    # rounds it); the server never stores or returns it.
+    _D.FLOAT64: np.dtype("<f8"),
 }
 _FROM_KIND = {
     ("u", 1): _D.UINT8, ("u", 2): _D.UINT16, ("i", 2): _D.INT16, ("i", 4): _D.INT32,
-    ("i", 8): _D.INT64, ("f", 4): _D.FLOAT32, ("f", 2): _D.FLOAT16,
+    ("i", 8): _D.INT64, ("f", 4): _D.FLOAT32, ("f", 2): _D.FLOAT16, ("f", 8): _D.FLOAT64,
 }
 
 
 def wire_dtype(dtype):
-    """The DType enum value for a numpy dtype (ValueError when unsupported)."""
+    """The DType enum value for a numpy dtype or its name (ValueError when
+    unsupported)."""
+    if isinstance(dtype, str) and dtype.lower() == "bfloat16":
+        return _D.BFLOAT16
     dtype = np.dtype(dtype)
     if dtype.name == "bfloat16":  # ml_dtypes / torch-exported bfloat16
         return _D.BFLOAT16
@@ -27,7 +33,8 @@ def wire_dtype(dtype):
     code = _FROM_KIND.get((dtype.kind, dtype.itemsize))
     if code is None:
         raise ValueError("dtype %s has no rollpack wire type (supported: uint8, uint16, "
-                         "int16, int32, int64, float16, float32, bfloat16)" % dtype)
+                         "int16, int32, int64, float16, float32, bfloat16; float64 into a float32 field "
+                         "declared with allow_narrowing)" % dtype)
     return code
 
 

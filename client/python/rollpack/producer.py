@@ -27,18 +27,32 @@ retried. Every other error raises the matching :mod:`rollpack.errors` class
 carrying the server's message.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
+import os
 import random
 import threading
 import time
+from typing import (Any, AsyncIterable, Dict, Iterable, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 import grpc
+from numpy.typing import ArrayLike
 
 from rollpack import errors
 from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc
+from rollpack.pool_options import pool_options
 from rollpack.sample import Sample
 from rollpack.spec import ModelSpec
+
+#: A PEM file's path, or its contents.
+PemSource = Union[str, bytes, os.PathLike]
+#: What ``register_model`` takes: a ModelSpec or a dict of its fields.
+SpecLike = Union[ModelSpec, Mapping[str, Any]]
+#: Pool lifecycle options: a dict of PoolOptions fields or the message.
+PoolOptionsLike = Union[Mapping[str, Any], rollouts_pb2.PoolOptions]
 
 _log = logging.getLogger("rollpack")
 
@@ -54,7 +68,16 @@ class PutResult:
     __slots__ = ("accepted", "duplicates", "stored_bytes", "samples", "messages", "streams",
                  "retries", "wire_bytes")
 
-    def __init__(self):
+    accepted: int
+    duplicates: int
+    stored_bytes: int
+    samples: int
+    messages: int
+    streams: int
+    retries: int
+    wire_bytes: int
+
+    def __init__(self) -> None:
         for k in self.__slots__:
             setattr(self, k, 0)
 
@@ -64,11 +87,11 @@ class PutResult:
         self.stored_bytes += resp.stored_bytes
         self.streams += 1
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "PutResult(%s)" % ", ".join("%s=%d" % (k, getattr(self, k)) for k in self.__slots__)
 
 
-def _read(x):
+def _read(x: Optional[PemSource]) -> Optional[bytes]:
     if x is None or isinstance(x, bytes):
         return x
     with open(x, "rb") as f:
@@ -269,12 +292,48 @@ class _Retry:
 
 
 class _Base:
-    def __init__(self, address, pool, *, token=None, tls=False, root_certificates=None,
-                 client_certificate=None, client_key=None, server_name=None, timeout=60.0,
-                 max_message_bytes=16 << 20, max_unacked_bytes=64 << 20,
-                 retry_for=600.0, max_attempts=None, warn_every=30.0,
-                 initial_backoff=0.1, max_backoff=5.0, backoff_multiplier=2.0,
-                 channel_options=()):
+    """What Producer and AsyncProducer share: options, retries, errors."""
+
+    def __init__(self, address: str, pool: str, *, token: Optional[str] = None,
+                 tls: bool = False, root_certificates: Optional[PemSource] = None,
+                 client_certificate: Optional[PemSource] = None,
+                 client_key: Optional[PemSource] = None, server_name: Optional[str] = None,
+                 timeout: Optional[float] = 60.0, max_message_bytes: int = 16 << 20,
+                 max_unacked_bytes: int = 64 << 20, retry_for: Optional[float] = 600.0,
+                 max_attempts: Optional[int] = None, warn_every: Optional[float] = 30.0,
+                 initial_backoff: float = 0.1, max_backoff: float = 5.0,
+                 backoff_multiplier: float = 2.0,
+                 channel_options: Sequence[Tuple[str, Any]] = ()) -> None:
+        """Opens a channel to rollpackd at ``address`` ("host:port"; a
+        "grpc://" or "http://" prefix is dropped) for pool ``pool``. No RPC
+        is made until the first call.
+
+        Keyword options (docs/producer.md):
+
+        - ``token``: bearer token, sent as ``authorization: Bearer <token>``.
+        - ``tls``: a TLS channel (system roots unless ``root_certificates``);
+          implied by ``root_certificates`` or ``client_certificate``.
+        - ``root_certificates``: PEM path or bytes of the server's CA.
+        - ``client_certificate`` + ``client_key``: mutual TLS (PEM paths or
+          bytes; both or neither).
+        - ``server_name``: TLS name override (when ``address`` is an IP).
+        - ``timeout``: seconds, the deadline of each RPC attempt (None = none);
+          each method's ``timeout`` argument overrides it.
+        - ``max_message_bytes``: target size of one PutSamplesRequest (a
+          larger single sample goes alone).
+        - ``max_unacked_bytes``: bytes sent on one stream before it is closed
+          and acknowledged: the client's memory bound during ``put``.
+        - ``retry_for``: seconds a call keeps retrying RESOURCE_EXHAUSTED and
+          UNAVAILABLE from its first failure (None = for ever).
+        - ``max_attempts``: a cap on attempts besides ``retry_for`` (None = none).
+        - ``warn_every``: seconds between warnings on the "rollpack" logger
+          while a call retries (None = never).
+        - ``initial_backoff``, ``max_backoff``, ``backoff_multiplier``: the
+          exponential backoff between attempts (seconds; with jitter).
+        - ``channel_options``: extra ``(name, value)`` gRPC channel arguments.
+
+        Raises ValueError for an empty pool or a certificate without its key.
+        """
         if not pool:
             raise ValueError("pool must be a non-empty string")
         self.address, self.pool = _target(address), pool
@@ -286,7 +345,7 @@ class _Base:
         self.max_attempts = None if max_attempts is None else max(1, int(max_attempts))
         self.warn_every = None if warn_every is None else float(warn_every)
         self._metadata = (("authorization", "Bearer " + token),) if token else None
-        self._spec = None
+        self._spec: Optional[ModelSpec] = None
         use_tls = tls or root_certificates or client_certificate
         self._creds = None
         if use_tls:
@@ -300,16 +359,29 @@ class _Base:
         if server_name:
             self._options.append(("grpc.ssl_target_name_override", server_name))
         self._options.extend(channel_options)
+        self._open_channel()
 
-    def _deadline(self, timeout):
+    def _open_channel(self) -> None:
+        raise NotImplementedError
+
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         return self.timeout if timeout is None else timeout
 
-    def _spec_arg(self, spec, fields):
+    def _register_request(self, spec: ModelSpec, options: Optional[PoolOptionsLike]
+                          ) -> rollouts_pb2.RegisterModelRequest:
+        req = rollouts_pb2.RegisterModelRequest(pool=self.pool, model=spec.to_proto())
+        if options is not None:
+            if isinstance(options, Mapping):
+                options = pool_options(options)
+            req.options.CopyFrom(options)
+        return req
+
+    def _spec_arg(self, spec: Optional[SpecLike], fields: Dict[str, Any]) -> ModelSpec:
         if spec is None:
             spec = ModelSpec(**fields)
         elif fields:
             raise TypeError("register_model takes a ModelSpec or its fields, not both")
-        elif isinstance(spec, dict):
+        elif isinstance(spec, Mapping):
             spec = ModelSpec.from_dict(spec)
         return spec
 
@@ -326,24 +398,16 @@ class _Base:
 
 
 class Producer(_Base):
-    """Synchronous producer. Thread-safe for ``put`` from several threads
-    (each call runs its own streams).
+    """Synchronous producer of one pool. Thread-safe for ``put`` from several
+    threads (each call runs its own streams). A context manager (closes
+    the channel).
 
-    Options: ``token`` (sent as ``authorization: Bearer <token>``), ``tls``
-    / ``root_certificates`` / ``client_certificate`` + ``client_key`` (paths
-    or PEM bytes) / ``server_name`` (TLS name override), ``timeout``
-    (seconds, deadline of each RPC attempt; None = none),
-    ``max_message_bytes`` (request message target size),
-    ``max_unacked_bytes`` (bytes in flight before the stream is closed and
-    acknowledged), ``retry_for`` (seconds a call keeps retrying
-    RESOURCE_EXHAUSTED and UNAVAILABLE from its first failure; None = for
-    ever), ``max_attempts`` (a cap on attempts; None = none), ``warn_every``
-    (seconds between warnings while retrying), ``initial_backoff`` /
-    ``max_backoff`` / ``backoff_multiplier``.
+    ``Producer(address, pool, *, token=None, tls=False, timeout=60.0,
+    retry_for=600.0, ...)``: every option is a keyword, documented on
+    ``__init__`` (``help(rollpack.Producer)``) and in docs/producer.md.
     """
 
-    def __init__(self, address, pool, **options):
-        super().__init__(address, pool, **options)
+    def _open_channel(self) -> None:
         if self._creds is not None:
             self._channel = grpc.secure_channel(self.address, self._creds, self._options)
         else:
@@ -351,13 +415,14 @@ class Producer(_Base):
         self._stub = rollouts_pb2_grpc.RolloutsStub(self._channel)
         self._lock = threading.Lock()
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled."""
         self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Producer:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _call(self, what, fn):
@@ -371,7 +436,8 @@ class Producer(_Base):
                     raise self._fail(err, what, retry.attempts) from None
                 time.sleep(delay)
 
-    def register_model(self, spec=None, timeout=None, options=None, **fields):
+    def register_model(self, spec: Optional[SpecLike] = None, timeout: Optional[float] = None,
+                       options: Optional[PoolOptionsLike] = None, **fields: Any) -> bool:
         """Registers the pool's model (a ModelSpec, a dict, or its fields as
         keyword arguments). Returns True when created, False when the pool
         already had this exact model. Raises FailedPrecondition when the pool
@@ -379,27 +445,28 @@ class Producer(_Base):
 
         ``options``: the pool's lifecycle options (docs/lifecycle.md), a dict
         of PoolOptions fields (``default_group_size``, ``max_staleness``,
-        ``drop_stale``, ``max_uses``, ``incomplete_group_timeout_ms``) or a
-        ``rollouts_pb2.PoolOptions``; fixed by the pool's first registration
-        (other options later raise FailedPrecondition; None leaves them)."""
+        ``drop_stale``, ``max_uses``, ``incomplete_group_timeout_ms``,
+        ``token_fields``) or a ``rollouts_pb2.PoolOptions``; fixed by the
+        pool's first registration (other options later raise
+        FailedPrecondition; None leaves them). ``token_fields`` declares the
+        pool's token fields, e.g. ``{"loss_mask": "uint8", "logprobs":
+        {"dtype": "float32", "allow_narrowing": True}}``: samples may then
+        send them in any compatible dtype (docs/producer.md, "Token-field
+        schema")."""
         spec = self._spec_arg(spec, fields)
-        req = rollouts_pb2.RegisterModelRequest(pool=self.pool, model=spec.to_proto())
-        if options is not None:
-            if isinstance(options, dict):
-                options = rollouts_pb2.PoolOptions(**options)
-            req.options.CopyFrom(options)
+        req = self._register_request(spec, options)
         resp = self._call("RegisterModel of pool %r" % self.pool, lambda: self._stub.RegisterModel(
             req, timeout=self._deadline(timeout), metadata=self._metadata))
         self._spec = ModelSpec.from_proto(resp.model) if resp.HasField("model") else spec
         return resp.created
 
-    def pool_info(self, timeout=None):
+    def pool_info(self, timeout: Optional[float] = None) -> rollouts_pb2.PoolInfo:
         """The server's PoolInfo message for this pool."""
         req = rollouts_pb2.GetPoolRequest(pool=self.pool)
         return self._call("GetPool of pool %r" % self.pool, lambda: self._stub.GetPool(
             req, timeout=self._deadline(timeout), metadata=self._metadata))
 
-    def model(self, timeout=None):
+    def model(self, timeout: Optional[float] = None) -> ModelSpec:
         """The pool's ModelSpec (registered by this producer, or fetched once)."""
         if self._spec is None:
             info = self.pool_info(timeout)
@@ -409,7 +476,8 @@ class Producer(_Base):
             self._spec = ModelSpec.from_proto(info.model)
         return self._spec
 
-    def put(self, samples, timeout=None):
+    def put(self, samples: Union[Sample, Iterable[Sample]],
+            timeout: Optional[float] = None) -> PutResult:
         """Streams ``samples`` (a Sample or an iterable of them, consumed
         lazily) to the pool. Returns a PutResult. Raises the server's error
         (e.g. InvalidArgument naming the sample, AlreadyExists) or, for a
@@ -441,7 +509,8 @@ class Producer(_Base):
                 return result
 
 
-    def rollout(self, sample_id, *, group_id="", group_size=0, scalars=None):
+    def rollout(self, sample_id: str, *, group_id: str = "", group_size: int = 0,
+                scalars: Optional[Mapping[str, float]] = None) -> Rollout:
         """A :class:`Rollout` writing ``sample_id`` to this pool in pieces
         (lifecycle.md section 5): a partial rollout continued after a weight
         update, or a multi-turn trajectory, stored as it is generated and
@@ -466,7 +535,8 @@ class Rollout:
     a duplicate). A per-token policy version can travel as a token field.
     """
 
-    def __init__(self, producer, sample_id, *, group_id="", group_size=0, scalars=None):
+    def __init__(self, producer: Producer, sample_id: str, *, group_id: str = "",
+                 group_size: int = 0, scalars: Optional[Mapping[str, float]] = None) -> None:
         self.producer = producer
         self.sample_id = sample_id
         self.group_id, self.group_size = group_id, int(group_size)
@@ -478,13 +548,21 @@ class Rollout:
         self.rows_end = None
         self.sealed = False
 
-    def append(self, tokens, routed_experts=None, row_offset=None, *, token_fields=None,
-               policy_version=0, timeout=None):
+    def append(self, tokens: ArrayLike, routed_experts: Optional[ArrayLike] = None,
+               row_offset: Optional[int] = None, *,
+               token_fields: Optional[Mapping[str, ArrayLike]] = None, policy_version: int = 0,
+               timeout: Optional[float] = None) -> PutResult:
+        """Stores the next piece (new ``tokens`` only; see the class doc) and
+        returns its PutResult. Raises PayloadError after ``seal``."""
         return self._put(tokens, routed_experts, row_offset, token_fields, policy_version,
                          partial=True, timeout=timeout)
 
-    def seal(self, tokens=(), routed_experts=None, row_offset=None, *, token_fields=None,
-             policy_version=0, timeout=None):
+    def seal(self, tokens: ArrayLike = (), routed_experts: Optional[ArrayLike] = None,
+             row_offset: Optional[int] = None, *,
+             token_fields: Optional[Mapping[str, ArrayLike]] = None, policy_version: int = 0,
+             timeout: Optional[float] = None) -> PutResult:
+        """Stores the last piece (possibly empty); the sample becomes
+        selectable. Returns its PutResult."""
         return self._put(tokens, routed_experts, row_offset, token_fields, policy_version,
                          partial=False, timeout=timeout)
 
@@ -522,26 +600,28 @@ class Rollout:
 
 
 class AsyncProducer(_Base):
-    """asyncio producer (grpc.aio), same options and semantics as Producer;
-    ``register_model``, ``pool_info``, ``model``, ``put`` and ``close`` are
-    coroutines. ``put`` also takes an async iterable of samples. Samples are
-    encoded on the event loop (about a millisecond per 8k-token sample)."""
+    """asyncio producer (grpc.aio), with the options (keywords documented on
+    ``__init__``) and semantics of :class:`Producer`; ``register_model``,
+    ``pool_info``, ``model``, ``put`` and ``close`` are coroutines. ``put``
+    also takes an async iterable of samples. Samples are encoded on the event
+    loop (about a millisecond per 8k-token sample). An async context
+    manager (closes the channel)."""
 
-    def __init__(self, address, pool, **options):
-        super().__init__(address, pool, **options)
+    def _open_channel(self) -> None:
         if self._creds is not None:
             self._channel = grpc.aio.secure_channel(self.address, self._creds, self._options)
         else:
             self._channel = grpc.aio.insecure_channel(self.address, self._options)
         self._stub = rollouts_pb2_grpc.RolloutsStub(self._channel)
 
-    async def close(self):
+    async def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled."""
         await self._channel.close()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> AsyncProducer:
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def _call(self, what, make):
@@ -555,20 +635,25 @@ class AsyncProducer(_Base):
                     raise self._fail(err, what, retry.attempts) from None
                 await asyncio.sleep(delay)
 
-    async def register_model(self, spec=None, timeout=None, **fields):
+    async def register_model(self, spec: Optional[SpecLike] = None,
+                             timeout: Optional[float] = None,
+                             options: Optional[PoolOptionsLike] = None, **fields: Any) -> bool:
+        """As :meth:`Producer.register_model`."""
         spec = self._spec_arg(spec, fields)
-        req = rollouts_pb2.RegisterModelRequest(pool=self.pool, model=spec.to_proto())
+        req = self._register_request(spec, options)
         resp = await self._call("RegisterModel of pool %r" % self.pool, lambda: self._stub.RegisterModel(
             req, timeout=self._deadline(timeout), metadata=self._metadata))
         self._spec = ModelSpec.from_proto(resp.model) if resp.HasField("model") else spec
         return resp.created
 
-    async def pool_info(self, timeout=None):
+    async def pool_info(self, timeout: Optional[float] = None) -> rollouts_pb2.PoolInfo:
+        """The server's PoolInfo message for this pool."""
         req = rollouts_pb2.GetPoolRequest(pool=self.pool)
         return await self._call("GetPool of pool %r" % self.pool, lambda: self._stub.GetPool(
             req, timeout=self._deadline(timeout), metadata=self._metadata))
 
-    async def model(self, timeout=None):
+    async def model(self, timeout: Optional[float] = None) -> ModelSpec:
+        """As :meth:`Producer.model`."""
         if self._spec is None:
             info = await self.pool_info(timeout)
             if not info.HasField("model") or info.model.num_layers < 1:
@@ -577,7 +662,9 @@ class AsyncProducer(_Base):
             self._spec = ModelSpec.from_proto(info.model)
         return self._spec
 
-    async def put(self, samples, timeout=None):
+    async def put(self, samples: Union[Sample, Iterable[Sample], AsyncIterable[Sample]],
+                  timeout: Optional[float] = None) -> PutResult:
+        """As :meth:`Producer.put`; ``samples`` may also be an async iterable."""
         spec = await self.model(timeout)
         result = PutResult()
         feed = _Feed(samples, self.pool, spec, self.max_message_bytes, self.max_unacked_bytes,
