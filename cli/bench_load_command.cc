@@ -73,6 +73,8 @@ class Latencies {
   std::vector<double> values_;
 };
 
+constexpr absl::Duration kProgressInterval = absl::Seconds(5);
+
 double Ms(absl::Time since) { return absl::ToDoubleMilliseconds(absl::Now() - since); }
 
 int64_t ReadHwmBytes(pid_t pid) {
@@ -375,9 +377,29 @@ int RunBenchLoadCommand(int argc, char** argv) {
     return errors == 0;
   };
 
+  // A line on stderr every few seconds: a run takes minutes, and the table
+  // only comes at its end.
+  absl::Time next_progress = start + kProgressInterval;
+  auto progress = [&](const char* phase) {
+    if (absl::Now() < next_progress) return;
+    next_progress = absl::Now() + kProgressInterval;
+    size_t num_acked_now = 0;
+    {
+      absl::MutexLock lock(&mu);
+      num_acked_now = acked.size();
+    }
+    std::fprintf(stderr,
+                 "bench load: %s %.0f s of %.0f: %zu samples acknowledged, %.1f MB sent, %lld "
+                 "steps fetched, %lld puts refused for memory\n",
+                 phase, absl::ToDoubleSeconds(absl::Now() - start), config.seconds, num_acked_now,
+                 sent_bytes.load() / 1e6, static_cast<long long>(steps),
+                 static_cast<long long>(exhausted.load()));
+  };
+
   bool ok = true;
   const absl::Time end = start + absl::Seconds(config.seconds);
   while (ok && absl::Now() < end) {
+    progress("producing:");
     absl::StatusOr<v1::PoolInfo> info = control.GetPool(pool);
     if (!info.ok()) {
       ok = false;
@@ -401,6 +423,7 @@ int RunBenchLoadCommand(int argc, char** argv) {
     }
     const int64_t free = info->num_free_samples();
     if (free == 0) break;
+    progress("draining:");
     const int take = static_cast<int>(std::min<int64_t>(free, config.step_samples));
     ok = run_step(take, take >= config.trainers ? config.trainers : 1);
   }

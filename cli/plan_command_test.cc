@@ -45,6 +45,14 @@ TEST(PlanCommandTest, JsonListsSamplesPerRankAndStep) {
   std::string svg_text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_THAT(svg_text, HasSubstr("<svg"));
   EXPECT_THAT(svg_text, HasSubstr("<rect"));
+  // Axes, legend and scale: what the picture shows, and how much.
+  EXPECT_THAT(svg_text, HasSubstr(">DPxCP rank</text>"));
+  EXPECT_THAT(svg_text, HasSubstr(">micro-batch</text>"));
+  EXPECT_THAT(svg_text, HasSubstr("attention work per rank"));
+  EXPECT_THAT(svg_text, HasSubstr(">idle rank</text>"));
+  // The scale's top is the plan's most work on one rank: 6^2 + 4^2 = 52.
+  EXPECT_THAT(svg_text, HasSubstr("text-anchor=\"end\">52</text>"));
+  EXPECT_THAT(svg_text, HasSubstr("Plan: 1 micro-batches on 2 DPxCP ranks (dp 2, cp 1"));
 }
 
 TEST(PlanCommandTest, CpGroupAppearsInEveryRanksList) {
