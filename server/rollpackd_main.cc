@@ -69,6 +69,15 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "`authorization: Bearer TOKEN` metadata; empty = no auth");
 ABSL_FLAG(int, max_concurrent_streams, 0,
           "FetchMicrobatches streams in flight at once before RESOURCE_EXHAUSTED; 0 = no limit");
+ABSL_FLAG(int, max_streams_per_client, 0,
+          "FetchMicrobatches streams in flight per client host before RESOURCE_EXHAUSTED (one "
+          "client cannot take all of --max-concurrent-streams); 0 = no limit");
+ABSL_FLAG(absl::Duration, stream_write_timeout, absl::Minutes(10),
+          "end a trainer stream whose client took no micro-batch for this long (it stopped "
+          "reading: the micro-batch in flight is held for it); 0 = never");
+ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(15),
+          "close a client connection with no call for this long (GOAWAY: clients reconnect "
+          "when they next call); 0 = never");
 ABSL_FLAG(bool, first_microbatch_priority, true,
           "hold trainer streams' prefetch writes (up to 100 ms) while other streams' first "
           "micro-batches are in flight, so a step starts when the last rank has its first");
@@ -180,6 +189,9 @@ int main(int argc, char** argv) {
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   options.fetch.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.fetch.max_streams_per_client = absl::GetFlag(FLAGS_max_streams_per_client);
+  options.fetch.write_timeout = absl::GetFlag(FLAGS_stream_write_timeout);
+  options.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
   options.max_pool_memory_bytes = absl::GetFlag(FLAGS_max_pool_memory);
   options.fetch.first_microbatch_priority = absl::GetFlag(FLAGS_first_microbatch_priority);
   // Each message in flight may hold up to --max-message-bytes.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -141,6 +142,21 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--step-ttl is ", absl::FormatDuration(options.step_ttl), ": >= 0 (0 = never)"));
   }
+  if (options.fetch.max_streams_per_client < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-streams-per-client is ",
+                                                   options.fetch.max_streams_per_client,
+                                                   ": >= 0 (0 = no limit)"));
+  }
+  if (options.fetch.write_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stream-write-timeout is ", absl::FormatDuration(options.fetch.write_timeout),
+        ": >= 0 (0 = never)"));
+  }
+  if (options.max_connection_idle < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-connection-idle is ", absl::FormatDuration(options.max_connection_idle),
+        ": >= 0 (0 = never)"));
+  }
   if (options.max_pools < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-pools is ", options.max_pools, ": >= 0 (0 = no limit)"));
@@ -251,6 +267,15 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   // gRPC sets SO_REUSEPORT by default: a second rollpackd on a port in use
   // would start and the kernel would split clients between two stores.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Connections nobody calls on are closed: a client that opened many and
+  // went quiet does not keep their buffers. Calls in flight are not idle.
+  if (options.max_connection_idle > absl::ZeroDuration() &&
+      options.max_connection_idle < absl::InfiniteDuration()) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(options.max_connection_idle),
+                                           std::numeric_limits<int>::max())));
+  }
   for (const auto& [name, value] : options.grpc_int_args) builder.AddChannelArgument(name, value);
   builder.RegisterService(server->rollouts_.get());
   builder.RegisterService(server->scheduler_.get());

@@ -86,6 +86,9 @@ struct ServerOptions {
   // for this long (nor created) is released as abandoned, counted in
   // rollpack_steps_expired_total; zero = never (docs/operations.md).
   absl::Duration step_ttl = absl::ZeroDuration();
+  // A client connection with no call for this long is closed (GOAWAY);
+  // zero = never.
+  absl::Duration max_connection_idle = absl::Minutes(15);
   // Delivery (server/delivery/trainer_service.h).
   FetchOptions fetch;
   // Ingest (server/ingest/put_samples_reactor.h).

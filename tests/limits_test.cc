@@ -192,5 +192,152 @@ TEST(StreamLimitTest, RefusesStreamsPastTheLimitAndRecovers) {
 }
 
 
+// A server with one step whose ranks' bytes far exceed the transport's
+// windows, so an unread stream stalls on flow control.
+struct BigStep {
+  explicit BigStep(ServerOptions options) {
+    absl::StatusOr<std::unique_ptr<RollpackServer>> started = RollpackServer::Start(options);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return;
+    server = *std::move(started);
+    channel = MakeChannel(server->address());
+    RollpackClient client(channel);
+    EXPECT_TRUE(client.RegisterModel("p", Model()).ok());
+    EXPECT_TRUE(client.PutSamples("p", Samples(64, 8192, 3)).ok());
+    EXPECT_TRUE(client.CreateStep(StepRequest("big", "p", 64, 1, 8192)).ok());
+    stub = v1::Trainer::NewStub(channel);
+    request.set_step_id("big");
+  }
+  double Metric(const std::string& name) {
+    return ParseExposition(server->metrics_registry().SerializeText())[name];
+  }
+  std::unique_ptr<RollpackServer> server;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Trainer::Stub> stub;
+  v1::FetchRequest request;
+};
+
+TEST(StreamLimitTest, OneClientCannotTakeMoreThanItsStreams) {
+  ServerOptions options;
+  options.fetch.max_streams_per_client = 1;
+  BigStep big(options);
+  ASSERT_NE(big.server, nullptr);
+  auto held_ctx = std::make_unique<grpc::ClientContext>();
+  auto held = big.stub->FetchMicrobatches(held_ctx.get(), big.request);
+  v1::Microbatch mb;
+  ASSERT_TRUE(held->Read(&mb));  // in flight, not finished
+
+  grpc::ClientContext ctx;
+  auto refused = big.stub->FetchMicrobatches(&ctx, big.request);
+  while (refused->Read(&mb)) {
+  }
+  const grpc::Status status = refused->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("client ipv4:127.0.0.1 has 1 FetchMicrobatches streams in flight "
+                        "(--max-streams-per-client)"));
+  EXPECT_EQ(big.Metric("rollpack_client_streams_refused_total"), 1);
+
+  held_ctx->TryCancel();
+  held->Finish();
+  grpc::Status again;
+  for (int i = 0; i < 200; ++i) {  // the slot frees once the server sees the cancel
+    grpc::ClientContext next_ctx;
+    auto reader = big.stub->FetchMicrobatches(&next_ctx, big.request);
+    int n = 0;
+    while (reader->Read(&mb)) ++n;
+    again = reader->Finish();
+    if (again.ok()) {
+      EXPECT_GT(n, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(again.ok()) << again.error_message();
+  big.server->Shutdown(absl::Seconds(1));
+}
+
+TEST(StreamLimitTest, AStreamWhoseClientStopsReadingEndsAfterTheWriteTimeout) {
+  ServerOptions options;
+  options.fetch.write_timeout = absl::Seconds(1);
+  BigStep big(options);
+  ASSERT_NE(big.server, nullptr);
+  // A reader that keeps up is never cut, however long the stream lasts.
+  {
+    grpc::ClientContext ctx;
+    auto reader = big.stub->FetchMicrobatches(&ctx, big.request);
+    v1::Microbatch mb;
+    int n = 0;
+    while (reader->Read(&mb)) {
+      ++n;
+      if (n == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_GT(n, 1);
+  }
+  EXPECT_EQ(big.Metric("rollpack_streams_stalled_total"), 0);
+
+  // A client with small receive windows, as most are: it cannot swallow the
+  // whole rank while it does not read.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+  args.SetMaxReceiveMessageSize(-1);
+  auto small_window = v1::Trainer::NewStub(grpc::CreateCustomChannel(
+      big.server->address(), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  auto stalled = small_window->FetchMicrobatches(&ctx, big.request);
+  v1::Microbatch mb;
+  ASSERT_TRUE(stalled->Read(&mb));
+  // Reads nothing more: the server's write waits on the full window.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (big.Metric("rollpack_streams_stalled_total") < 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(big.Metric("rollpack_streams_stalled_total"), 1);
+  int more = 0;
+  while (stalled->Read(&mb)) ++more;  // what was buffered, then the end
+  const grpc::Status status = stalled->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  while (big.Metric("rollpack_active_streams") > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(big.Metric("rollpack_active_streams"), 0) << "the stream's slot is back";
+  big.server->Shutdown(absl::Seconds(1));
+}
+
+TEST(ConnectionTest, IdleConnectionsAreClosedAndClientsReconnect) {
+  ServerOptions options;
+  options.max_connection_idle = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = MakeChannel((*server)->address());
+  RollpackClient client(channel);
+  ASSERT_TRUE(client.RegisterModel("p", Model()).ok());
+  EXPECT_EQ(channel->GetState(false), GRPC_CHANNEL_READY);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (channel->GetState(false) == GRPC_CHANNEL_READY && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_NE(channel->GetState(false), GRPC_CHANNEL_READY) << "the server closed it (GOAWAY)";
+  EXPECT_TRUE(client.GetPool("p").ok()) << "the next call reconnects";
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+TEST(ConnectionTest, NegativeLimitsAreRefusedByFlag) {
+  ServerOptions options;
+  options.fetch.max_streams_per_client = -1;
+  EXPECT_THAT(RollpackServer::Start(options).status().message(),
+              HasSubstr("--max-streams-per-client is -1"));
+  options = ServerOptions();
+  options.fetch.write_timeout = absl::Seconds(-1);
+  EXPECT_THAT(RollpackServer::Start(options).status().message(),
+              HasSubstr("--stream-write-timeout is -1s"));
+  options = ServerOptions();
+  options.max_connection_idle = absl::Seconds(-1);
+  EXPECT_THAT(RollpackServer::Start(options).status().message(),
+              HasSubstr("--max-connection-idle is -1s"));
+}
+
 }  // namespace
 }  // namespace rollpack

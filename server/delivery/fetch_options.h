@@ -1,7 +1,9 @@
 // How rollpackd serves FetchMicrobatches (rollpackd --max-concurrent-streams,
-// --first-microbatch-priority).
+// --max-streams-per-client, --stream-write-timeout, --first-microbatch-priority).
 #ifndef ROLLPACK_SERVER_DELIVERY_FETCH_OPTIONS_H_
 #define ROLLPACK_SERVER_DELIVERY_FETCH_OPTIONS_H_
+
+#include "absl/time/time.h"
 
 namespace rollpack {
 
@@ -9,6 +11,14 @@ struct FetchOptions {
   // FetchMicrobatches streams in flight at once (0 = no limit); past it a
   // new one gets RESOURCE_EXHAUSTED.
   int max_concurrent_streams = 0;
+  // The same, per client host (0 = no limit): one client cannot take the
+  // whole of max_concurrent_streams.
+  int max_streams_per_client = 0;
+  // A micro-batch the client has not taken this long after it was written
+  // (its receive window full: the client stopped reading) ends the stream,
+  // which releases the micro-batch's memory; the trainer resumes. Zero or
+  // infinite = never.
+  absl::Duration write_timeout = absl::Minutes(10);
   // Hold prefetch writes while other streams' first micro-batches are in
   // flight (server/delivery/first_delivery_gate.h).
   bool first_microbatch_priority = true;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/wire/byte_buffer.h"
+#include "server/delivery/client_stream_quota.h"
 #include "server/delivery/microbatch_encoder.h"
 #include "server/ops/call_log.h"
 #include "server/store/convert.h"
@@ -24,15 +25,24 @@ constexpr absl::Duration kMaxPrefetchHold = absl::Milliseconds(100);
 
 // Builds one micro-batch at a time, the next only once the previous was
 // handed to the transport, so a slow trainer holds one message, not a step.
+// The Hold whose mutex the write timer of this thread holds (see ArmWriteTimer).
+thread_local const void* held_by_this_thread = nullptr;
+
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // `active` was already incremented for this stream; OnDone decrements it.
-  FetchReactor(const v1::FetchRequest& request, const grpc::CallbackServerContext* context,
-               ServerMetrics* metrics, std::atomic<int>* active,
+  // `active` was counted and `quota` acquired for `client`: OnDone gives
+  // both back.
+  FetchReactor(const v1::FetchRequest& request, grpc::CallbackServerContext* context,
+               ServerMetrics* metrics, std::atomic<int>* active, ClientStreamQuota* quota,
+               std::string client, absl::Duration write_timeout,
                FirstDeliveryGate* gate /* null: no priority */, int64_t id,
                StepActivity* activity /* null: not recorded */)
       : request_(request),
         context_(context),
+        quota_(quota),
+        client_(std::move(client)),
+        write_timeout_(write_timeout),
         activity_(activity),
         // Counted before the step is looked up: a step being fetched is
         // never idle (--step-ttl).
@@ -79,9 +89,18 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnWriteDone(bool ok) override {
+    {
+      // The write timer stands down (a timer that fired already finds a
+      // newer sequence number and does nothing).
+      HoldLock lock(hold_.get());
+      ++hold_->writes_done;
+    }
+    write_timer_.reset();
     EndFirstWrite();
     if (!ok) {
-      End(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED,
+                       stalled_.load() ? "stream ended by rollpackd: the client stopped reading"
+                                       : "stream closed by the client"));
       return;
     }
     sent_bytes_ += written_bytes_;
@@ -102,10 +121,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override {
     EndFirstWrite();  // a stream that ended before its first write
     {
-      absl::MutexLock lock(&hold_->mu);
+      HoldLock lock(hold_.get());
       hold_->reactor = nullptr;  // a timer still set finds nobody
     }
     active_->fetch_sub(1);
+    quota_->Release(client_);
     if (started_ && metrics_ != nullptr) metrics_->OnStreamEnd();
     if (activity_ != nullptr) activity_->StreamEnded(request_.step_id(), activity_token_, absl::Now());
     delete this;
@@ -119,7 +139,54 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     absl::Mutex arming;
     absl::Mutex mu;
     FetchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    // Writes completed: a write timer acts only on the write it was set for.
+    int64_t writes_done ABSL_GUARDED_BY(mu) = 0;
   };
+
+  // Hold::mu, unless this thread holds it already: the write timer cancels
+  // with it held, and should gRPC run the reactions to that inline, they
+  // must not wait for it.
+  class ABSL_SCOPED_LOCKABLE HoldLock {
+   public:
+    explicit HoldLock(Hold* hold) ABSL_EXCLUSIVE_LOCK_FUNCTION(hold->mu)
+        : mu_(held_by_this_thread == hold ? nullptr : &hold->mu) {
+      if (mu_ != nullptr) mu_->Lock();
+    }
+    ~HoldLock() ABSL_UNLOCK_FUNCTION() {
+      if (mu_ != nullptr) mu_->Unlock();
+    }
+
+   private:
+    absl::Mutex* const mu_;
+  };
+
+  // A client that stopped reading holds the micro-batch in flight (and its
+  // memory) for as long as it likes: after write_timeout_ the stream ends.
+  void ArmWriteTimer() {
+    if (write_timeout_ <= absl::ZeroDuration() || write_timeout_ == absl::InfiniteDuration()) {
+      return;
+    }
+    std::shared_ptr<Hold> hold = hold_;
+    int64_t write;
+    {
+      HoldLock lock(hold.get());
+      write = hold->writes_done;
+    }
+    write_timer_ = std::make_unique<grpc::Alarm>();
+    write_timer_->Set(absl::ToChronoTime(absl::Now() + write_timeout_), [hold, write](bool expired) {
+      if (!expired) return;
+      absl::MutexLock lock(&hold->mu);
+      if (hold->reactor == nullptr || hold->writes_done != write) return;
+      hold->reactor->stalled_.store(true);
+      // The pending write fails and the stream ends (OnWriteDone, OnDone).
+      // Cancelled with the lock held, so the reactor cannot go meanwhile;
+      // should gRPC run the reactions inline, OnDone finds the lock is this
+      // thread's (held_by_this_thread) instead of waiting for it.
+      held_by_this_thread = hold.get();
+      hold->reactor->context_->TryCancel();
+      held_by_this_thread = nullptr;
+    });
+  }
 
   void EndFirstWrite() {
     if (!first_write_pending_) return;
@@ -171,6 +238,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       absl::StrAppend(&note, ": micro-batches [", first, ", ", written_end, ") of ",
                       step_->layout.num_microbatches(), " written, ", sent_bytes_, " bytes");
     }
+    if (stalled_.load()) {
+      absl::StrAppend(&note, "; ended: the client took no micro-batch for ",
+                      absl::FormatDuration(write_timeout_), " (--stream-write-timeout)");
+      if (metrics_ != nullptr) metrics_->OnStreamStalled();
+    }
     AnnotateCall(context_, std::move(note));
     Finish(status);
   }
@@ -202,11 +274,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     ++next_;
     buffer_ = grpc::ByteBuffer(&slice, 1);
+    ArmWriteTimer();
     StartWrite(&buffer_);
   }
 
   const v1::FetchRequest request_;
-  const grpc::CallbackServerContext* const context_;
+  grpc::CallbackServerContext* const context_;
+  ClientStreamQuota* const quota_;
+  const std::string client_;
+  const absl::Duration write_timeout_;
+  std::unique_ptr<grpc::Alarm> write_timer_;
+  std::atomic<bool> stalled_{false};
   StepActivity* const activity_;
   const uint64_t activity_token_;
   // Set by Begin, before the first write.
@@ -264,14 +342,24 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
         options_.max_concurrent_streams, " FetchMicrobatches streams are in flight "
         "(--max-concurrent-streams); retry later")));
   }
+  std::string client = PeerHost(context->peer());
+  if (!client_quota_.Acquire(client)) {
+    active_streams_.fetch_sub(1);
+    if (metrics_ != nullptr) metrics_->OnClientStreamRefused();
+    return new FailedFetch(absl::ResourceExhaustedError(absl::StrCat(
+        "client ", client, " has ", client_quota_.max_per_client(),
+        " FetchMicrobatches streams in flight (--max-streams-per-client); retry later")));
+  }
   if (pulls_ != nullptr && pulls_->queued() >= kMaxQueuedLookups) {
     active_streams_.fetch_sub(1);
+    client_quota_.Release(client);
     if (metrics_ != nullptr) metrics_->OnStreamRefused();
     return new FailedFetch(absl::ResourceExhaustedError(absl::StrCat(
         kMaxQueuedLookups, " FetchMicrobatches streams wait for their samples from other "
         "members; retry later")));
   }
-  auto* reactor = new FetchReactor(parsed, context, metrics_, &active_streams_,
+  auto* reactor = new FetchReactor(parsed, context, metrics_, &active_streams_, &client_quota_,
+                                   std::move(client), options_.write_timeout,
                                    options_.first_microbatch_priority ? &first_delivery_ : nullptr,
                                    next_stream_id_.fetch_add(1), activity_);
   const RankCoords coords{parsed.rank().dp(), parsed.rank().cp(), parsed.rank().tp(),

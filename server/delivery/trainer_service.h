@@ -8,6 +8,7 @@
 #include "base/worker_pool.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "rollpack/v1/trainer.grpc.pb.h"
+#include "server/delivery/client_stream_quota.h"
 #include "server/delivery/fetch_options.h"
 #include "server/delivery/first_delivery_gate.h"
 #include "server/ops/auth.h"
@@ -57,6 +58,7 @@ class TrainerService final
   FirstDeliveryGate first_delivery_;
   std::atomic<int64_t> next_stream_id_{1};
   std::atomic<int> active_streams_{0};
+  ClientStreamQuota client_quota_{options_.max_streams_per_client};
 };
 
 }  // namespace rollpack

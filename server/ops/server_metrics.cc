@@ -171,6 +171,14 @@ ServerMetrics::ServerMetrics(metrics::ScrapeRegistry* registry, SampleStore* sto
       streams_refused_(registry->AddCounter(
           "rollpack_streams_refused_total",
           "FetchMicrobatches refused because --max-concurrent-streams were in flight.")),
+      client_streams_refused_(registry->AddCounter(
+          "rollpack_client_streams_refused_total",
+          "FetchMicrobatches refused because the client's host had --max-streams-per-client in "
+          "flight.")),
+      streams_stalled_(registry->AddCounter(
+          "rollpack_streams_stalled_total",
+          "FetchMicrobatches ended because the client took no micro-batch for "
+          "--stream-write-timeout.")),
       rpcs_handled_(registry->AddCounter(
           "rollpack_grpc_server_handled_total",
           "RPCs completed, by service, method and status code.")),
@@ -187,6 +195,8 @@ ServerMetrics::ServerMetrics(metrics::ScrapeRegistry* registry, SampleStore* sto
   active_streams_.Add({});
   stream_resumes_.Add({});
   streams_refused_.Add({});
+  client_streams_refused_.Add({});
+  streams_stalled_.Add({});
   registry_->AddCollectCallback([this] { Collect(); });
 }
 
@@ -239,6 +249,10 @@ void ServerMetrics::OnMicrobatchSent(int64_t bytes) {
 }
 
 void ServerMetrics::OnStreamRefused() { streams_refused_.Add({}).Increment(); }
+
+void ServerMetrics::OnClientStreamRefused() { client_streams_refused_.Add({}).Increment(); }
+
+void ServerMetrics::OnStreamStalled() { streams_stalled_.Add({}).Increment(); }
 
 void ServerMetrics::OnRpcDone(const std::string& method, grpc::StatusCode code, double seconds) {
   auto [service, name] = SplitMethod(method);

@@ -36,6 +36,9 @@ class ServerMetrics {
   void OnStreamEnd();
   void OnMicrobatchSent(int64_t bytes);
   void OnStreamRefused();
+  // Refused at --max-streams-per-client; ended at --stream-write-timeout.
+  void OnClientStreamRefused();
+  void OnStreamStalled();
 
   // Per-method RPC latency and status codes.
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
@@ -83,6 +86,8 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>& active_streams_;
   metrics::Family<metrics::Counter>& stream_resumes_;
   metrics::Family<metrics::Counter>& streams_refused_;
+  metrics::Family<metrics::Counter>& client_streams_refused_;
+  metrics::Family<metrics::Counter>& streams_stalled_;
   metrics::Family<metrics::Counter>& rpcs_handled_;
   metrics::Family<metrics::Histogram>& rpc_seconds_;
 };
