@@ -447,9 +447,11 @@ class SampleValidator {
       StoredField field;
       field.dtype = view.dtype;
       field.trailing_shape.assign(view.shape.begin() + 1, view.shape.end());
-      const auto declared = std::find_if(declared_.begin(), declared_.end(),
-                                         [&](const DeclaredTokenField& f) { return f.name == name; });
-      if (declared != declared_.end() && declared->dtype != view.dtype) {
+      const DeclaredTokenField* declared = nullptr;
+      for (const DeclaredTokenField& f : declared_) {
+        if (f.name == name) declared = &f;
+      }
+      if (declared != nullptr && declared->dtype != view.dtype) {
         // A widening conversion makes bytes the message's size limits never
         // counted: bounded per message, before the allocation.
         const int64_t growth = view.num_elements() * (DTypeSize(declared->dtype) - DTypeSize(view.dtype));
