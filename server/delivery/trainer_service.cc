@@ -238,7 +238,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       absl::StrAppend(&note, ": micro-batches [", first, ", ", written_end, ") of ",
                       step_->layout.num_microbatches(), " written, ", sent_bytes_, " bytes");
     }
-    if (stalled_.load()) {
+    // A write that completed just as the timer fired may still end the
+    // stream well: only a stream the timer did end counts as stalled.
+    if (stalled_.load() && !status.ok()) {
       absl::StrAppend(&note, "; ended: the client took no micro-batch for ",
                       absl::FormatDuration(write_timeout_), " (--stream-write-timeout)");
       if (metrics_ != nullptr) metrics_->OnStreamStalled();
