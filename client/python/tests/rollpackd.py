@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 import time
 import unittest
+import urllib.request
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", ".."))
 
@@ -111,3 +112,12 @@ def read_port_file(path, timeout=30.0):
             if time.monotonic() > deadline:
                 raise AssertionError("no port in %s after %.0f s" % (path, timeout))
             time.sleep(0.05)
+
+
+def scrape_metric(metrics_port, name):
+    """The value of the unlabelled series `name` on rollpackd's /metrics."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{}"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("%s not exported" % name)

@@ -11,7 +11,6 @@ import sys
 import tempfile
 import time
 import unittest
-import urllib.request
 
 import grpc
 
@@ -22,7 +21,7 @@ from rollpack.controller import Controller
 from rollpack.producer import Producer
 from rollpack.sample import Sample
 from tests import engines as eng
-from tests.rollpackd import Rollpackd, read_port_file
+from tests.rollpackd import Rollpackd, read_port_file, scrape_metric
 
 S = eng.SMALL
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -71,12 +70,7 @@ class _Server(unittest.TestCase):
         return name
 
     def metric(self, name):
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port,
-                                    timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " ") or line.startswith(name + "{}"):
-                    return float(line.rsplit(" ", 1)[1])
-        raise AssertionError("%s not exported" % name)
+        return scrape_metric(self.metrics_port, name)
 
 
 class ControllerTools(_Server):

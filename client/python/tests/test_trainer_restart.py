@@ -21,7 +21,6 @@ import tempfile
 import threading
 import time
 import unittest
-import urllib.request
 
 import grpc
 import numpy as np
@@ -29,7 +28,7 @@ import numpy as np
 import rollpack
 from rollpack import errors
 from rollpack._proto import scheduler_pb2, scheduler_pb2_grpc
-from tests.rollpackd import Rollpackd, read_port_file
+from tests.rollpackd import Rollpackd, read_port_file, scrape_metric
 from tests.test_trainer import _need_trainer, make_samples
 
 NUM_LAYERS, MOE, E, K = 16, list(range(16)), 64, 8
@@ -81,12 +80,7 @@ class TrainerRestart(unittest.TestCase):
         self.daemon.proc.wait()
 
     def metric(self, name):
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port,
-                                    timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " ") or line.startswith(name + "{}"):
-                    return float(line.rsplit(" ", 1)[1])
-        raise AssertionError("%s not exported" % name)
+        return scrape_metric(self.metrics_port, name)
 
     def create_step(self):
         """A step whose bytes (~40 MB in ~1 MiB micro-batches) far exceed what
