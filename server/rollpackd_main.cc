@@ -45,6 +45,10 @@ ABSL_FLAG(int, fsync_batch_ms, 50, "fsync interval of --fsync batch");
 ABSL_FLAG(int64_t, compact_min_dead_bytes, int64_t{64} << 20,
           "durable mode: compact the log once released records exceed this many bytes "
           "and half the file");
+// What a stop may take past --shutdown-grace-seconds (closing the durable
+// log, gRPC's own shutdown) before rollpackd exits without finishing it.
+constexpr absl::Duration kShutdownOverrun = absl::Seconds(5);
+
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, let streams in flight finish for this long");
 // Operations (docs/operations.md).
@@ -78,6 +82,12 @@ ABSL_FLAG(absl::Duration, stream_write_timeout, absl::Minutes(10),
 ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(15),
           "close a client connection with no call for this long (GOAWAY: clients reconnect "
           "when they next call); 0 = never");
+ABSL_FLAG(int64_t, transport_memory, int64_t{1} << 30,
+          "bytes gRPC's transport may hold for all connections (a gRPC resource quota): under "
+          "pressure it shrinks windows, then cancels streams; 0 = no quota");
+ABSL_FLAG(bool, accept_compressed_requests, false,
+          "accept gzip/deflate-compressed requests (off: refused from their headers, before a "
+          "message is inflated)");
 ABSL_FLAG(bool, first_microbatch_priority, true,
           "hold trainer streams' prefetch writes (up to 100 ms) while other streams' first "
           "micro-batches are in flight, so a step starts when the last rank has its first");
@@ -193,6 +203,8 @@ int main(int argc, char** argv) {
   options.fetch.write_timeout = absl::GetFlag(FLAGS_stream_write_timeout);
   options.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
   options.max_pool_memory_bytes = absl::GetFlag(FLAGS_max_pool_memory);
+  options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory);
+  options.accept_compressed_requests = absl::GetFlag(FLAGS_accept_compressed_requests);
   options.fetch.first_microbatch_priority = absl::GetFlag(FLAGS_first_microbatch_priority);
   // Each message in flight may hold up to --max-message-bytes.
   options.ingest.messages_in_flight =
@@ -282,8 +294,20 @@ int main(int argc, char** argv) {
     spdlog::default_logger()->flush();
     std::_Exit(128 + second);
   }).detach();
+  // The grace period bounds the stop: a transport still draining a flood
+  // of reset streams (HTTP/2 rapid reset) kept gRPC's shutdown waiting for
+  // 30 s and more past it. Acknowledged writes are in the log already.
+  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));
+  std::thread([grace] {
+    absl::SleepFor(grace + kShutdownOverrun);
+    spdlog::error("rollpackd: not stopped {} after the signal (grace {} + {}): exiting now",
+                  absl::FormatDuration(grace + kShutdownOverrun), absl::FormatDuration(grace),
+                  absl::FormatDuration(kShutdownOverrun));
+    spdlog::default_logger()->flush();
+    std::_Exit(1);
+  }).detach();
   const absl::Time start = absl::Now();
-  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds)));
+  (*server)->Shutdown(grace);
   spdlog::info("rollpackd: stopped in {}",
                absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))));
   return 0;

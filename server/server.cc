@@ -22,6 +22,7 @@
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/cluster/cluster.h"
@@ -38,6 +39,7 @@
 #include "server/ops/metrics/metrics_endpoint.h"
 #include "server/ops/metrics/scrape_registry.h"
 #include "server/ops/server_metrics.h"
+#include "server/ops/token_gate.h"
 #include "server/store/log_replay.h"
 #include "server/store/sample_store.h"
 #include "server/store/step_activity.h"
@@ -165,6 +167,14 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-message-bytes is ", options.max_message_bytes, ": must be > 0"));
   }
+  if (options.transport_memory_bytes < 0 ||
+      (options.transport_memory_bytes > 0 &&
+       options.transport_memory_bytes < options.max_message_bytes)) {
+    // gRPC could never take in a message of the largest size allowed.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--transport-memory is ", options.transport_memory_bytes,
+        ": 0 (no quota) or at least --max-message-bytes (", options.max_message_bytes, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -258,6 +268,31 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->call_log_ = std::make_unique<CallLog>(server->auth_.get());
   interceptors.push_back(server->call_log_->InterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  // Declared whatever the configuration: dashboards and scrapers see every
+  // family rollpackd can export.
+  prometheus::Family<prometheus::Counter>& refused_at_start = server->registry_->AddCounter(
+      TokenGate::kRefusedMetric,
+      "Calls refused from their headers, before any request message was read: no or an "
+      "unknown token (UNAUTHENTICATED), a role that may not call the method "
+      "(PERMISSION_DENIED); TLS ports with --auth-tokens only");
+  if (server->auth_ != nullptr && !options.tls_cert.empty()) {
+    // Refuses calls without a valid token from their headers, before any
+    // request message is read (server/ops/token_gate.h). gRPC 1.51 runs an
+    // AuthMetadataProcessor on TLS ports only (it aborts on an insecure one);
+    // on plaintext, handlers check the token and the transport quota bounds
+    // what an unauthenticated client makes the server hold.
+    credentials->SetAuthMetadataProcessor(
+        std::make_shared<TokenGate>(server->auth_.get(), &refused_at_start));
+  }
+  if (options.transport_memory_bytes > 0) {
+    grpc::ResourceQuota quota("rollpackd-transport");
+    quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
+    builder.SetResourceQuota(quota);
+  }
+  if (!options.accept_compressed_requests) {
+    builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+    builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  }
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   // Clients ping every 20 s while a call is open (ClientOptions::

@@ -89,6 +89,16 @@ struct ServerOptions {
   // A client connection with no call for this long is closed (GOAWAY);
   // zero = never.
   absl::Duration max_connection_idle = absl::Minutes(15);
+  // Bytes gRPC's transport may hold for all connections together (read
+  // buffers, messages received and not yet handed over, messages queued to
+  // send): a gRPC ResourceQuota. Under pressure gRPC shrinks flow-control
+  // windows and read sizes, then cancels streams (RESOURCE_EXHAUSTED).
+  // 0 = no quota; else at least max_message_bytes.
+  int64_t transport_memory_bytes = int64_t{1} << 30;
+  // Whether requests may arrive gzip/deflate-compressed. Off, such a call
+  // is refused (UNIMPLEMENTED) from its headers, before gRPC inflates a
+  // message: a 498 KB gzip request inflated to 1.25 GB before its refusal.
+  bool accept_compressed_requests = false;
   // Delivery (server/delivery/trainer_service.h).
   FetchOptions fetch;
   // Ingest (server/ingest/put_samples_reactor.h).

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "client/cpp/client.h"
 #include "client/cpp/trainer_stream.h"
+#include "grpc/compression.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/client_context.h"
@@ -337,6 +338,121 @@ TEST(ConnectionTest, NegativeLimitsAreRefusedByFlag) {
   options.max_connection_idle = absl::Seconds(-1);
   EXPECT_THAT(RollpackServer::Start(options).status().message(),
               HasSubstr("--max-connection-idle is -1s"));
+}
+
+// ------------------------------------------------- what a request may hold
+
+// A GetPool call on its own channel with `body` as the request bytes.
+grpc::Status RawGetPool(const std::string& address, const std::string& body,
+                        grpc_compression_algorithm compression = GRPC_COMPRESS_NONE) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt("grpc.use_local_subchannel_pool", 1);  // a connection of its own
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  ctx.set_compression_algorithm(compression);
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, "/rollpack.v1.Rollouts/GetPool", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  return status;
+}
+
+// A serialized GetPoolRequest of about `bytes` (its pool name is too long:
+// the handler refuses it INVALID_ARGUMENT once gRPC hands it over).
+std::string LargeGetPool(size_t bytes) {
+  v1::GetPoolRequest request;
+  request.set_pool(std::string(bytes, 'p'));
+  return request.SerializeAsString();
+}
+
+TEST(TransportMemoryTest, CompressedRequestsAreRefusedFromTheirHeaders) {
+  ServerOptions options;
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  v1::GetPoolRequest small;
+  small.set_pool("none");
+  grpc::Status gzip = RawGetPool((*server)->address(), small.SerializeAsString(),
+                                 GRPC_COMPRESS_GZIP);
+  EXPECT_EQ(gzip.error_code(), grpc::StatusCode::UNIMPLEMENTED) << gzip.error_message();
+  EXPECT_THAT(gzip.error_message(), HasSubstr("'gzip' is disabled"));
+  EXPECT_EQ(RawGetPool((*server)->address(), small.SerializeAsString()).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  (*server)->Shutdown(absl::Seconds(1));
+
+  options.accept_compressed_requests = true;
+  server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(RawGetPool((*server)->address(), small.SerializeAsString(), GRPC_COMPRESS_GZIP)
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+// Requests in flight beyond --transport-memory are cancelled by gRPC rather
+// than buffered whole; without the quota the same requests all reach the
+// handler. The server keeps serving either way.
+TEST(TransportMemoryTest, RequestsBeyondTheQuotaAreCancelledNotBuffered) {
+  constexpr int kCalls = 12;
+  constexpr size_t kRequestBytes = 30 << 20;
+  const std::string body = LargeGetPool(kRequestBytes);
+  for (const int64_t quota : {int64_t{0}, int64_t{40} << 20}) {
+    SCOPED_TRACE(quota);
+    ServerOptions options;
+    options.max_message_bytes = 32 << 20;
+    options.transport_memory_bytes = quota;
+    absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    std::vector<grpc::Status> statuses(kCalls);
+    std::vector<std::thread> callers;
+    for (int i = 0; i < kCalls; ++i) {
+      callers.emplace_back([&, i] { statuses[i] = RawGetPool((*server)->address(), body); });
+    }
+    for (std::thread& t : callers) t.join();
+    int handled = 0, cancelled = 0;
+    for (const grpc::Status& s : statuses) {
+      if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        ++handled;
+      } else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                 s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        // gRPC resets the stream (ENHANCE_YOUR_CALM) or closes the whole
+        // connection (GOAWAY), whichever its reclaimer reaches first.
+        ++cancelled;
+      } else {
+        ADD_FAILURE() << s.error_code() << " " << s.error_message();
+      }
+    }
+    if (quota == 0) {
+      EXPECT_EQ(handled, kCalls);
+    } else {
+      EXPECT_GT(cancelled, 0) << "12 x 30 MB in flight cannot fit in 40 MB";
+    }
+    v1::GetPoolRequest small;
+    small.set_pool("none");
+    EXPECT_EQ(RawGetPool((*server)->address(), small.SerializeAsString()).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+    (*server)->Shutdown(absl::Seconds(1));
+  }
+}
+
+TEST(TransportMemoryTest, AQuotaBelowTheMessageLimitIsRefused) {
+  ServerOptions options;
+  options.max_message_bytes = 64 << 20;
+  options.transport_memory_bytes = 32 << 20;
+  EXPECT_THAT(RollpackServer::Start(options).status().message(),
+              HasSubstr("--transport-memory is 33554432: 0 (no quota) or at least "
+                        "--max-message-bytes (67108864)"));
+  options.transport_memory_bytes = -1;
+  EXPECT_EQ(RollpackServer::Start(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

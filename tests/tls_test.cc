@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -27,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "testing/exposition.h"
 #include "server/ops/auth.h"
+#include "server/ops/metrics/scrape_registry.h"
 #include "server/server.h"
 #include "testing/ops_fixtures.h"
 
@@ -174,6 +176,74 @@ TEST_F(TlsTest, CppClientWithTlsAndTokens) {
   absl::StatusOr<v1::ReleaseStepResponse> released = admin->ReleaseStep("s");
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_EQ(released->released_samples(), 8);
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+// On a TLS port the token gate (server/ops/token_gate.h) refuses calls from
+// their headers, with the handlers' codes and messages: the refusals are
+// counted in rollpack_calls_refused_at_start_total, which only the gate
+// touches, so a handler-side refusal would fail this test. A refused call's
+// request (here 32 MB) is never read whole.
+TEST_F(TlsTest, TokensAreCheckedFromTheHeadersBeforeAnyMessage) {
+  ServerOptions options;
+  options.tls_cert = certs_.path("server.crt");
+  options.tls_key = certs_.path("server.key");
+  options.auth_tokens_file =
+      dir_.Write("tokens", std::string("producer ") + kProducer + "\ntrainer " + kTrainer + "\n");
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::shared_ptr<grpc::Channel> channel = Tls(**server, "");
+  auto call = [&](const std::string& method, const std::string& token, const std::string& body) {
+    grpc::GenericStub stub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    grpc::Slice slice(body);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::Status status;
+    absl::Notification done;
+    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) {
+                     status = std::move(s);
+                     done.Notify();
+                   });
+    done.WaitForNotification();
+    return status;
+  };
+  auto refused = [&](const std::string& code) {
+    return ParseExposition((*server)->metrics_registry().SerializeText())
+        [absl::StrCat("rollpack_calls_refused_at_start_total{code=\"", code, "\"}")];
+  };
+  v1::GetPoolRequest get_pool;
+  get_pool.set_pool("none");
+  const std::string small = get_pool.SerializeAsString();
+  const std::string large(32 << 20, 'x');
+
+  grpc::Status no_token = call("/rollpack.v1.Rollouts/GetPool", "", large);
+  EXPECT_EQ(no_token.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(no_token.error_message(), HasSubstr("missing `authorization: Bearer <token>`"));
+  grpc::Status unknown = call("/rollpack.v1.Rollouts/GetPool", "not-a-token-of-this-server", large);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(unknown.error_message(), "unknown token");
+  EXPECT_EQ(refused("UNAUTHENTICATED"), 2);
+
+  grpc::Status denied = call("/rollpack.v1.Scheduler/ReleaseStep", kProducer, large);
+  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(denied.error_message(), HasSubstr("role producer may not call"));
+  EXPECT_EQ(refused("PERMISSION_DENIED"), 1);
+
+  // Through the gate: the handler answers.
+  EXPECT_EQ(call("/rollpack.v1.Rollouts/GetPool", kProducer, small).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  // A method rollpackd does not serve: a known token gets gRPC's
+  // UNIMPLEMENTED, no token the gate's UNAUTHENTICATED.
+  EXPECT_EQ(call("/rollpack.v1.Nope/Nothing", kTrainer, small).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(call("/rollpack.v1.Nope/Nothing", "", small).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(refused("UNAUTHENTICATED"), 3);
+  // Health stays open without a token (an empty HealthCheckRequest).
+  EXPECT_TRUE(call("/grpc.health.v1.Health/Check", "", "").ok());
   (*server)->Shutdown(absl::Seconds(1));
 }
 

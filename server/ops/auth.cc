@@ -149,9 +149,7 @@ std::string Authorizer::RoleOf(const std::string& authorization) const {
   return match != nullptr ? RoleName(match->role) : "unknown token";
 }
 
-grpc::Status Authorizer::CheckHeader(const std::string& authorization,
-                                     const std::string& method) const {
-  if (!enabled()) return grpc::Status::OK;
+grpc::Status Authorizer::Authenticate(const std::string& authorization, Role* role) const {
   if (authorization.empty()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing `authorization: Bearer <token>` metadata");
@@ -170,11 +168,20 @@ grpc::Status Authorizer::CheckHeader(const std::string& authorization,
   if (match == nullptr) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown token");
   }
+  *role = match->role;
+  return grpc::Status::OK;
+}
+
+grpc::Status Authorizer::CheckHeader(const std::string& authorization,
+                                     const std::string& method) const {
+  if (!enabled()) return grpc::Status::OK;
+  Role role;
+  if (grpc::Status s = Authenticate(authorization, &role); !s.ok()) return s;
   const auto& table = MethodRoles();
   const auto allowed = table.find(method);
-  if (allowed == table.end() || allowed->second.count(match->role) == 0) {
+  if (allowed == table.end() || allowed->second.count(role) == 0) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        absl::StrCat("role ", RoleName(match->role), " may not call ", method));
+                        absl::StrCat("role ", RoleName(role), " may not call ", method));
   }
   return grpc::Status::OK;
 }

@@ -57,6 +57,10 @@ class Authorizer {
   // The same on a raw authorization header value (empty = missing).
   grpc::Status CheckHeader(const std::string& authorization, const std::string& method) const;
 
+  // OK and the token's role when `authorization` is `Bearer <known token>`;
+  // UNAUTHENTICATED otherwise (auth on only).
+  grpc::Status Authenticate(const std::string& authorization, Role* role) const;
+
   // Who sent `authorization`, for logs: the role's name, "no token" or
   // "unknown token"; empty when auth is off. Never the token itself.
   std::string RoleOf(const std::string& authorization) const;

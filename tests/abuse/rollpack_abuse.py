@@ -1,0 +1,178 @@
+#!/usr/bin/python3
+"""rollpack_abuse: the attacks of issue 18, each measured before and after
+its mitigation, side by side in one run.
+
+    /usr/bin/python3 tests/abuse/rollpack_abuse.py --rollpackd build/bin/rollpackd
+    ... --only compressed_bomb,rapid_reset --scale 0.25 --json out.json
+    ... --baseline /path/to/an/older/rollpackd
+
+"before" is the same binary with the mitigation's flags turned off, or
+--baseline's binary with its defaults; "after" is --rollpackd with its
+defaults. Prints a table and one JSON document (also to --json). Each
+experiment starts its own servers on 127.0.0.1 and stops them. The full
+scale reproduces the figures of the issue: an unprotected server may take
+most of the machine's memory (the oversized experiment reached 18 GB and
+was killed by the kernel on a 24 GB host); run it on a machine with
+nothing else to lose, or lower --scale.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+import message_probes  # noqa: E402
+
+try:
+    import transport_probes  # noqa: E402
+except ImportError:  # pragma: no cover - kept runnable without it
+    transport_probes = None
+
+
+def _mb(n):
+    return int(n) << 20
+
+
+# name -> how to run it. `args`: flags both servers get; `unprotected`: the
+# flags that turn the mitigation off on the same binary; `headline`: the
+# figures the table shows.
+EXPERIMENTS = {
+    "oversized_unauthenticated": {
+        "what": "8 concurrent 530 MB GetPool requests without a token (--auth-tokens on)",
+        "auth": True,
+        "args": ["--max-message-bytes", str(600 << 20)],
+        "unprotected": ["--transport-memory", "0"],
+        "mitigation": "--transport-memory (gRPC resource quota, default 1 GiB); on TLS ports the "
+                      "token gate refuses from the headers",
+        "run": lambda s, scale: message_probes.oversized_unauthenticated(
+            s, calls=8, request_bytes=int(_mb(530) * scale)),
+        "headline": ["peak_rss_mb", "codes", "server_alive", "normal_client_during"],
+    },
+    "compressed_bomb": {
+        "what": "one gzip GetPool request inflating to 1250 MB",
+        "args": [],
+        "unprotected": ["--accept-compressed-requests", "--transport-memory", "0"],
+        "mitigation": "compressed requests refused from their headers (--accept-compressed-requests "
+                      "off by default)",
+        "run": lambda s, scale: message_probes.compressed_bomb(
+            s, inflated_bytes=int(_mb(1250) * scale)),
+        "headline": ["peak_rss_mb", "code", "seconds"],
+    },
+    "long_names": {
+        "what": "GetPool and RegisterModel naming a 10 MB pool",
+        "args": [],
+        "unprotected": None,  # a code change: only --baseline shows "before"
+        "mitigation": "pool names and step ids of at most 128 printable UTF-8 bytes, refused without echoing them",
+        "run": lambda s, scale: message_probes.long_names(s, name_bytes=max(1024, int(_mb(10) * scale))),
+        "headline": ["GetPool", "RegisterModel"],
+    },
+}
+
+if transport_probes is not None:
+    EXPERIMENTS["rapid_reset"] = {
+        "what": "HTTP/2 rapid reset (HEADERS + RST_STREAM in a loop, 4 connections, no token)",
+        "args": [],
+        # gRPC 1.51 cannot refuse it on a plaintext port, quota or not: the
+        # row to compare with is the same server behind mutual TLS.
+        "unprotected": ["--transport-memory", "0"],
+        "mutual_tls": True,
+        "mitigation": "none in gRPC 1.51's transport (the quota does not bound it); mutual TLS "
+                      "refuses the attacker at the handshake (docs/operations.md, Hardening); "
+                      "the stop is bounded by --shutdown-grace-seconds + 5 s",
+        "run": lambda s, scale: transport_probes.rapid_reset(
+            s, seconds=max(2.0, 10 * scale), connections=4, settle_seconds=max(2.0, 20 * scale)),
+        "headline": ["streams_opened", "peak_rss_mb", "rss_settled_mb", "normal_client_during",
+                     "sigterm_seconds"],
+    }
+    EXPERIMENTS["stalled_put"] = {
+        "what": "4 PutSamples streams declaring 400 MB messages, sending 300 MB, then stalling",
+        "args": [],
+        "unprotected": ["--transport-memory", "0"],
+        "mitigation": "--transport-memory: gRPC resets streams and closes connections past it",
+        "run": lambda s, scale: transport_probes.stalled_put(
+            s, streams=4, declared_bytes=_mb(400), send_bytes=int(_mb(300) * scale),
+            hold_seconds=max(4.0, 30 * scale)),
+        "headline": ["peak_rss_mb", "accepted_mb", "resets", "goaways"],
+    }
+
+
+def run_one(name, spec, binary, baseline, scale):
+    rows = {}
+    configs = []  # (label, binary, flags, mutual TLS)
+    if baseline:
+        configs.append(("before", baseline, spec["args"], False))
+    elif spec["unprotected"] is not None:
+        configs.append(("before", binary, spec["args"] + spec["unprotected"], False))
+    configs.append(("after", binary, spec["args"], False))
+    if spec.get("mutual_tls"):
+        configs.append(("mtls", binary, spec["args"], True))
+    for label, exe, args, mutual_tls in configs:
+        start = time.monotonic()
+        try:
+            with harness.Server(exe, args, auth=spec.get("auth", False),
+                                mutual_tls=mutual_tls) as server:
+                figures = spec["run"](server, scale)
+                figures.setdefault("server_alive", server.alive())
+        except Exception as e:  # an experiment that breaks the server is a result
+            figures = {"error": "%s: %s" % (type(e).__name__, e)}
+        figures["wall_s"] = round(time.monotonic() - start, 1)
+        figures["flags"] = args + (["--tls-cert", "--tls-key", "--tls-client-ca"]
+                                   if mutual_tls else [])
+        rows[label] = figures
+    return rows
+
+
+def _short(value):
+    if isinstance(value, dict):
+        if "failed" in value and "calls" in value:
+            return "%d/%d failed, worst %.2fs" % (value["failed"], value["calls"], value["worst_s"])
+        return ",".join("%s=%s" % (k, _short(v)) for k, v in value.items())
+    return str(value)
+
+
+def print_table(results):
+    print("%-26s %-7s %s" % ("experiment", "server", "figures"))
+    for name, rows in results.items():
+        for label, figures in rows.items():
+            keys = EXPERIMENTS[name]["headline"]
+            shown = figures.get("error") or "  ".join(
+                "%s=%s" % (k, _short(figures.get(k))) for k in keys)
+            print("%-26s %-7s %s" % (name, label, shown))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollpackd", default=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin", "rollpackd"))
+    parser.add_argument("--baseline", default="", help="an older rollpackd for the 'before' rows")
+    parser.add_argument("--only", default="", help="comma-separated experiments (default: all)")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="sizes and durations relative to the issue's (1.0)")
+    parser.add_argument("--json", default="", help="also write the JSON document here")
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(EXPERIMENTS)
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        parser.error("unknown experiment(s) %s; known: %s" % (unknown, ", ".join(EXPERIMENTS)))
+    results = {}
+    for name in names:
+        print("running %s: %s" % (name, EXPERIMENTS[name]["what"]), file=sys.stderr, flush=True)
+        results[name] = run_one(name, EXPERIMENTS[name], args.rollpackd, args.baseline, args.scale)
+    print_table(results)
+    document = {"scale": args.scale, "rollpackd": args.rollpackd, "baseline": args.baseline,
+                "experiments": {n: dict(what=EXPERIMENTS[n]["what"],
+                                        mitigation=EXPERIMENTS[n]["mitigation"], **results[n])
+                                for n in results}}
+    print(json.dumps(document))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(document, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
