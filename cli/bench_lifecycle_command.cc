@@ -1,14 +1,17 @@
 #include "cli/bench_lifecycle_command.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "cli/bench_step_scaling.h"
 #include "cli/bench_support.h"
 #include "cli/flags.h"
 #include "server/ingest/sample_validation.h"
@@ -30,6 +33,11 @@ struct LifecycleBenchConfig {
   int dp = 16;
   int cp = 4;
   int64_t max_tokens_per_rank = 16384;
+  bool dynamic_cp = false;
+  // Non-empty: the scaling run (bench_step_scaling.h) instead of the table.
+  std::vector<std::string> scaling;
+  int scaling_rounds = 1;
+  std::string data_dir;
 };
 
 struct Mode {
@@ -59,7 +67,36 @@ int RunBenchLifecycleCommand(int argc, char** argv) {
   flags.Int("cp", &config.cp, "Context-parallel ranks of the step.").Min(1);
   flags.Int64("max-tokens-per-rank", &config.max_tokens_per_rank, "Per-rank token budget.")
       .Min(1);
+  flags.Bool("dynamic-cp", &config.dynamic_cp, "Plan with the dynamic CP scheduler.");
+  flags.List("scaling", &config.scaling,
+             "Instead of the selection table: for each N given (e.g. 100000,300000,1000000), "
+             "a pool of N one-token samples on an embedded rollpackd and one CreateStep over "
+             "gRPC that takes them all; prints how its time grows with N.");
+  flags.Int("scaling-rounds", &config.scaling_rounds,
+            "With --scaling: rounds per N (each ingests N samples again).")
+      .Min(1);
+  flags.String("data-dir", &config.data_dir,
+               "With --scaling: the embedded rollpackd's --data-dir (durable mode).");
   if (ParseResult r = flags.Parse(argc, argv); r.should_exit()) return r.exit_code();
+  if (!config.scaling.empty()) {
+    StepScalingConfig scaling;
+    for (const std::string& n : config.scaling) {
+      int64_t value = 0;
+      // CreateStepRequest.num_samples is an int32.
+      if (!absl::SimpleAtoi(n, &value) || value < 1 || value > INT32_MAX) {
+        return flags.UsageError(
+            absl::StrCat("--scaling wants sample counts in [1, 2^31), got \"", n, "\""));
+      }
+      scaling.samples.push_back(value);
+    }
+    scaling.rounds = config.scaling_rounds;
+    scaling.dp = config.dp;
+    scaling.cp = config.cp;
+    scaling.max_tokens_per_rank = config.max_tokens_per_rank;
+    scaling.dynamic_cp = config.dynamic_cp;
+    scaling.data_dir = config.data_dir;
+    return RunStepScaling(scaling);
+  }
   const int groups = config.samples / config.group_size;
   if (groups < 1 || config.samples % config.group_size != 0) {
     std::fprintf(stderr, "rollpack bench lifecycle: --samples must be a multiple of --group-size\n");
@@ -103,6 +140,7 @@ int RunBenchLifecycleCommand(int argc, char** argv) {
   topology.dp = config.dp;
   topology.cp = config.cp;
   topology.max_tokens_per_rank = config.max_tokens_per_rank;
+  if (config.dynamic_cp) topology.scheduler = SchedulerKind::kDynamicCp;
   const int step_groups = std::max(1, groups / config.step_fraction);
   const int step_samples = step_groups * config.group_size;
   int64_t step_tokens = 0;

@@ -10,7 +10,8 @@ namespace rollpack {
 // tokens (and whole groups), newest version first and with a staleness
 // bound, each a reuse step released right after (the pool stays the
 // same). Plan time included. Prints a table and JSON; exit 0 when every
-// selection took the samples it should.
+// selection took the samples it should. With --scaling, how CreateStep's
+// time grows with the step instead (bench_step_scaling.h).
 int RunBenchLifecycleCommand(int argc, char** argv);
 
 }  // namespace rollpack

@@ -75,7 +75,7 @@ const Command kBenchmarks[] = {
      rollpack::RunBenchLoadCommand},
     {"cluster", "CreateStep over M members vs one server, bytes to plan, fetch via any member",
      rollpack::RunBenchClusterCommand},
-    {"lifecycle", "CreateStep by groups / tokens / versions vs by count over one pool",
+    {"lifecycle", "CreateStep by groups / tokens / versions vs by count; --scaling: vs size",
      rollpack::RunBenchLifecycleCommand},
     {"pieces", "extending a sample piece by piece: last pieces vs first vs sent whole",
      rollpack::RunBenchPiecesCommand},

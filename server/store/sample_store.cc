@@ -388,11 +388,12 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     const uint64_t arrival = next_arrival_++;
     const int64_t bytes = samples[i].MemoryBytes();
     std::string id = samples[i].sample_id;
-    pool.free_by_arrival.emplace(arrival, id);
     pool.arrival_of.emplace(id, arrival);
     pool.arrival_unix_nanos.emplace(id, now_nanos);
     AddToGroup(pool, samples[i], now_nanos);
-    pool.samples.emplace(std::move(id), std::make_shared<const StoredSample>(std::move(samples[i])));
+    auto stored = std::make_shared<const StoredSample>(std::move(samples[i]));
+    pool.free_by_arrival.emplace(arrival, stored);
+    pool.samples.emplace(std::move(id), std::move(stored));
     pool.stored_bytes += bytes;
     stored_bytes_ += bytes;
     result.stored_bytes += bytes;
@@ -460,7 +461,11 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
   // Reserve the samples under the lock, plan without it (step_builder.h).
   ModelSpec model;
   std::vector<std::shared_ptr<const StoredSample>> samples;
-  std::vector<std::pair<uint64_t, std::string>> reserved;
+  // The samples taken, to give back if the step fails (`samples` moves
+  // into the step). Out of the free set and in no step or hold, they stay
+  // in the pool meanwhile: only free samples and those of a released step
+  // or hold are ever erased (ReturnToFree relies on it too).
+  std::vector<const StoredSample*> reserved;
   int32_t num_groups = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -490,6 +495,9 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
                          CheckExplicitSelection(chosen, selection,
                                                 absl::StrCat("step \"", step_id, "\"")));
       }
+      for (const std::string& id : request.sample_ids) {
+        pool.free_by_arrival.erase(pool.arrival_of.at(id));
+      }
     } else {
       // Oldest-first selections read a growing prefix of the free samples
       // until it decides them (sample_selection.h), so a step costs what it
@@ -499,24 +507,26 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
                           ? std::max<int64_t>(selection.num_samples, 4096)
                           : free;
       std::vector<SampleCandidate> candidates;
+      std::vector<Pool::FreeSamples::const_iterator> where;
       Selection chosen;
       while (true) {
-        candidates = FreeCandidates(pool, std::min(limit, free));
+        candidates = FreeCandidates(pool, std::min(limit, free), &where);
         const bool prefix = static_cast<int64_t>(candidates.size()) < free;
         ASSIGN_OR_RETURN(chosen, SelectSamples(candidates, selection, what, prefix));
         if (!chosen.needs_more) break;
         limit *= 4;
       }
+      // Taken out through the free map's own entries, with no lookup by
+      // id (the chosen indices are distinct: each entry is taken once).
+      samples.reserve(chosen.chosen.size());
       for (int32_t i : chosen.chosen) {
-        samples.push_back(pool.samples.at(std::string(candidates[i].sample_id)));
+        auto node = pool.free_by_arrival.extract(where[i]);
+        samples.push_back(std::move(node.mapped()));
       }
       num_groups = chosen.num_groups;
     }
-    for (const auto& sample : samples) {
-      const uint64_t arrival = pool.arrival_of.at(sample->sample_id);
-      pool.free_by_arrival.erase(arrival);
-      reserved.emplace_back(arrival, sample->sample_id);
-    }
+    reserved.reserve(samples.size());
+    for (const auto& sample : samples) reserved.push_back(sample.get());
     pending_steps_[step_id] = true;
   }
 
@@ -539,10 +549,11 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
       }
     }
     if (!step.ok()) {
-      std::vector<std::string> ids;
-      for (auto& [arrival, id] : reserved) ids.push_back(id);
       // No record says this step was tried: a sample of a group dropped
       // meanwhile gets a drop record of its own.
+      std::vector<std::string> ids;
+      ids.reserve(reserved.size());
+      for (const StoredSample* sample : reserved) ids.push_back(sample->sample_id);
       absl::Status back = ReturnToFree(pool_name, pool_it->second, ids, /*log_drop=*/true).status();
       if (!back.ok()) return back;
       return absl::Status(step.status().code(),

@@ -306,8 +306,14 @@ class SampleStore {
     std::map<std::string, FieldSchema> schema;
     absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
     absl::flat_hash_map<std::string, OpenSample> open;
-    // Free samples by arrival sequence number: the oldest first.
-    std::map<uint64_t, std::string> free_by_arrival;
+    // Free samples by arrival sequence number: the oldest first. The map
+    // holds the sample itself, so that CreateStep takes what it selects
+    // through the map's iterators, with no lookup by id per sample: each
+    // lookup is a cache miss in tables of 10^6 entries, and three of them
+    // per sample made a step of 10^6 one-token samples grow faster than
+    // n log n (issue 18, docs/performance.md).
+    using FreeSamples = std::map<uint64_t, std::shared_ptr<const StoredSample>>;
+    FreeSamples free_by_arrival;
     absl::flat_hash_map<std::string, uint64_t> arrival_of;
     absl::flat_hash_map<std::string, int64_t> arrival_unix_nanos;
     int64_t stored_bytes = 0;
@@ -362,8 +368,10 @@ class SampleStore {
   void AddToGroup(Pool& pool, const StoredSample& sample, int64_t now_nanos)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free samples in ingest order as selection sees them, the first `limit`
-  // (< 0: all).
-  std::vector<SampleCandidate> FreeCandidates(const Pool& pool, int64_t limit) const
+  // (< 0: all); with `where`, candidate i's entry of free_by_arrival too.
+  std::vector<SampleCandidate> FreeCandidates(
+      const Pool& pool, int64_t limit,
+      std::vector<Pool::FreeSamples::const_iterator>* where = nullptr) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The request's selection with the pool's policy version and bound.
   SelectionRequest Effective(const Pool& pool, SelectionRequest selection) const

@@ -24,8 +24,8 @@ absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
   }
   const Pool& pool = pool_it->second;
   SampleListing listing;
-  auto add = [&](const std::string& id, bool free) {
-    const StoredSample& sample = *pool.samples.at(id);
+  auto add = [&](const StoredSample& sample, bool free) {
+    const std::string& id = sample.sample_id;
     listing.sample_ids.push_back(id);
     listing.num_tokens.push_back(sample.num_tokens());
     listing.arrival_unix_nanos.push_back(pool.arrival_unix_nanos.at(id));
@@ -41,7 +41,7 @@ absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
         if (pool.open.contains(id)) listing.open_sample_ids.push_back(id);
         continue;
       }
-      add(id, pool.free_by_arrival.count(arrival->second) > 0);
+      add(*pool.samples.at(id), pool.free_by_arrival.count(arrival->second) > 0);
     }
     return listing;
   }
@@ -49,7 +49,7 @@ absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
        it != pool.free_by_arrival.end() &&
        (limit < 0 || static_cast<int>(listing.sample_ids.size()) < limit);
        ++it) {
-    add(it->second, true);
+    add(*it->second, true);
   }
   return listing;
 }

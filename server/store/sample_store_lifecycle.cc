@@ -64,14 +64,21 @@ void SampleStore::AddToGroup(Pool& pool, const StoredSample& sample, int64_t now
   if (group.stored++ == 0) group.first_sealed_unix_nanos = now_nanos;
 }
 
-std::vector<SampleCandidate> SampleStore::FreeCandidates(const Pool& pool, int64_t limit) const {
+std::vector<SampleCandidate> SampleStore::FreeCandidates(
+    const Pool& pool, int64_t limit, std::vector<Pool::FreeSamples::const_iterator>* where) const {
   std::vector<SampleCandidate> candidates;
   const int64_t free = static_cast<int64_t>(pool.free_by_arrival.size());
-  candidates.reserve(static_cast<size_t>(limit < 0 ? free : std::min(limit, free)));
-  for (const auto& [arrival, id] : pool.free_by_arrival) {
-    if (limit >= 0 && static_cast<int64_t>(candidates.size()) >= limit) break;
-    const StoredSample& s = *pool.samples.at(id);
+  const size_t size = static_cast<size_t>(limit < 0 ? free : std::min(limit, free));
+  candidates.reserve(size);
+  if (where != nullptr) {
+    where->clear();
+    where->reserve(size);
+  }
+  for (auto it = pool.free_by_arrival.begin();
+       it != pool.free_by_arrival.end() && candidates.size() < size; ++it) {
+    const StoredSample& s = *it->second;
     candidates.push_back({s.sample_id, s.num_tokens(), s.policy_version, s.group_id, s.group_size});
+    if (where != nullptr) where->push_back(it);
   }
   return candidates;
 }
@@ -147,7 +154,7 @@ absl::StatusOr<ReleaseResult> SampleStore::ReturnToFree(const std::string& pool_
   }
   ReleaseResult result;
   for (const std::string& id : ids) {
-    pool.free_by_arrival.emplace(pool.arrival_of.at(id), id);
+    pool.free_by_arrival.emplace(pool.arrival_of.at(id), pool.samples.at(id));
     result.returned_samples++;
   }
   if (closed.empty()) return result;
@@ -192,8 +199,8 @@ absl::StatusOr<DropResult> SampleStore::AdvanceVersionLocked(const std::string& 
   staleness.policy_version = policy_version;
   staleness.max_staleness = pool.options.max_staleness;
   std::vector<std::string> stale;
-  for (const auto& [arrival, id] : pool.free_by_arrival) {
-    if (IsStale(staleness, pool.samples.at(id)->policy_version)) stale.push_back(id);
+  for (const auto& [arrival, sample] : pool.free_by_arrival) {
+    if (IsStale(staleness, sample->policy_version)) stale.push_back(sample->sample_id);
   }
   RETURN_IF_ERROR(
       DropFreeLocked(pool_name, pool, stale, v1::DroppedSamplesRecord::STALE, {}, true, ticket));
@@ -269,9 +276,9 @@ absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
     const absl::flat_hash_set<std::string> doomed(groups.begin(), groups.end());
     // Only free samples: one in a live step stays until its release.
     std::vector<std::string> ids;
-    for (const auto& [arrival, id] : pool.free_by_arrival) {
-      const StoredSample& s = *pool.samples.at(id);
-      if (s.grouped() && doomed.contains(s.group_id)) ids.push_back(id);
+    for (const auto& [arrival, sample] : pool.free_by_arrival) {
+      const StoredSample& s = *sample;
+      if (s.grouped() && doomed.contains(s.group_id)) ids.push_back(s.sample_id);
     }
     // Open samples of the group go too: it can never be complete again.
     std::vector<std::string> open_ids;
@@ -351,8 +358,8 @@ PoolStats SampleStore::StatsLocked(const std::string& pool_name, const Pool& poo
   staleness.policy_version = pool.policy_version;
   staleness.max_staleness = pool.options.max_staleness;
   if (staleness.max_staleness.has_value() && staleness.policy_version > 0) {
-    for (const auto& [arrival, id] : pool.free_by_arrival) {
-      if (IsStale(staleness, pool.samples.at(id)->policy_version)) stats.num_stale_samples++;
+    for (const auto& [arrival, sample] : pool.free_by_arrival) {
+      if (IsStale(staleness, sample->policy_version)) stats.num_stale_samples++;
     }
   }
   return stats;

@@ -382,11 +382,12 @@ void SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample pie
   StoredSample sealed = std::move(node.mapped().sample);
   if (sealed.grouped()) pool.groups[sealed.group_id].open--;
   const uint64_t arrival = next_arrival_++;
-  pool.free_by_arrival.emplace(arrival, id);
   pool.arrival_of.emplace(id, arrival);
   pool.arrival_unix_nanos.emplace(id, now_nanos);
   AddToGroup(pool, sealed, now_nanos);
-  pool.samples.emplace(id, std::make_shared<const StoredSample>(std::move(sealed)));
+  auto stored = std::make_shared<const StoredSample>(std::move(sealed));
+  pool.free_by_arrival.emplace(arrival, stored);
+  pool.samples.emplace(id, std::move(stored));
 }
 
 void SampleStore::EraseOpen(Pool& pool, absl::Span<const std::string> ids) {
