@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/cluster/cluster.h"
 #include "server/ops/keep_freed_memory.h"
@@ -45,9 +47,10 @@ ABSL_FLAG(int, fsync_batch_ms, 50, "fsync interval of --fsync batch");
 ABSL_FLAG(int64_t, compact_min_dead_bytes, int64_t{64} << 20,
           "durable mode: compact the log once released records exceed this many bytes "
           "and half the file");
-// What a stop may take past --shutdown-grace-seconds (closing the durable
-// log, gRPC's own shutdown) before rollpackd exits without finishing it.
-constexpr absl::Duration kShutdownOverrun = absl::Seconds(5);
+// What a stop may take past --shutdown-grace-seconds (gRPC's own shutdown,
+// freeing the store, closing the durable log) before rollpackd exits
+// without finishing it.
+constexpr absl::Duration kShutdownOverrun = absl::Seconds(10);
 
 ABSL_FLAG(int, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, let streams in flight finish for this long");
@@ -82,6 +85,10 @@ ABSL_FLAG(absl::Duration, stream_write_timeout, absl::Minutes(10),
 ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(15),
           "close a client connection with no call for this long (GOAWAY: clients reconnect "
           "when they next call); 0 = never");
+ABSL_FLAG(int64_t, stream_buffer_memory, 0,
+          "bytes of micro-batches encoded for trainer streams and not yet taken by the "
+          "transport; a stream past it waits for bytes to come back. Size it above every "
+          "rank's prefetch (ranks x (prefetch + 1) x the largest micro-batch); 0 = no bound");
 ABSL_FLAG(int64_t, transport_memory, int64_t{1} << 30,
           "bytes gRPC's transport may hold for all connections (a gRPC resource quota): under "
           "pressure it shrinks windows, then cancels streams; 0 = no quota");
@@ -201,6 +208,7 @@ int main(int argc, char** argv) {
   options.fetch.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.fetch.max_streams_per_client = absl::GetFlag(FLAGS_max_streams_per_client);
   options.fetch.write_timeout = absl::GetFlag(FLAGS_stream_write_timeout);
+  options.fetch.stream_buffer_bytes = absl::GetFlag(FLAGS_stream_buffer_memory);
   options.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
   options.max_pool_memory_bytes = absl::GetFlag(FLAGS_max_pool_memory);
   options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory);
@@ -215,6 +223,11 @@ int main(int argc, char** argv) {
   options.cluster_etcd = absl::GetFlag(FLAGS_cluster_etcd);
   options.cluster_advertise = absl::GetFlag(FLAGS_cluster_advertise);
   options.cluster_name = absl::GetFlag(FLAGS_cluster_name);
+  if (absl::GetFlag(FLAGS_shutdown_grace_seconds) < 0) {
+    std::fprintf(stderr, "rollpackd: --shutdown-grace-seconds is %d, must be >= 0\n",
+                 absl::GetFlag(FLAGS_shutdown_grace_seconds));
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_cluster_lease_seconds) < 1) {
     std::fprintf(stderr, "rollpackd: --cluster-lease-seconds is %d, must be >= 1\n",
                  absl::GetFlag(FLAGS_cluster_lease_seconds));
@@ -296,10 +309,12 @@ int main(int argc, char** argv) {
   }).detach();
   // The grace period bounds the stop: a transport still draining a flood
   // of reset streams (HTTP/2 rapid reset) kept gRPC's shutdown waiting for
-  // 30 s and more past it. Acknowledged writes are in the log already.
+  // 30 s and more past it. Acknowledged writes are in the log already. The
+  // watch ends once the server is gone (its log closed).
   const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));
-  std::thread([grace] {
-    absl::SleepFor(grace + kShutdownOverrun);
+  auto stopped = std::make_shared<absl::Notification>();
+  std::thread([grace, stopped] {
+    if (stopped->WaitForNotificationWithTimeout(grace + kShutdownOverrun)) return;
     spdlog::error("rollpackd: not stopped {} after the signal (grace {} + {}): exiting now",
                   absl::FormatDuration(grace + kShutdownOverrun), absl::FormatDuration(grace),
                   absl::FormatDuration(kShutdownOverrun));
@@ -308,6 +323,8 @@ int main(int argc, char** argv) {
   }).detach();
   const absl::Time start = absl::Now();
   (*server)->Shutdown(grace);
+  server->reset();
+  stopped->Notify();
   spdlog::info("rollpackd: stopped in {}",
                absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))));
   return 0;

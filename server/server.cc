@@ -149,6 +149,11 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
                                                    options.fetch.max_streams_per_client,
                                                    ": >= 0 (0 = no limit)"));
   }
+  if (options.fetch.stream_buffer_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--stream-buffer-memory is ",
+                                                   options.fetch.stream_buffer_bytes,
+                                                   ": bytes, >= 0 (0 = no bound)"));
+  }
   if (options.fetch.write_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--stream-write-timeout is ", absl::FormatDuration(options.fetch.write_timeout),
@@ -254,6 +259,25 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->trainer_ = std::make_unique<TrainerService>(server->steps_.get(), server->metrics_.get(),
                                                       server->auth_.get(), options.fetch,
                                                       server->step_activity_.get());
+  server->registry_->AddCollectCallback(
+      [budget = &server->trainer_->send_budget(),
+       held = &server->registry_->AddGauge(
+           "rollpack_stream_buffer_bytes",
+           "Bytes of micro-batches encoded for trainer streams and not yet taken by the "
+           "transport (bounded by --stream-buffer-memory)"),
+       waits = &server->registry_->AddCounter(
+           "rollpack_stream_buffer_waits_total",
+           "Micro-batch writes that waited for --stream-buffer-memory (streams holding it "
+           "whose clients read slowly or not at all)"),
+       waiting = &server->registry_->AddGauge(
+           "rollpack_stream_buffer_waiting_streams",
+           "Trainer streams waiting for --stream-buffer-memory to write their next micro-batch")] {
+        held->Add({}).Set(static_cast<double>(budget->in_use()));
+        waiting->Add({}).Set(static_cast<double>(budget->waiting()));
+        // Scrapes are serialized: the counter catches up with the budget's.
+        prometheus::Counter& counter = waits->Add({});
+        counter.Increment(static_cast<double>(budget->waits()) - counter.Value());
+      });
 
   grpc::EnableDefaultHealthCheckService(true);
   // Links grpc/health/v1/health.pb.cc (and so registers its descriptor) for

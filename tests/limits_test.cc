@@ -1,4 +1,5 @@
 // Server limits and options: per-pool memory, the stream limit, --grpc-arg.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -218,6 +219,18 @@ struct BigStep {
   v1::FetchRequest request;
 };
 
+// A trainer stub on a connection with small receive windows, as most
+// clients have: it cannot swallow a rank's micro-batches while it does not
+// read.
+std::unique_ptr<v1::Trainer::Stub> SmallWindowStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+  args.SetMaxReceiveMessageSize(-1);
+  return v1::Trainer::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
 TEST(StreamLimitTest, OneClientCannotTakeMoreThanItsStreams) {
   ServerOptions options;
   options.fetch.max_streams_per_client = 1;
@@ -278,14 +291,7 @@ TEST(StreamLimitTest, AStreamWhoseClientStopsReadingEndsAfterTheWriteTimeout) {
   }
   EXPECT_EQ(big.Metric("rollpack_streams_stalled_total"), 0);
 
-  // A client with small receive windows, as most are: it cannot swallow the
-  // whole rank while it does not read.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
-  args.SetMaxReceiveMessageSize(-1);
-  auto small_window = v1::Trainer::NewStub(grpc::CreateCustomChannel(
-      big.server->address(), grpc::InsecureChannelCredentials(), args));
+  auto small_window = SmallWindowStub(big.server->address());
   grpc::ClientContext ctx;
   auto stalled = small_window->FetchMicrobatches(&ctx, big.request);
   v1::Microbatch mb;
@@ -304,6 +310,95 @@ TEST(StreamLimitTest, AStreamWhoseClientStopsReadingEndsAfterTheWriteTimeout) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_EQ(big.Metric("rollpack_active_streams"), 0) << "the stream's slot is back";
+  big.server->Shutdown(absl::Seconds(1));
+}
+
+// With --stream-buffer-memory spent by streams whose clients do not read,
+// other streams wait holding nothing, and go on once the write timeout has
+// ended the stalled ones: the bytes held never pass the budget (here 1 byte:
+// one micro-batch at a time, the one let through when nothing else is held).
+TEST(StreamLimitTest, StreamsThatDoNotReadHoldNoMoreThanTheStreamBuffer) {
+  ServerOptions options;
+  options.fetch.write_timeout = absl::Seconds(1);
+  options.fetch.stream_buffer_bytes = 1;
+  BigStep big(options);
+  ASSERT_NE(big.server, nullptr);
+  auto small_window = SmallWindowStub(big.server->address());
+  constexpr int kStalled = 3;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::Microbatch>>> stalled;
+  for (int i = 0; i < kStalled; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    stalled.push_back(small_window->FetchMicrobatches(contexts.back().get(), big.request));
+  }
+  // They never read. The most the streams hold while they wait:
+  double most_held = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (big.Metric("rollpack_stream_buffer_waits_total") < kStalled - 1 &&
+         absl::Now() < deadline) {
+    most_held = std::max(most_held, big.Metric("rollpack_stream_buffer_bytes"));
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GE(big.Metric("rollpack_stream_buffer_waits_total"), kStalled - 1);
+
+  // A trainer that reads gets its whole rank once the stalled streams ended.
+  grpc::ClientContext ctx;
+  auto reader = big.stub->FetchMicrobatches(&ctx, big.request);
+  v1::Microbatch mb;
+  size_t largest = 0;
+  int n = 0;
+  while (reader->Read(&mb)) {
+    largest = std::max(largest, mb.ByteSizeLong());
+    ++n;
+    most_held = std::max(most_held, big.Metric("rollpack_stream_buffer_bytes"));
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_GT(n, 1);
+  EXPECT_GT(most_held, 0);
+  EXPECT_LE(most_held, static_cast<double>(largest)) << "one micro-batch at a time";
+  EXPECT_EQ(big.Metric("rollpack_streams_stalled_total"), kStalled);
+  for (int i = 0; i < kStalled; ++i) {
+    while (stalled[i]->Read(&mb)) {
+    }
+    EXPECT_EQ(stalled[i]->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_EQ(big.Metric("rollpack_stream_buffer_bytes"), 0);
+  // A counter: scraping again does not add to it.
+  const double waits = big.Metric("rollpack_stream_buffer_waits_total");
+  EXPECT_GE(waits, kStalled);
+  EXPECT_EQ(big.Metric("rollpack_stream_buffer_waits_total"), waits);
+  big.server->Shutdown(absl::Seconds(1));
+}
+
+// A stream waiting for the stream buffer ends at once when its client
+// cancels (it holds no write that could fail instead).
+TEST(StreamLimitTest, AStreamWaitingForTheStreamBufferEndsWhenCancelled) {
+  ServerOptions options;
+  options.fetch.stream_buffer_bytes = 1;
+  BigStep big(options);
+  ASSERT_NE(big.server, nullptr);
+  auto small_window = SmallWindowStub(big.server->address());
+  grpc::ClientContext first_ctx, second_ctx;
+  auto first = small_window->FetchMicrobatches(&first_ctx, big.request);
+  auto second = small_window->FetchMicrobatches(&second_ctx, big.request);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (big.Metric("rollpack_stream_buffer_waiting_streams") < 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(big.Metric("rollpack_stream_buffer_waiting_streams"), 1);
+  // One holds the buffer with a write its client does not take (the write
+  // timeout is 10 minutes), the other waits: both end when cancelled.
+  first_ctx.TryCancel();
+  second_ctx.TryCancel();
+  EXPECT_EQ(first->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(second->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  while (big.Metric("rollpack_active_streams") > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(big.Metric("rollpack_active_streams"), 0) << "the waiting stream ended too";
+  EXPECT_EQ(big.Metric("rollpack_stream_buffer_waiting_streams"), 0);
+  EXPECT_EQ(big.Metric("rollpack_stream_buffer_bytes"), 0);
   big.server->Shutdown(absl::Seconds(1));
 }
 

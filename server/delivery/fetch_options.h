@@ -1,7 +1,10 @@
 // How rollpackd serves FetchMicrobatches (rollpackd --max-concurrent-streams,
-// --max-streams-per-client, --stream-write-timeout, --first-microbatch-priority).
+// --max-streams-per-client, --stream-write-timeout, --stream-buffer-memory,
+// --first-microbatch-priority).
 #ifndef ROLLPACK_SERVER_DELIVERY_FETCH_OPTIONS_H_
 #define ROLLPACK_SERVER_DELIVERY_FETCH_OPTIONS_H_
+
+#include <cstdint>
 
 #include "absl/time/time.h"
 
@@ -19,6 +22,12 @@ struct FetchOptions {
   // which releases the micro-batch's memory; the trainer resumes. Zero or
   // infinite = never.
   absl::Duration write_timeout = absl::Minutes(10);
+  // Bytes of micro-batches encoded for all streams and not yet taken by the
+  // transport (server/delivery/send_budget.h); 0 = no bound. Off by
+  // default: ranks that wait on each other (TP/PP collectives) while some
+  // hold the budget with full prefetch queues would stall until the write
+  // timeout ended the holders; it must exceed every rank's prefetch.
+  int64_t stream_buffer_bytes = 0;
   // Hold prefetch writes while other streams' first micro-batches are in
   // flight (server/delivery/first_delivery_gate.h).
   bool first_microbatch_priority = true;

@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -36,8 +37,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   FetchReactor(const v1::FetchRequest& request, grpc::CallbackServerContext* context,
                ServerMetrics* metrics, std::atomic<int>* active, ClientStreamQuota* quota,
                std::string client, absl::Duration write_timeout,
-               FirstDeliveryGate* gate /* null: no priority */, int64_t id,
-               StepActivity* activity /* null: not recorded */)
+               FirstDeliveryGate* gate /* null: no priority */, SendBudget* budget,
+               int64_t id, StepActivity* activity /* null: not recorded */)
       : request_(request),
         context_(context),
         quota_(quota),
@@ -49,6 +50,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         activity_token_(activity != nullptr ? activity->StreamStarted(request.step_id(), absl::Now())
                                             : 0),
         gate_(gate),
+        budget_(budget),
         id_(id),
         next_(request.start_index()),
         all_fields_(request.all_fields()),
@@ -97,6 +99,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     write_timer_.reset();
     EndFirstWrite();
+    // May resume other streams' writes on this thread (the budget's waiters).
+    budget_->Release(std::exchange(budget_held_, 0));
     if (!ok) {
       End(grpc::Status(grpc::StatusCode::CANCELLED,
                        stalled_.load() ? "stream ended by rollpackd: the client stopped reading"
@@ -110,10 +114,14 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     WriteNext();
   }
 
-  // Only reached while waiting at the gate (otherwise a write is in flight
-  // and fails instead): end the stream unless a resume got there first.
+  // Only reached while waiting at the gate or for the send budget
+  // (otherwise a write is in flight and fails instead): end the stream
+  // unless a resume got there first.
   void OnCancel() override {
-    if (gate_ != nullptr && gate_->Withdraw(id_)) {
+    // Set before the withdraw: a write that had not queued yet sees it in
+    // SendBudget::Acquire and ends the stream itself (WriteNext).
+    cancelled_.store(true);
+    if ((gate_ != nullptr && gate_->Withdraw(id_)) || budget_->Withdraw(id_)) {
       End(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
     }
   }
@@ -261,6 +269,29 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       End(ToGrpcStatus(s));
       return;
     }
+    // The bytes are taken from the send budget before they exist; a stream
+    // that finds it spent waits, holding nothing, and is resumed by the
+    // write that gives bytes back (or withdrawn by OnCancel).
+    const int64_t size = static_cast<int64_t>(encoder_.encoded_size());
+    // Once queued, the resume may end the stream on another thread at any
+    // moment: this thread touches nothing of it after a kLater. A stream
+    // cancelled before it could queue (OnCancel found nothing to withdraw)
+    // is refused instead of left waiting.
+    switch (budget_->Acquire(id_, size, &cancelled_, [this, size] { EncodeAndWrite(size); })) {
+      case SendBudget::Acquired::kNow:
+        EncodeAndWrite(size);
+        return;
+      case SendBudget::Acquired::kLater:
+        return;
+      case SendBudget::Acquired::kNever:
+        End(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
+        return;
+    }
+  }
+
+  // With `size` bytes of the send budget taken for this write.
+  void EncodeAndWrite(int64_t size) {
+    budget_held_ = size;
     // The slice is gRPC's from here on: it is freed when the transport is
     // done with it, which may be after OnWriteDone.
     written_bytes_ = encoder_.encoded_size();
@@ -268,9 +299,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // the heap (KeepFreedMemory), so this does not fault and zero-fill; a
     // pool of send buffers measured no better (docs/performance.md).
     grpc::Slice slice(grpc_slice_malloc(written_bytes_), grpc::Slice::STEAL_REF);
-    s = encoder_.Encode(absl::MakeSpan(
+    absl::Status s = encoder_.Encode(absl::MakeSpan(
         reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin())), written_bytes_));
     if (!s.ok()) {
+      budget_->Release(std::exchange(budget_held_, 0));
       End(ToGrpcStatus(s));
       return;
     }
@@ -287,6 +319,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   const absl::Duration write_timeout_;
   std::unique_ptr<grpc::Alarm> write_timer_;
   std::atomic<bool> stalled_{false};
+  std::atomic<bool> cancelled_{false};
   StepActivity* const activity_;
   const uint64_t activity_token_;
   // Set by Begin, before the first write.
@@ -295,6 +328,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::shared_ptr<const std::vector<std::shared_ptr<const StoredSample>>> samples_;
   bool started_ = false;  // counted in the stream metrics
   FirstDeliveryGate* const gate_;
+  SendBudget* const budget_;
+  // Of the write in flight; given back when it completes.
+  int64_t budget_held_ = 0;
   const int64_t id_;
   bool first_write_pending_ = false;
   uint64_t waited_generation_ = 0;
@@ -363,7 +399,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
   auto* reactor = new FetchReactor(parsed, context, metrics_, &active_streams_, &client_quota_,
                                    std::move(client), options_.write_timeout,
                                    options_.first_microbatch_priority ? &first_delivery_ : nullptr,
-                                   next_stream_id_.fetch_add(1), activity_);
+                                   &send_budget_, next_stream_id_.fetch_add(1), activity_);
   const RankCoords coords{parsed.rank().dp(), parsed.rank().cp(), parsed.rank().tp(),
                           parsed.rank().pp()};
   if (pulls_ == nullptr) {

@@ -11,6 +11,7 @@
 #include "server/delivery/client_stream_quota.h"
 #include "server/delivery/fetch_options.h"
 #include "server/delivery/first_delivery_gate.h"
+#include "server/delivery/send_budget.h"
 #include "server/ops/auth.h"
 #include "server/ops/server_metrics.h"
 #include "server/store/step_activity.h"
@@ -37,6 +38,8 @@ class TrainerService final
         pulls_(steps->MayBlock() ? std::make_unique<WorkerPool>(kPullThreads) : nullptr) {}
 
   int active_streams() const { return active_streams_.load(); }
+  // Micro-batch bytes the streams hold (FetchOptions::stream_buffer_bytes).
+  const SendBudget& send_budget() const { return send_budget_; }
 
   // `request` is a serialized v1::FetchRequest; each write a v1::Microbatch.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchMicrobatches(
@@ -59,6 +62,7 @@ class TrainerService final
   std::atomic<int64_t> next_stream_id_{1};
   std::atomic<int> active_streams_{0};
   ClientStreamQuota client_quota_{options_.max_streams_per_client};
+  SendBudget send_budget_{options_.stream_buffer_bytes};
 };
 
 }  // namespace rollpack

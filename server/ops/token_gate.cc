@@ -43,7 +43,8 @@ grpc::Status TokenGate::Process(const InputMetadata& auth_metadata, grpc::AuthCo
     const absl::string_view k(key.data(), key.size());
     if (k == ":path") {
       method.assign(value.data(), value.size());
-    } else if (k == "authorization") {
+    } else if (k == "authorization" && authorization.empty()) {
+      // The first, as the handlers' check reads it.
       authorization.assign(value.data(), value.size());
     }
   }

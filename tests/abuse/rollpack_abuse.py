@@ -7,8 +7,10 @@ its mitigation, side by side in one run.
     ... --baseline /path/to/an/older/rollpackd
 
 "before" is the same binary with the mitigation's flags turned off, or
---baseline's binary with its defaults; "after" is --rollpackd with its
-defaults. Prints a table and one JSON document (also to --json). Each
+--baseline's binary; "after" is --rollpackd with its defaults and the
+experiment's own flags (its table row shows them); "mtls" the same behind
+mutual TLS. stalled_fetch loads its step with client/python's producer:
+it needs numpy and the stubs a build generates. Prints a table and one JSON document (also to --json). Each
 experiment starts its own servers on 127.0.0.1 and stops them. The full
 scale reproduces the figures of the issue: an unprotected server may take
 most of the machine's memory (the oversized experiment reached 18 GB and
@@ -24,6 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import fetch_probes  # noqa: E402
 import harness  # noqa: E402
 import message_probes  # noqa: E402
 
@@ -82,7 +85,7 @@ if transport_probes is not None:
         "mutual_tls": True,
         "mitigation": "none in gRPC 1.51's transport (the quota does not bound it); mutual TLS "
                       "refuses the attacker at the handshake (docs/operations.md, Hardening); "
-                      "the stop is bounded by --shutdown-grace-seconds + 5 s",
+                      "the stop is bounded by --shutdown-grace-seconds + 10 s",
         "run": lambda s, scale: transport_probes.rapid_reset(
             s, seconds=max(2.0, 10 * scale), connections=4, settle_seconds=max(2.0, 20 * scale)),
         "headline": ["streams_opened", "peak_rss_mb", "rss_settled_mb", "normal_client_during",
@@ -98,6 +101,19 @@ if transport_probes is not None:
             hold_seconds=max(4.0, 30 * scale)),
         "headline": ["peak_rss_mb", "accepted_mb", "resets", "goaways"],
     }
+
+
+EXPERIMENTS["stalled_fetch"] = {
+    "what": "200 FetchMicrobatches streams that never read, ~9.4 MB micro-batches, "
+            "--max-memory 200000000",
+    "args": ["--max-memory", "200000000", "--stream-buffer-memory", str(256 << 20)],
+    "unprotected": ["--stream-buffer-memory", "0"],
+    "mitigation": "--stream-buffer-memory (here 256 MiB; off by default): streams past it wait "
+                  "holding nothing; --stream-write-timeout ends the stalled ones",
+    "run": lambda s, scale: fetch_probes.stalled_fetch(
+        s, streams=max(8, int(200 * scale)), hold_seconds=max(4.0, 20 * scale)),
+    "headline": ["peak_rss_mb", "microbatch_mb", "normal_client_during"],
+}
 
 
 def run_one(name, spec, binary, baseline, scale):
