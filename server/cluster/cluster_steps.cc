@@ -30,6 +30,8 @@ struct ClusterSteps::CachedStep {
   std::atomic<int64_t> revision{0};
   v1::ClusterStepRecord record;
   std::shared_ptr<const Step> step;
+  // record.owner(), shared with the piece streams (GetPiecesForRank).
+  std::shared_ptr<const std::vector<int32_t>> owner;
   absl::Mutex mu;
   std::vector<std::shared_ptr<const StoredSample>> samples ABSL_GUARDED_BY(mu);
 };
@@ -41,6 +43,19 @@ absl::Status Abandoned(const std::string& step_id, const std::string& by) {
       "step \"", step_id, "\": ", by.empty() ? "a member" : "member " + by,
       " gave up waiting for an earlier attempt at this id to be committed; the id is refused "
       "for a while (docs/cluster.md), retry under another"));
+}
+
+// The step's sequences the rank at `coords` receives, ascending.
+absl::StatusOr<std::vector<int>> RankSequences(const Step& step, const RankCoords& coords) {
+  std::vector<int> sequences;
+  RankMicrobatchLayout rank;
+  for (int mb = 0; mb < step.layout.num_microbatches(); ++mb) {
+    RETURN_IF_ERROR(step.layout.Describe(coords, mb, &rank));
+    sequences.insert(sequences.end(), rank.group->sequences.begin(), rank.group->sequences.end());
+  }
+  std::sort(sequences.begin(), sequences.end());
+  sequences.erase(std::unique(sequences.begin(), sequences.end()), sequences.end());
+  return sequences;
 }
 
 absl::Status Prefixed(const std::string& step_id, const absl::Status& status) {
@@ -177,6 +192,8 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
   cached->revision = *revision;
   cached->record = std::move(record);
   cached->step = *step;
+  cached->owner = std::make_shared<const std::vector<int32_t>>(cached->record.owner().begin(),
+                                                               cached->record.owner().end());
   {
     absl::MutexLock lock(&cached->mu);
     cached->samples.resize(cached->record.sample_ids_size());
@@ -333,6 +350,8 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
   cached->revision = *revision;
   cached->record = std::move(record);
   cached->step = *std::move(step);
+  cached->owner = std::make_shared<const std::vector<int32_t>>(cached->record.owner().begin(),
+                                                               cached->record.owner().end());
   {
     absl::MutexLock lock(&cached->mu);
     cached->samples.resize(cached->record.sample_ids_size());
@@ -402,14 +421,7 @@ absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id
   ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
   const Step& step = *cached->step;
   RETURN_IF_ERROR(step.layout.ValidateCoords(coords));
-  std::vector<int> sequences;
-  RankMicrobatchLayout rank;
-  for (int mb = 0; mb < step.layout.num_microbatches(); ++mb) {
-    RETURN_IF_ERROR(step.layout.Describe(coords, mb, &rank));
-    sequences.insert(sequences.end(), rank.group->sequences.begin(), rank.group->sequences.end());
-  }
-  std::sort(sequences.begin(), sequences.end());
-  sequences.erase(std::unique(sequences.begin(), sequences.end()), sequences.end());
+  ASSIGN_OR_RETURN(std::vector<int> sequences, RankSequences(step, coords));
 
   std::vector<std::vector<int>> missing(cached->record.members_size());
   {
@@ -462,6 +474,58 @@ absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id
   }
   for (int seq : sequences) (*samples)[seq] = cached->samples[seq];
   return RankStep{cached->step, std::move(samples)};
+}
+
+absl::StatusOr<RankPieces> ClusterSteps::GetPiecesForRank(const std::string& step_id,
+                                                        const RankCoords& coords) {
+  if (absl::StatusOr<std::shared_ptr<const Step>> local = store_->GetStep(step_id); local.ok()) {
+    RETURN_IF_ERROR((*local)->layout.ValidateCoords(coords));
+    return RankPieces{RankStep{*std::move(local), nullptr}, nullptr, {}, -1};
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
+  const Step& step = *cached->step;
+  RETURN_IF_ERROR(step.layout.ValidateCoords(coords));
+  ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  RankPieces pieces;
+  pieces.owner = cached->owner;
+  pieces.members.assign(cached->record.members().begin(), cached->record.members().end());
+  for (size_t i = 0; i < pieces.members.size(); ++i) {
+    if (pieces.members[i] == cluster->self().id) pieces.self = static_cast<int>(i);
+  }
+  auto samples = std::make_shared<std::vector<std::shared_ptr<const StoredSample>>>(
+      step.sample_ids.size());
+  pieces.rank = RankStep{cached->step, samples};
+  if (pieces.self < 0) return pieces;
+  ASSIGN_OR_RETURN(std::vector<int> sequences, RankSequences(step, coords));
+  std::vector<int> own;
+  std::vector<int> missing;
+  std::vector<std::string> missing_ids;
+  {
+    absl::MutexLock lock(&cached->mu);
+    for (int seq : sequences) {
+      if (cached->record.owner(seq) != pieces.self) continue;
+      own.push_back(seq);
+      if (cached->samples[seq] == nullptr) {
+        missing.push_back(seq);
+        missing_ids.push_back(step.sample_ids[seq]);
+      }
+    }
+  }
+  std::vector<std::shared_ptr<const StoredSample>> held;
+  if (!missing.empty()) {
+    absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> found =
+        store_->HeldSamples(step_id, missing_ids);
+    if (!found.ok()) return Prefixed(step_id, found.status());
+    held = *std::move(found);
+  }
+  absl::MutexLock lock(&cached->mu);
+  // By sequence: another rank's lookup may have filled some meanwhile (with
+  // the same sample: the store holds one per id).
+  for (size_t k = 0; k < missing.size(); ++k) {
+    if (cached->samples[missing[k]] == nullptr) cached->samples[missing[k]] = std::move(held[k]);
+  }
+  for (int seq : own) (*samples)[seq] = cached->samples[seq];
+  return pieces;
 }
 
 absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int owner,

@@ -73,6 +73,9 @@ class ClusterSteps final : public StepDirectory {
   absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) override;
   absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
                                           const RankCoords& coords) override;
+  // Only this member's own samples: nothing is pulled from other members.
+  absl::StatusOr<RankPieces> GetPiecesForRank(const std::string& step_id,
+                                              const RankCoords& coords) override;
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) override;
   // Every committed step of the cluster (etcd's records), planned here from
   // their records when this member has not seen them yet.

@@ -1,5 +1,6 @@
 #include "server/delivery/microbatch_encoder.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -43,51 +44,94 @@ absl::Status MicrobatchEncoder::Prepare(
   step_ = nullptr;
   samples_ = samples;
   encoded_size_ = 0;
+  empty_piece_ = false;
+  first_held_ = -1;
   arrays_.clear();
   head_.Clear();
   tail_.Clear();
   RETURN_IF_ERROR(step.layout.Describe(request.rank, request.index, &rank_));
   const GroupLayout& group = *rank_.group;
-  head_.set_step_id(step.step_id);
-  head_.set_index(request.index);
-  head_.set_num_microbatches(rank_.num_microbatches);
-  head_.set_local_cp_size(rank_.local_cp_size);
-  head_.set_max_seqlen(group.max_seqlen);
-  for (int seq : group.sequences) {
+  const PieceSelection* piece = request.piece;
+  const bool header = piece == nullptr || piece->header;
+  auto held_here = [&](int seq) {
+    return piece == nullptr || piece->owner.empty() || piece->owner[seq] == piece->self;
+  };
+  for (size_t ordinal = 0; ordinal < group.sequences.size(); ++ordinal) {
+    const int seq = group.sequences[ordinal];
+    if (header) head_.add_sample_ids(step.sample_ids[seq]);
+    if (!held_here(seq)) continue;
     if (static_cast<size_t>(seq) >= samples.size() || samples[seq] == nullptr) {
       return absl::InternalError(absl::StrCat("step \"", step.step_id, "\": sample \"",
                                               step.sample_ids[seq], "\" is not at hand"));
     }
-    head_.add_sample_ids(step.sample_ids[seq]);
+    if (first_held_ < 0) first_held_ = static_cast<int>(ordinal);
   }
-  SetInt32Array(head_.mutable_cu_seqlens(), group.cu_seqlens);
-  SetInt32Array(head_.mutable_cu_seqlens_padded(), group.cu_seqlens_padded);
-  tail_.mutable_replay_layers()->Assign(rank_.replay_layers.begin(), rank_.replay_layers.end());
-  tail_.set_workload(group.work_per_rank);
-  tail_.set_local_cp_rank(rank_.local_cp_rank);
+  if (!header && first_held_ < 0) {
+    empty_piece_ = true;
+    step_ = &step;
+    return absl::OkStatus();
+  }
+  head_.set_step_id(step.step_id);
+  head_.set_index(request.index);
+  head_.set_num_microbatches(rank_.num_microbatches);
+  if (header) {
+    head_.set_local_cp_size(rank_.local_cp_size);
+    head_.set_max_seqlen(group.max_seqlen);
+    SetInt32Array(head_.mutable_cu_seqlens(), group.cu_seqlens);
+    SetInt32Array(head_.mutable_cu_seqlens_padded(), group.cu_seqlens_padded);
+    tail_.mutable_replay_layers()->Assign(rank_.replay_layers.begin(), rank_.replay_layers.end());
+    tail_.set_workload(group.work_per_rank);
+    tail_.set_local_cp_rank(rank_.local_cp_rank);
+  }
+  if (piece == nullptr) {
+    token_runs_ = rank_.token_runs;
+    router_runs_ = rank_.router_runs;
+  } else {
+    v1::PieceRows* rows = tail_.mutable_piece();
+    SelectRuns(rank_.token_runs, *piece, group.sequences, &piece_token_runs_,
+               rows->mutable_token_rows());
+    SelectRuns(rank_.router_runs, *piece, group.sequences, &piece_router_runs_,
+               rows->mutable_router_rows());
+    token_runs_ = piece_token_runs_;
+    router_runs_ = piece_router_runs_;
+    rows->set_header(header);
+    if (piece->self >= 0) rows->set_member(piece->members[piece->self]);
+    if (header && !piece->owner.empty()) {
+      std::vector<int32_t> others;
+      for (int seq : group.sequences) {
+        if (piece->owner[seq] != piece->self) others.push_back(piece->owner[seq]);
+      }
+      std::sort(others.begin(), others.end());
+      others.erase(std::unique(others.begin(), others.end()), others.end());
+      for (int32_t m : others) rows->add_members(piece->members[m]);
+    }
+  }
+  const int64_t token_rows = TotalRows(token_runs_);
+  const int64_t router_rows = TotalRows(router_runs_);
 
+  // `rows` of the array's shape[0] travel (all of them but in a piece).
   auto add_array = [&](Payload payload, int field_number, std::string map_key, v1::DType dtype,
-                       std::vector<int64_t> shape) {
+                       std::vector<int64_t> shape, int64_t rows) {
     ArrayField field;
     field.payload = payload;
     field.field_number = field_number;
     field.map_key = std::move(map_key);
     field.array_head = SerializedArrayHead(dtype, shape);
-    field.data_bytes = NumBytes(dtype, shape);
+    field.data_bytes = NumBytes(dtype, absl::MakeConstSpan(shape).subspan(1)) * rows;
     arrays_.push_back(std::move(field));
   };
   if (rank_.first_pipeline_stage || request.all_fields) {
     add_array(Payload::kTokens, v1::Microbatch::kTokensFieldNumber, "", v1::INT32,
-              {rank_.local_tokens});
+              {rank_.local_tokens}, token_rows);
   }
-  if ((rank_.last_pipeline_stage || request.all_fields) && !group.sequences.empty()) {
+  if ((rank_.last_pipeline_stage || request.all_fields) && first_held_ >= 0) {
     // Every sample of a pool has the same fields (the store enforces it); the
     // std::map's order is the deterministic serialization's key order.
-    for (const auto& [name, field] : samples[group.sequences[0]]->token_fields) {
+    for (const auto& [name, field] : samples[group.sequences[first_held_]]->token_fields) {
       std::vector<int64_t> shape = {rank_.local_tokens};
       shape.insert(shape.end(), field.trailing_shape.begin(), field.trailing_shape.end());
       add_array(Payload::kTokenField, v1::Microbatch::kTokenFieldsFieldNumber, name, field.dtype,
-                std::move(shape));
+                std::move(shape), token_rows);
     }
   }
   const ModelSpec& model = step.model;
@@ -95,9 +139,9 @@ absl::Status MicrobatchEncoder::Prepare(
     const int64_t layers = static_cast<int64_t>(rank_.replay_layers.size());
     add_array(Payload::kReplayExperts, v1::Microbatch::kReplayExpertsFieldNumber, "",
               model.stored_id_bytes() == 1 ? v1::UINT8 : v1::UINT16,
-              {rank_.router_rows, layers, int64_t{model.topk}});
+              {rank_.router_rows, layers, int64_t{model.topk}}, router_rows);
     add_array(Payload::kReplayMask, v1::Microbatch::kReplayMaskFieldNumber, "", v1::UINT8,
-              {rank_.router_rows});
+              {rank_.router_rows}, router_rows);
   }
 
   encoded_size_ = head_.ByteSizeLong() + tail_.ByteSizeLong();
@@ -122,6 +166,10 @@ size_t MicrobatchEncoder::ArrayFieldSize(const ArrayField& field) const {
 absl::Status MicrobatchEncoder::Encode(absl::Span<char> out) const {
   if (step_ == nullptr) {
     return absl::FailedPreconditionError("encode micro-batch: nothing prepared");
+  }
+  if (empty_piece_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("encode micro-batch ", rank_.microbatch, ": this member has no rows of it"));
   }
   if (out.size() != encoded_size_) {
     return absl::InvalidArgumentError(absl::StrCat("encode micro-batch ", head_.index(),
@@ -174,18 +222,19 @@ absl::Status MicrobatchEncoder::GatherPayload(const ArrayField& field, absl::Spa
                                               absl::Span<uint8_t> mask_out) const {
   const Step& step = *step_;
   const GroupLayout& group = *rank_.group;
+  // Only called for ordinals of the runs kept, whose samples are here.
   auto sample_of = [&](int ordinal) -> const StoredSample& {
     return *samples_[group.sequences[ordinal]];
   };
   switch (field.payload) {
     case Payload::kTokens:
       return GatherRows(
-          rank_.token_runs, sizeof(int32_t),
+          token_runs_, sizeof(int32_t),
           [&](int ordinal) -> const void* { return sample_of(ordinal).tokens.data(); }, out);
     case Payload::kTokenField: {
-      const StoredField& first = sample_of(0).token_fields.at(field.map_key);
+      const StoredField& first = sample_of(first_held_).token_fields.at(field.map_key);
       return GatherRows(
-          rank_.token_runs, static_cast<size_t>(first.row_bytes()),
+          token_runs_, static_cast<size_t>(first.row_bytes()),
           [&](int ordinal) -> const void* {
             return sample_of(ordinal).token_fields.at(field.map_key).data.data();
           },
@@ -199,7 +248,7 @@ absl::Status MicrobatchEncoder::GatherPayload(const ArrayField& field, absl::Spa
       spec.payload_layers = static_cast<int>(step.layout.pipeline().moe_layers().size());
       spec.layer_indices = rank_.replay_positions;
       return GatherReplay(
-          rank_.router_runs, spec,
+          router_runs_, spec,
           [&](int ordinal) {
             const StoredSample& sample = sample_of(ordinal);
             ReplaySource source;
@@ -215,6 +264,27 @@ absl::Status MicrobatchEncoder::GatherPayload(const ArrayField& field, absl::Spa
       break;
   }
   return absl::OkStatus();
+}
+
+void MicrobatchEncoder::SelectRuns(absl::Span<const RowRun> runs, const PieceSelection& piece,
+                                   absl::Span<const int> sequences, std::vector<RowRun>* kept,
+                                   google::protobuf::RepeatedField<int64_t>* spans) {
+  kept->clear();
+  spans->Clear();
+  int64_t row = 0;
+  for (const RowRun& run : runs) {
+    if (!piece.owner.empty() && piece.owner[sequences[run.ordinal]] != piece.self) continue;
+    const int n = spans->size();
+    if (n > 0 && spans->Get(n - 2) + spans->Get(n - 1) == run.output_row) {
+      spans->Set(n - 1, spans->Get(n - 1) + run.length);
+    } else {
+      spans->Add(run.output_row);
+      spans->Add(run.length);
+    }
+    RowRun& copy = kept->emplace_back(run);
+    copy.output_row = row;
+    row += run.length;
+  }
 }
 
 }  // namespace rollpack

@@ -19,11 +19,25 @@
 
 namespace rollpack {
 
+// Trainer.FetchPieces: the micro-batch's rows of the sequences one member
+// holds, and where they go (trainer.proto, PieceRows).
+struct PieceSelection {
+  // Owner of each of the step's sequences (an index into `members`);
+  // empty: every sequence is this member's.
+  absl::Span<const int32_t> owner;
+  absl::Span<const std::string> members;
+  int self = -1;
+  // Every metadata field and the other owners, with this member's rows.
+  bool header = false;
+};
+
 struct MicrobatchRequest {
   RankCoords rank;
   int index = 0;
   // Tokens and token fields to every pipeline stage.
   bool all_fields = false;
+  // Null: the whole micro-batch (FetchMicrobatches). Must outlive Encode.
+  const PieceSelection* piece = nullptr;
 };
 
 // Two phases so the caller can allocate the output (a gRPC slice) at its
@@ -43,6 +57,9 @@ class MicrobatchEncoder {
 
   // Bytes Encode writes for the prepared micro-batch.
   size_t encoded_size() const { return encoded_size_; }
+  // A piece that is not the header, of a micro-batch without rows of this
+  // member: nothing to send (encoded_size() is 0).
+  bool empty_piece() const { return empty_piece_; }
 
   // Writes exactly encoded_size() bytes: what SerializeToString with
   // deterministic map order gives for the same v1::Microbatch, so it parses
@@ -65,9 +82,25 @@ class MicrobatchEncoder {
   absl::Status GatherPayload(const ArrayField& field, absl::Span<uint8_t> out,
                              absl::Span<uint8_t> mask_out) const;
 
+  // Keeps the runs of the sequences `piece` owns, renumbered to tile their
+  // own rows, and notes each kept run's rows of the whole output as (first,
+  // count) pairs in `spans`.
+  static void SelectRuns(absl::Span<const RowRun> runs, const PieceSelection& piece,
+                         absl::Span<const int> sequences, std::vector<RowRun>* kept,
+                         google::protobuf::RepeatedField<int64_t>* spans);
+
   const Step* step_ = nullptr;
   absl::Span<const std::shared_ptr<const StoredSample>> samples_;
   RankMicrobatchLayout rank_;
+  // What the arrays carry: the rank's runs, or a piece's.
+  absl::Span<const RowRun> token_runs_;
+  absl::Span<const RowRun> router_runs_;
+  std::vector<RowRun> piece_token_runs_;
+  std::vector<RowRun> piece_router_runs_;
+  // Ordinal of the first sequence whose sample is here (token fields'
+  // schema); -1: none.
+  int first_held_ = -1;
+  bool empty_piece_ = false;
   // Fields 1-8 and 13-15 of Microbatch: serialized by protobuf around the
   // gathered arrays (fields 9-12), which keeps the field-number order.
   v1::Microbatch head_;

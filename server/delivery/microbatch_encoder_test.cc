@@ -4,13 +4,16 @@
 // server_test; this test checks the framing on every rank of varied steps.
 #include "server/delivery/microbatch_encoder.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/store/ndarray.h"
 #include "server/store/sample_store.h"
 #include "proto/wire/deterministic_bytes.h"
 
@@ -70,19 +73,28 @@ struct Case {
 
 class MicrobatchEncoderTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(MicrobatchEncoderTest, EncodingIsCanonicalProtobufOnEveryRank) {
-  const Case c = GetParam();
+// A step over 40 samples (seeded) in `store` with the case's topology.
+absl::StatusOr<std::shared_ptr<const Step>> CaseStep(const Case& c, uint32_t seed,
+                                                    SampleStore* store) {
   const ModelSpec model = Model(c.num_experts, c.first_dense);
-  SampleStore store(int64_t{1} << 30);
-  ASSERT_TRUE(store.RegisterModel("p", model).ok());
-  ASSERT_TRUE(store.Put("p", Samples(model, 40, 7 + c.dp * 31 + c.pp)).ok());
+  if (absl::Status s = store->RegisterModel("p", model).status(); !s.ok()) return s;
+  if (absl::Status s = store->Put("p", Samples(model, 40, seed + c.dp * 31 + c.pp)).status();
+      !s.ok()) {
+    return s;
+  }
   Topology topology;
   topology.dp = c.dp;
   topology.cp = c.cp;
   topology.tp = c.tp;
   topology.pp = c.pp;
   topology.max_tokens_per_rank = 1024;
-  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep("st", "p", {}, 40, topology);
+  return store->CreateStep("st", "p", {}, 40, topology);
+}
+
+TEST_P(MicrobatchEncoderTest, EncodingIsCanonicalProtobufOnEveryRank) {
+  const Case c = GetParam();
+  SampleStore store(int64_t{1} << 30);
+  absl::StatusOr<std::shared_ptr<const Step>> step = CaseStep(c, 7, &store);
   ASSERT_TRUE(step.ok()) << step.status();
   int checked = 0;
   MicrobatchEncoder encoder;  // reused across micro-batches, as a stream does
@@ -106,6 +118,130 @@ TEST_P(MicrobatchEncoderTest, EncodingIsCanonicalProtobufOnEveryRank) {
             }
   }
   EXPECT_GT(checked, 0);
+}
+
+// Scatters `piece`'s rows of `array` into `full` (row_bytes each), marking
+// each row in `covered`; false on an overlap or a size that does not match.
+bool Scatter(const v1::NDArray& array, const google::protobuf::RepeatedField<int64_t>& spans,
+             v1::NDArray* full, std::vector<int>* covered) {
+  const int64_t rows = array.shape(0);
+  int64_t total = DTypeSize(array.dtype());
+  for (int64_t d : array.shape()) total *= d;
+  if (full->shape_size() == 0) {  // the first piece with this array
+    *full = array;
+    full->mutable_data()->assign(static_cast<size_t>(total), '\0');
+    covered->assign(rows, 0);
+  } else if (full->dtype() != array.dtype() || full->shape().size() != array.shape().size() ||
+             !std::equal(full->shape().begin(), full->shape().end(), array.shape().begin())) {
+    return false;
+  }
+  const size_t row_bytes = rows == 0 ? 0 : static_cast<size_t>(total / rows);
+  size_t offset = 0;
+  for (int i = 0; i + 1 < spans.size(); i += 2) {
+    for (int64_t r = spans[i]; r < spans[i] + spans[i + 1]; ++r) {
+      if (r < 0 || r >= rows || (*covered)[r]++ != 0) return false;
+    }
+    const size_t n = static_cast<size_t>(spans[i + 1]) * row_bytes;
+    if (offset + n > array.data().size()) return false;
+    full->mutable_data()->replace(static_cast<size_t>(spans[i]) * row_bytes, n, array.data(),
+                                  offset, n);
+    offset += n;
+  }
+  return offset == array.data().size();
+}
+
+TEST_P(MicrobatchEncoderTest, PiecesOfEveryOwnerTileTheMicrobatch) {
+  const Case c = GetParam();
+  SampleStore store(int64_t{1} << 30);
+  absl::StatusOr<std::shared_ptr<const Step>> step = CaseStep(c, 11, &store);
+  ASSERT_TRUE(step.ok()) << step.status();
+  // Three owners; member 3 owns nothing (a rank may dial a member without
+  // samples of its micro-batch).
+  const std::vector<std::string> members = {"m0:1", "m1:1", "m2:1", "m3:1"};
+  std::mt19937 rng(5);
+  std::vector<int32_t> owner((*step)->sample_ids.size());
+  for (int32_t& o : owner) o = static_cast<int32_t>(rng() % 3);
+  MicrobatchEncoder whole_encoder;
+  MicrobatchEncoder encoder;
+  int pieces_seen = 0;
+  for (int header_member : {0, 3}) {
+    for (int d = 0; d < c.dp; ++d)
+      for (int cp = 0; cp < c.cp; ++cp)
+        for (int t = 0; t < c.tp; ++t)
+          for (int p = 0; p < c.pp; ++p)
+            for (int m = 0; m < (*step)->layout.num_microbatches(); ++m) {
+              SCOPED_TRACE(::testing::Message() << "rank dp" << d << " cp" << cp << " tp" << t
+                                                << " pp" << p << " mb " << m << " header m"
+                                                << header_member);
+              const RankCoords rank{d, cp, t, p};
+              ASSERT_TRUE(whole_encoder.Prepare(**step, {rank, m, false}).ok());
+              std::string whole(whole_encoder.encoded_size(), '\0');
+              ASSERT_TRUE(whole_encoder.Encode(absl::MakeSpan(whole)).ok());
+
+              auto encode_piece = [&](int self, bool header, v1::Microbatch* out) -> bool {
+                PieceSelection selection{owner, members, self, header};
+                EXPECT_TRUE(encoder.Prepare(**step, {rank, m, false, &selection}).ok());
+                if (encoder.empty_piece()) return false;
+                std::string bytes(encoder.encoded_size(), '\0');
+                EXPECT_TRUE(encoder.Encode(absl::MakeSpan(bytes)).ok());
+                EXPECT_TRUE(out->ParseFromString(bytes));
+                EXPECT_EQ(DeterministicBytes(*out), bytes);
+                EXPECT_EQ(out->piece().member(), members[self]);
+                EXPECT_EQ(out->piece().header(), header);
+                return true;
+              };
+              v1::Microbatch header;
+              ASSERT_TRUE(encode_piece(header_member, true, &header));
+              std::vector<v1::Microbatch> pieces = {header};
+              std::vector<std::string> expected_members;
+              for (int o = 0; o < 4; ++o) {
+                v1::Microbatch piece;
+                const bool has_rows = encode_piece(o, false, &piece);
+                if (o == header_member) continue;
+                if (has_rows) {
+                  expected_members.push_back(members[o]);
+                  pieces.push_back(piece);
+                  ++pieces_seen;
+                }
+              }
+              EXPECT_EQ(std::vector<std::string>(header.piece().members().begin(),
+                                                 header.piece().members().end()),
+                        expected_members);
+              // Assembled: the header's fields, every array scattered.
+              v1::Microbatch assembled = header;
+              assembled.clear_piece();
+              assembled.clear_tokens();
+              assembled.clear_replay_experts();
+              assembled.clear_replay_mask();
+              assembled.clear_token_fields();
+              std::map<std::string, std::vector<int>> covered;
+              for (const v1::Microbatch& piece : pieces) {
+                const auto& tr = piece.piece().token_rows();
+                const auto& rr = piece.piece().router_rows();
+                if (piece.has_tokens()) {
+                  ASSERT_TRUE(Scatter(piece.tokens(), tr, assembled.mutable_tokens(),
+                                      &covered["tokens"]));
+                }
+                for (const auto& [name, array] : piece.token_fields()) {
+                  ASSERT_TRUE(Scatter(array, tr, &(*assembled.mutable_token_fields())[name],
+                                      &covered[name]));
+                }
+                if (piece.has_replay_experts()) {
+                  ASSERT_TRUE(Scatter(piece.replay_experts(), rr,
+                                      assembled.mutable_replay_experts(), &covered["experts"]));
+                  ASSERT_TRUE(Scatter(piece.replay_mask(), rr, assembled.mutable_replay_mask(),
+                                      &covered["mask"]));
+                }
+              }
+              for (const auto& [name, rows] : covered) {
+                EXPECT_EQ(std::count(rows.begin(), rows.end(), 1),
+                          static_cast<int64_t>(rows.size()))
+                    << name;
+              }
+              ASSERT_EQ(DeterministicBytes(assembled), whole);
+            }
+  }
+  EXPECT_GT(pieces_seen, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Topologies, MicrobatchEncoderTest,

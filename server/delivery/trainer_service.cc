@@ -1,6 +1,7 @@
 #include "server/delivery/trainer_service.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -24,11 +25,13 @@ namespace {
 // (server/delivery/first_delivery_gate.h): a few first micro-batches' wire time.
 constexpr absl::Duration kMaxPrefetchHold = absl::Milliseconds(100);
 
-// Builds one micro-batch at a time, the next only once the previous was
-// handed to the transport, so a slow trainer holds one message, not a step.
 // The Hold whose mutex the write timer of this thread holds (see ArmWriteTimer).
 thread_local const void* held_by_this_thread = nullptr;
 
+// One stream (FetchMicrobatches, or FetchPieces with a PieceSelection).
+// Encodes the next micro-batch while the previous one is on the wire and no
+// further (StartWriteAndEncodeAhead), so a slow trainer holds at most two
+// messages, not a step.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // `active` was already incremented for this stream; OnDone decrements it.
@@ -90,7 +93,39 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     WriteNext();
   }
 
+  // FetchPieces: this member's pieces of the rank's micro-batches.
+  void BeginPieces(absl::StatusOr<RankPieces> pieces, bool header) {
+    if (!pieces.ok()) {
+      Begin(pieces.status());
+      return;
+    }
+    owner_ = std::move(pieces->owner);
+    members_ = std::move(pieces->members);
+    piece_.emplace();
+    if (owner_ != nullptr) piece_->owner = *owner_;
+    piece_->members = members_;
+    piece_->self = pieces->self;
+    piece_->header = header;
+    Begin(std::move(pieces->rank));
+  }
+
   void OnWriteDone(bool ok) override {
+    {
+      // The thread that started this write may still be encoding the next
+      // micro-batch (EncodeAhead): it carries on from here when done.
+      absl::MutexLock lock(&ahead_mu_);
+      if (ahead_ == Ahead::kEncoding) {
+        write_done_while_encoding_ = ok ? 1 : 0;
+        return;
+      }
+    }
+    if (AfterWrite(ok)) WriteNext();
+  }
+
+  // The bookkeeping of a completed write. True: the caller starts the next
+  // write now. False: the stream ended (and may be gone) or waits for the
+  // first-delivery gate, which resumes it.
+  bool AfterWrite(bool ok) {
     {
       // The write timer stands down (a timer that fired already finds a
       // newer sequence number and does nothing).
@@ -105,13 +140,19 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       End(grpc::Status(grpc::StatusCode::CANCELLED,
                        stalled_.load() ? "stream ended by rollpackd: the client stopped reading"
                                        : "stream closed by the client"));
-      return;
+      return false;
     }
     sent_bytes_ += written_bytes_;
     ++delivered_;
     if (metrics_ != nullptr) metrics_->OnMicrobatchSent(static_cast<int64_t>(written_bytes_));
-    if (next_ < step_->layout.num_microbatches() && !MayPrefetch()) return;
-    WriteNext();
+    // A micro-batch encoded ahead is still a prefetch (the gate holds it).
+    if (next_ >= step_->layout.num_microbatches() && !AheadReady()) return true;
+    return MayPrefetch();
+  }
+
+  bool AheadReady() {
+    absl::MutexLock lock(&ahead_mu_);
+    return ahead_ == Ahead::kReady;
   }
 
   // Only reached while waiting at the gate or for the send budget
@@ -258,16 +299,25 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void WriteNext() {
-    if (next_ >= step_->layout.num_microbatches()) {
-      End(grpc::Status::OK);
+    if (TakeAhead()) {
+      StartWriteAndEncodeAhead();
       return;
     }
-    absl::Status s = encoder_.Prepare(
-        *step_, {coords_, next_, all_fields_},
-        samples_ != nullptr ? absl::MakeConstSpan(*samples_) : absl::MakeConstSpan(step_->samples));
-    if (!s.ok()) {
-      End(ToGrpcStatus(s));
-      return;
+    for (;;) {
+      if (next_ >= step_->layout.num_microbatches()) {
+        End(grpc::Status::OK);
+        return;
+      }
+      absl::Status s =
+          encoder_.Prepare(*step_, {coords_, next_, all_fields_, piece_ ? &*piece_ : nullptr},
+                           samples_ != nullptr ? absl::MakeConstSpan(*samples_)
+                                               : absl::MakeConstSpan(step_->samples));
+      if (!s.ok()) {
+        End(ToGrpcStatus(s));
+        return;
+      }
+      if (!encoder_.empty_piece()) break;
+      ++next_;  // a piece stream skips micro-batches without rows of this member
     }
     // The bytes are taken from the send budget before they exist; a stream
     // that finds it spent waits, holding nothing, and is resumed by the
@@ -308,8 +358,83 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     ++next_;
     buffer_ = grpc::ByteBuffer(&slice, 1);
-    ArmWriteTimer();
-    StartWrite(&buffer_);
+    StartWriteAndEncodeAhead();
+  }
+
+  // Starts the write of buffer_ and, while the transport sends it, encodes
+  // the next micro-batch, so a single stream is not idle for the encoding
+  // between two writes (docs/performance.md). Only without a send budget:
+  // with one, bytes are taken per write, when the write is due. A write
+  // that completes during the encoding is carried on here, in a loop rather
+  // than by recursion.
+  void StartWriteAndEncodeAhead() {
+    for (;;) {
+      const bool ahead = budget_->capacity() <= 0 && next_ < step_->layout.num_microbatches();
+      if (ahead) {
+        absl::MutexLock lock(&ahead_mu_);
+        ahead_ = Ahead::kEncoding;
+        write_done_while_encoding_ = -1;
+      }
+      ArmWriteTimer();
+      StartWrite(&buffer_);
+      if (!ahead) return;
+      const bool encoded = EncodeAhead();
+      int write_done;
+      {
+        absl::MutexLock lock(&ahead_mu_);
+        ahead_ = encoded ? Ahead::kReady : Ahead::kNone;
+        write_done = write_done_while_encoding_;
+      }
+      if (write_done < 0) return;  // OnWriteDone carries on
+      if (!AfterWrite(write_done == 1)) return;
+      if (!TakeAhead()) {
+        WriteNext();  // the end, or the encoding's error in order
+        return;
+      }
+    }
+  }
+
+  // Moves the micro-batch encoded ahead, if any, into buffer_.
+  bool TakeAhead() {
+    {
+      absl::MutexLock lock(&ahead_mu_);
+      if (ahead_ != Ahead::kReady) return false;
+      ahead_ = Ahead::kNone;
+    }
+    written_bytes_ = ahead_bytes_;
+    buffer_ = std::move(ahead_buffer_);
+    return true;
+  }
+
+  // Encodes the next micro-batch into ahead_buffer_. False when there is
+  // none or it fails: WriteNext then prepares it again and reports the
+  // error in order.
+  bool EncodeAhead() {
+    const int first = next_;
+    for (;;) {
+      if (next_ >= step_->layout.num_microbatches()) return false;
+      absl::Status s =
+          encoder_.Prepare(*step_, {coords_, next_, all_fields_, piece_ ? &*piece_ : nullptr},
+                           samples_ != nullptr ? absl::MakeConstSpan(*samples_)
+                                               : absl::MakeConstSpan(step_->samples));
+      if (!s.ok()) {
+        next_ = first;
+        return false;
+      }
+      if (!encoder_.empty_piece()) break;
+      ++next_;
+    }
+    ahead_bytes_ = encoder_.encoded_size();
+    grpc::Slice slice(grpc_slice_malloc(ahead_bytes_), grpc::Slice::STEAL_REF);
+    if (!encoder_.Encode(absl::MakeSpan(reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin())),
+                                        ahead_bytes_))
+             .ok()) {
+      next_ = first;
+      return false;
+    }
+    ++next_;
+    ahead_buffer_ = grpc::ByteBuffer(&slice, 1);
+    return true;
   }
 
   const v1::FetchRequest request_;
@@ -347,6 +472,18 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   int64_t sent_bytes_ = 0;
   MicrobatchEncoder encoder_;
   grpc::ByteBuffer buffer_;
+  // The micro-batch encoded while the previous one is written.
+  enum class Ahead { kNone, kEncoding, kReady };
+  absl::Mutex ahead_mu_;
+  Ahead ahead_ ABSL_GUARDED_BY(ahead_mu_) = Ahead::kNone;
+  // OnWriteDone's `ok` (1 or 0) when it came during kEncoding; -1: not yet.
+  int write_done_while_encoding_ ABSL_GUARDED_BY(ahead_mu_) = -1;
+  grpc::ByteBuffer ahead_buffer_;
+  size_t ahead_bytes_ = 0;
+  // FetchPieces only (piece_ set): who holds what, kept alive for piece_.
+  std::shared_ptr<const std::vector<int32_t>> owner_;
+  std::vector<std::string> members_;
+  std::optional<PieceSelection> piece_;
 };
 
 class FailedFetch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -371,6 +508,32 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
       !s.ok()) {
     return new FailedFetch(ToGrpcStatus(s));
   }
+  return StartStream(context, parsed, std::nullopt);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchPieces(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->Check(*context, "/rollpack.v1.Trainer/FetchPieces"); !s.ok()) {
+      return new FailedFetch(s);
+    }
+  }
+  v1::PieceRequest parsed;
+  if (absl::Status s = wire::ParseFromByteBuffer(*raw_request, "PieceRequest", &parsed);
+      !s.ok()) {
+    return new FailedFetch(ToGrpcStatus(s));
+  }
+  v1::FetchRequest fetch;
+  fetch.set_step_id(parsed.step_id());
+  *fetch.mutable_rank() = parsed.rank();
+  fetch.set_start_index(parsed.start_index());
+  fetch.set_all_fields(parsed.all_fields());
+  return StartStream(context, fetch, parsed.header());
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::StartStream(
+    grpc::CallbackServerContext* context, const v1::FetchRequest& parsed,
+    std::optional<bool> piece_header) {
   // Admitted before any work for it (a cluster member's pull included).
   const int active = active_streams_.fetch_add(1) + 1;
   if (options_.max_concurrent_streams > 0 && active > options_.max_concurrent_streams) {
@@ -402,19 +565,26 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::FetchMicrobatches(
                                    &send_budget_, next_stream_id_.fetch_add(1), activity_);
   const RankCoords coords{parsed.rank().dp(), parsed.rank().cp(), parsed.rank().tp(),
                           parsed.rank().pp()};
+  auto begin = [reactor, steps = steps_, step_id = parsed.step_id(), coords, piece_header] {
+    if (piece_header.has_value()) {
+      reactor->BeginPieces(steps->GetPiecesForRank(step_id, coords), *piece_header);
+    } else {
+      reactor->Begin(steps->GetStepForRank(step_id, coords));
+    }
+  };
   if (pulls_ == nullptr) {
-    reactor->Begin(steps_->GetStepForRank(parsed.step_id(), coords));
+    begin();
   } else {
     // A cluster member may pull the rank's samples from the members that
-    // hold them: a wait on other processes that must not hold one of
-    // gRPC's callback threads (those serve this member's own peers).
-    pulls_->Schedule([reactor, context, steps = steps_, step_id = parsed.step_id(), coords] {
+    // hold them (or read its own from the store): a wait that must not hold
+    // one of gRPC's callback threads (those serve this member's own peers).
+    pulls_->Schedule([reactor, context, begin] {
       // A trainer that gave up while queued costs no pull.
       if (context->IsCancelled()) {
         reactor->Begin(absl::CancelledError("stream closed by the client"));
         return;
       }
-      reactor->Begin(steps->GetStepForRank(step_id, coords));
+      begin();
     });
   }
   return reactor;

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 
 #include "base/worker_pool.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -23,7 +24,8 @@ namespace rollpack {
 // the grpc::ByteBuffer that goes on the wire (server/delivery/microbatch_encoder.h)
 // instead of being built as a message and serialized again.
 class TrainerService final
-    : public v1::Trainer::WithRawCallbackMethod_FetchMicrobatches<v1::Trainer::CallbackService> {
+    : public v1::Trainer::WithRawCallbackMethod_FetchMicrobatches<
+          v1::Trainer::WithRawCallbackMethod_FetchPieces<v1::Trainer::CallbackService>> {
  public:
   // `metrics`, `auth` and `activity` may be null (no metrics, no auth, no
   // stream counts per step).
@@ -44,8 +46,19 @@ class TrainerService final
   // `request` is a serialized v1::FetchRequest; each write a v1::Microbatch.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchMicrobatches(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  // `request` is a serialized v1::PieceRequest; each write a v1::Microbatch
+  // piece (trainer.proto, PieceRows). Same limits and metrics as
+  // FetchMicrobatches; never pulls from other members.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchPieces(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
 
  private:
+  // Admits the stream and starts it; `piece_header` set: a FetchPieces
+  // stream (with headers or not).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* StartStream(grpc::CallbackServerContext* context,
+                                                         const v1::FetchRequest& request,
+                                                         std::optional<bool> piece_header);
+
   StepDirectory* const steps_;
   ServerMetrics* const metrics_;
   const Authorizer* const auth_;

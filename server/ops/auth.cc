@@ -52,6 +52,7 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       // A controller finding its steps again (docs/operations.md).
       {"/rollpack.v1.Scheduler/ListSteps", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Trainer/FetchMicrobatches", {Role::kTrainer, Role::kAdmin}},
+      {"/rollpack.v1.Trainer/FetchPieces", {Role::kTrainer, Role::kAdmin}},
       // TP-leader trainers exchange their NCCL id here (docs/trainer.md).
       {"/rollpack.v1.Rendezvous/ExchangeId", {Role::kTrainer, Role::kAdmin}},
       // Trainers report routing agreement (docs/trainer.md).

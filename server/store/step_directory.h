@@ -31,6 +31,20 @@ struct RankStep {
   }
 };
 
+// What this process holds of a step for one rank (Trainer.FetchPieces): the
+// rank's pieces are the rows of the sequences owned here.
+struct RankPieces {
+  RankStep rank;
+  // Owner of each of the step's sequences, an index into `members`; empty
+  // when every sequence is here (a single server, or a step this member
+  // made before it joined a cluster).
+  std::shared_ptr<const std::vector<int32_t>> owner;
+  // Member ids (cluster addresses); empty outside a cluster.
+  std::vector<std::string> members;
+  // This member's index in `members` (-1: it owns none of the step).
+  int self = -1;
+};
+
 class StepDirectory {
  public:
   virtual ~StepDirectory() = default;
@@ -43,6 +57,11 @@ class StepDirectory {
   // INVALID_ARGUMENT for coordinates outside the step's topology.
   virtual absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
                                                   const RankCoords& coords) = 0;
+  // The step with this member's own samples the rank receives at hand
+  // (rank.sample_span()[i] set for every such sequence i), and who owns the
+  // others. INVALID_ARGUMENT for coordinates outside the step's topology.
+  virtual absl::StatusOr<RankPieces> GetPiecesForRank(const std::string& step_id,
+                                                      const RankCoords& coords) = 0;
   virtual absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) = 0;
   // The live steps of `pool` ("" = every pool), by step id. NOT_FOUND for
   // a pool with no registered model.
@@ -76,6 +95,12 @@ class LocalSteps final : public StepDirectory {
     if (!step.ok()) return step.status();
     if (absl::Status s = (*step)->layout.ValidateCoords(coords); !s.ok()) return s;
     return RankStep{*std::move(step), nullptr};
+  }
+  absl::StatusOr<RankPieces> GetPiecesForRank(const std::string& step_id,
+                                              const RankCoords& coords) override {
+    absl::StatusOr<RankStep> rank = GetStepForRank(step_id, coords);
+    if (!rank.ok()) return rank.status();
+    return RankPieces{*std::move(rank), nullptr, {}, -1};
   }
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) override {
     return store_->ReleaseStep(step_id);
