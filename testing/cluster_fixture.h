@@ -92,7 +92,8 @@ class ClusterFixture : public ::testing::Test {
     }
     std::vector<std::string> args = {
         "--cluster-etcd=" + etcd_->client_url(), "--cluster-name=" + name_,
-        absl::StrCat("--cluster-lease-seconds=", kLeaseSeconds), "--max-memory=200000000"};
+        absl::StrCat("--cluster-lease-seconds=", kLeaseSeconds), "--max-memory=200000000",
+        "--metrics-listen=127.0.0.1:0", "--metrics-port-file=" + MetricsPortFile(i)};
     if (ports_[i] != 0) args.push_back(absl::StrCat("--listen=127.0.0.1:", ports_[i]));
     if (durable_) {
       const std::string data = absl::StrCat(dir_, "/data", i);
@@ -109,6 +110,9 @@ class ClusterFixture : public ::testing::Test {
   }
 
   RollpackClient Client(size_t i) { return RollpackClient(MakeChannel(members_[i]->address())); }
+
+  // Where member `i` writes its metrics port (GET /metrics on 127.0.0.1).
+  std::string MetricsPortFile(size_t i) const { return absl::StrCat(dir_, "/metrics-port", i); }
 
   // Addresses in the member keys etcd holds now.
   std::set<std::string> MemberKeys() {

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <fstream>
 #include <optional>
 #include <map>
 #include <memory>
@@ -21,7 +22,9 @@
 #include "client/cpp/trainer_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "proto/wire/deterministic_bytes.h"
+#include "testing/exposition.h"
 #include "rollpack/v1/member.grpc.pb.h"
 #include "testing/cluster_fixture.h"
 
@@ -60,9 +63,11 @@ std::vector<v1::RankCoords> Ranks(const v1::Topology& t) {
 // Every micro-batch one rank receives, as deterministic bytes.
 absl::StatusOr<std::vector<std::string>> FetchRank(const std::string& address,
                                                    const std::string& step_id,
-                                                   const v1::RankCoords& rank) {
+                                                   const v1::RankCoords& rank,
+                                                   Delivery delivery = Delivery::kAuto) {
   TrainerStreamOptions options;
   options.max_resumes = 0;
+  options.delivery = delivery;
   TrainerStream stream(MakeChannel(address), step_id, rank, options);
   std::vector<std::string> out;
   while (true) {
@@ -108,6 +113,20 @@ class ClusterStepsTest : public ClusterFixture {
     EXPECT_TRUE(client.RegisterModel("pool", ClusterModel()).ok());
     EXPECT_TRUE(client.PutSamples("pool", all_).ok());
     return *std::move(single);
+  }
+
+  // Bytes of samples member `i` pulled from other members to serve ranks.
+  double PulledBytes(size_t i) {
+    int port = 0;
+    std::ifstream(MetricsPortFile(i)) >> port;
+    httplib::Client http("127.0.0.1", port);
+    httplib::Result got = http.Get("/metrics");
+    EXPECT_TRUE(got && got->status == 200) << "member " << i << " metrics port " << port;
+    if (!got) return -1;
+    std::map<std::string, double> m = ParseExposition(got->body);
+    auto it = m.find("rollpack_cluster_pulled_bytes_total");
+    EXPECT_NE(it, m.end());
+    return it == m.end() ? -1 : it->second;
   }
 
   int64_t FreeSamples(size_t via) {
@@ -199,6 +218,112 @@ TEST_F(ClusterStepsTest, EveryRankGetsTheSingleServerBytesFromEveryMember) {
   EXPECT_EQ(pool->num_free_samples(), 24 - 18 - 3);
 }
 
+// Issue 19: a rank assembles each micro-batch from the pieces of the members
+// holding its samples, byte-identical to the proxied stream and to a single
+// server, through any member (one holding none of the samples too), and no
+// sample byte crosses between members.
+TEST_F(ClusterStepsTest, DirectPullsGiveTheSameBytesAndMoveEachByteOnce) {
+  StartThree();
+  StartMember(3);  // holds nothing
+  std::unique_ptr<DaemonProcess> single = StartSingle();
+  const std::vector<std::string> ids = Interleaved(6);
+  ASSERT_TRUE(Client(1).CreateStep(StepRequest("step-d", ids)).ok());
+  ASSERT_TRUE(RollpackClient(MakeChannel(single->address())).CreateStep(StepRequest("step-d", ids)).ok());
+  int compared = 0;
+  for (const v1::RankCoords& rank : Ranks(Topo())) {
+    absl::StatusOr<std::vector<std::string>> want =
+        FetchRank(single->address(), "step-d", rank, Delivery::kProxy);
+    ASSERT_TRUE(want.ok()) << want.status();
+    // The single server serves pieces too: one header piece, the whole micro-batch.
+    absl::StatusOr<std::vector<std::string>> single_direct =
+        FetchRank(single->address(), "step-d", rank, Delivery::kDirect);
+    ASSERT_TRUE(single_direct.ok()) << single_direct.status();
+    EXPECT_EQ(*single_direct, *want);
+    for (size_t m = 0; m < 4; ++m) {
+      absl::StatusOr<std::vector<std::string>> got =
+          FetchRank(members_[m]->address(), "step-d", rank, Delivery::kDirect);
+      ASSERT_TRUE(got.ok()) << "member " << m << " rank " << rank.ShortDebugString() << ": "
+                            << got.status();
+      EXPECT_EQ(*got, *want) << "member " << m << " rank " << rank.ShortDebugString();
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 4 * static_cast<int>(Ranks(Topo()).size()));
+  for (size_t m = 0; m < 4; ++m) EXPECT_EQ(PulledBytes(m), 0) << "member " << m;
+
+  // The same ranks proxied through the member holding nothing: it pulls
+  // every byte it serves (so the metric above could have been non-zero).
+  for (const v1::RankCoords& rank : Ranks(Topo())) {
+    absl::StatusOr<std::vector<std::string>> want =
+        FetchRank(single->address(), "step-d", rank, Delivery::kProxy);
+    absl::StatusOr<std::vector<std::string>> got =
+        FetchRank(members_[3]->address(), "step-d", rank, Delivery::kProxy);
+    ASSERT_TRUE(want.ok() && got.ok()) << got.status();
+    EXPECT_EQ(*got, *want);
+  }
+  EXPECT_GT(PulledBytes(3), 0);
+}
+
+// A member holding samples of a rank's micro-batches goes down: the direct
+// stream ends UNAVAILABLE naming it within seconds; a stream that keeps
+// resuming delivers the same bytes once the member is back.
+TEST_F(ClusterStepsTest, DirectPullsNameADownMemberAndResumeWhenItIsBack) {
+  durable_ = true;
+  StartThree();
+  ASSERT_TRUE(Client(0).CreateStep(StepRequest("s", Interleaved(4))).ok());
+  const std::vector<v1::RankCoords> ranks = Ranks(Topo());
+  std::vector<std::vector<std::string>> before;
+  for (const v1::RankCoords& rank : ranks) {
+    absl::StatusOr<std::vector<std::string>> got =
+        FetchRank(members_[0]->address(), "s", rank, Delivery::kDirect);
+    ASSERT_TRUE(got.ok()) << got.status();
+    before.push_back(*got);
+  }
+  const std::string down = members_[2]->address();
+  members_[2]->Kill(SIGKILL);
+  int refused = 0;
+  for (const v1::RankCoords& rank : ranks) {
+    const absl::Time asked = absl::Now();
+    absl::StatusOr<std::vector<std::string>> got =
+        FetchRank(members_[0]->address(), "s", rank, Delivery::kDirect);
+    EXPECT_LT(absl::Now() - asked, absl::Seconds(10)) << "within seconds, never a hang";
+    if (got.ok()) continue;
+    ++refused;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr(down));
+  }
+  EXPECT_GT(refused, 0);
+
+  // Streams started while the member is down ride the outage out.
+  std::vector<std::vector<std::string>> after(ranks.size());
+  std::vector<absl::Status> errors(ranks.size());
+  std::vector<std::thread> streams;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    streams.emplace_back([&, r] {
+      TrainerStreamOptions options;
+      options.delivery = Delivery::kDirect;
+      options.resume_timeout = absl::Seconds(60);
+      TrainerStream stream(MakeChannel(members_[1]->address()), "s", ranks[r], options);
+      while (true) {
+        absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
+        if (!next.ok()) {
+          errors[r] = next.status();
+          return;
+        }
+        if (!next->has_value()) return;
+        after[r].push_back(DeterministicBytes(**next));
+      }
+    });
+  }
+  absl::SleepFor(absl::Seconds(1));
+  StartMember(2);  // same address and --data-dir
+  for (std::thread& t : streams) t.join();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_TRUE(errors[r].ok()) << "rank " << r << ": " << errors[r];
+    EXPECT_EQ(after[r], before[r]) << "rank " << r;
+  }
+}
+
 TEST_F(ClusterStepsTest, RacingCreateStepsNeverBothTakeASample) {
   StartThree();
   for (int round = 0; round < 4; ++round) {
@@ -277,8 +402,10 @@ TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
   ASSERT_TRUE(Client(0).CreateStep(StepRequest("s", ids)).ok());
   const std::vector<v1::RankCoords> ranks = Ranks(Topo());
   std::map<int, std::vector<std::string>> before;
+  // Proxied: member 0 pulls (and keeps) every rank's samples.
   for (size_t r = 0; r < ranks.size(); ++r) {
-    absl::StatusOr<std::vector<std::string>> got = FetchRank(members_[0]->address(), "s", ranks[r]);
+    absl::StatusOr<std::vector<std::string>> got =
+        FetchRank(members_[0]->address(), "s", ranks[r], Delivery::kProxy);
     ASSERT_TRUE(got.ok()) << got.status();
     before[r] = *got;
   }
@@ -293,7 +420,7 @@ TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
     while (!stop.load()) {
       for (size_t r = 0; r < ranks.size() && !stop.load(); ++r) {
         absl::StatusOr<std::vector<std::string>> got =
-            FetchRank(members_[0]->address(), "s", ranks[r]);
+            FetchRank(members_[0]->address(), "s", ranks[r], Delivery::kProxy);
         if (!got.ok() || *got != before[r]) {
           load_error = got.ok() ? absl::DataLossError("other bytes") : got.status();
           return;

@@ -127,11 +127,13 @@ TEST_F(MetricsTest, CountsAWholeStepLife) {
     rank.set_dp(dp);
     TrainerStream stream(channel_, "s1", rank);
     while (true) {
-      absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
+      // Bytes as received: with direct pulls (the default) a piece's
+      // framing (PieceRows) is on the wire too.
+      absl::StatusOr<std::optional<ReceivedMicrobatch>> next = stream.NextReceived();
       ASSERT_TRUE(next.ok()) << next.status();
       if (!next->has_value()) break;
       ++received;
-      received_bytes += static_cast<int64_t>((*next)->ByteSizeLong());
+      received_bytes += (*next)->wire_bytes();
     }
   }
   // One resumed stream: the last micro-batch of rank 0 again.
@@ -140,10 +142,10 @@ TEST_F(MetricsTest, CountsAWholeStepLife) {
     TrainerStreamOptions options;
     options.start_index = step->num_microbatches() - 1;
     TrainerStream stream(channel_, "s1", rank, options);
-    absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
+    absl::StatusOr<std::optional<ReceivedMicrobatch>> next = stream.NextReceived();
     ASSERT_TRUE(next.ok() && next->has_value());
     ++received;
-    received_bytes += static_cast<int64_t>((*next)->ByteSizeLong());
+    received_bytes += (*next)->wire_bytes();
     ASSERT_FALSE(stream.Next()->has_value());
   }
   EXPECT_EQ(received, 2 * step->num_microbatches() + 1);

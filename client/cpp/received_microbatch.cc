@@ -145,7 +145,9 @@ class MicrobatchWireParser {
         return absl::DataLossError(absl::StrCat("received micro-batch: array ", name,
                                                 " does not parse"));
       }
-      out_->data_[name] = {pending.data_offset, pending.data_size};
+      ReceivedMicrobatch::ArrayData& data = out_->data_[name];
+      data.size = pending.data_size;
+      data.segments = {{{pending.data_offset, pending.data_size}, 0}};
     }
     return absl::OkStatus();
   }
@@ -317,14 +319,14 @@ absl::StatusOr<ReceivedMicrobatch> ReceivedMicrobatch::Parse(const grpc::ByteBuf
   return m;
 }
 
-const ReceivedMicrobatch::Range* ReceivedMicrobatch::Find(absl::string_view array) const {
+const ReceivedMicrobatch::ArrayData* ReceivedMicrobatch::Find(absl::string_view array) const {
   auto it = data_.find(array);
   return it == data_.end() ? nullptr : &it->second;
 }
 
 int64_t ReceivedMicrobatch::data_size(absl::string_view array) const {
-  const Range* r = Find(array);
-  return r == nullptr ? -1 : r->size;
+  const ArrayData* a = Find(array);
+  return a == nullptr ? -1 : a->size;
 }
 
 template <typename Fn>
@@ -343,21 +345,26 @@ void ReceivedMicrobatch::ForEachPiece(Range range, Fn piece) const {
 }
 
 void ReceivedMicrobatch::CopyData(absl::string_view array, void* out) const {
-  const Range* r = Find(array);
-  if (r == nullptr) return;
-  char* to = static_cast<char*>(out);
-  ForEachPiece(*r, [&to](const char* from, int64_t n) {
-    std::memcpy(to, from, n);
-    to += n;
-  });
+  const ArrayData* a = Find(array);
+  if (a == nullptr) return;
+  for (const Segment& segment : a->segments) {
+    char* to = static_cast<char*>(out) + segment.to;
+    ForEachPiece(segment.from, [&to](const char* from, int64_t n) {
+      std::memcpy(to, from, n);
+      to += n;
+    });
+  }
 }
 
 v1::Microbatch ReceivedMicrobatch::ToMessage() const {
   v1::Microbatch m = meta_;
-  for (const auto& [name, range] : data_) {
+  for (const auto& [name, array] : data_) {
     std::string* data = MutableArray(&m, name)->mutable_data();
-    data->reserve(range.size);
-    ForEachPiece(range, [data](const char* from, int64_t n) { data->append(from, n); });
+    data->reserve(array.size);
+    // The segments tile the array in order: appending them is the scatter.
+    for (const Segment& segment : array.segments) {
+      ForEachPiece(segment.from, [data](const char* from, int64_t n) { data->append(from, n); });
+    }
   }
   return m;
 }

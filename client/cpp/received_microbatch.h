@@ -11,6 +11,10 @@
 // wins, the last map entry of a key wins. ToMessage() equals what
 // Microbatch::ParseFromString gives for the same bytes (tested on randomised
 // encodings in client/cpp/received_microbatch_test.cc).
+//
+// A micro-batch assembled from the pieces of a FetchPieces stream
+// (microbatch_assembly.h) is one too: it keeps every piece's slices, and
+// CopyData scatters each piece's rows to their place in the same one copy.
 #ifndef ROLLPACK_CLIENT_CPP_RECEIVED_MICROBATCH_H_
 #define ROLLPACK_CLIENT_CPP_RECEIVED_MICROBATCH_H_
 
@@ -59,20 +63,37 @@ class ReceivedMicrobatch {
   v1::Microbatch ToMessage() const;
 
  private:
+  // Bytes [offset, offset + size) of the slices, offsets counted over all
+  // of them in order.
   struct Range {
     int64_t offset = 0;
     int64_t size = 0;
   };
+  // Part of an array's bytes: `from` in the slices goes to byte `to` of the
+  // array.
+  struct Segment {
+    Range from;
+    int64_t to = 0;
+  };
+  // An array's bytes: `size` in all, its segments sorted by `to` and tiling
+  // [0, size). One segment for a message as received; one per row span of
+  // each piece for a micro-batch assembled from pieces (microbatch_assembly.h),
+  // whose slices are those of all its pieces.
+  struct ArrayData {
+    int64_t size = 0;
+    std::vector<Segment> segments;
+  };
 
   friend class MicrobatchWireParser;
+  friend class MicrobatchAssembler;
 
   // Calls `piece(data, size)` for each slice's part of [offset, offset+size).
   template <typename Fn>
   void ForEachPiece(Range range, Fn piece) const;
-  const Range* Find(absl::string_view array) const;
+  const ArrayData* Find(absl::string_view array) const;
 
   v1::Microbatch meta_;
-  std::map<std::string, Range, std::less<>> data_;
+  std::map<std::string, ArrayData, std::less<>> data_;
   std::vector<grpc::Slice> slices_;
   std::vector<int64_t> slice_offsets_;  // offset of each slice's first byte
   int64_t wire_bytes_ = 0;

@@ -7,6 +7,8 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "client/cpp/client.h"
+#include "client/cpp/microbatch_assembly.h"
+#include "client/cpp/piece_reader.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/impl/client_unary_call.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -34,11 +36,7 @@ TrainerStream::TrainerStream(std::shared_ptr<grpc::Channel> channel, std::string
 }
 
 TrainerStream::~TrainerStream() {
-  {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    if (context_ != nullptr) context_->TryCancel();
-  }
+  Cancel();
   reader_.join();
 }
 
@@ -46,6 +44,7 @@ void TrainerStream::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
   if (context_ != nullptr) context_->TryCancel();
+  for (PieceReader* r : piece_readers_) r->Cancel();
 }
 
 int TrainerStream::resumes() const {
@@ -75,7 +74,8 @@ absl::StatusOr<std::optional<ReceivedMicrobatch>> TrainerStream::NextReceived() 
   return std::optional<ReceivedMicrobatch>();
 }
 
-bool TrainerStream::WaitToResume(absl::Duration delay) {
+bool TrainerStream::WaitToResume(absl::Duration delay,
+                                 const std::shared_ptr<grpc::Channel>& channel) {
   const absl::Time until = absl::Now() + delay;
   // A channel that is not ready is waited on with a wait-for-ready probe
   // (grpc.health.v1.Health/Check, open without a token) that ends when the
@@ -86,7 +86,7 @@ bool TrainerStream::WaitToResume(absl::Duration delay) {
   // queued wait-for-ready call gets one at once. A channel that is ready
   // (the server answered UNAVAILABLE itself, e.g. a cluster member naming
   // another) is just waited out.
-  if (channel_->GetState(true) != GRPC_CHANNEL_READY) {
+  if (channel->GetState(true) != GRPC_CHANNEL_READY) {
     grpc::ClientContext probe;
     probe.set_wait_for_ready(true);
     probe.set_deadline(absl::ToChronoTime(until));
@@ -96,12 +96,12 @@ bool TrainerStream::WaitToResume(absl::Duration delay) {
       context_ = &probe;
     }
     const grpc::internal::RpcMethod method(kHealthCheckMethod,
-                                           grpc::internal::RpcMethod::NORMAL_RPC, channel_);
+                                           grpc::internal::RpcMethod::NORMAL_RPC, channel);
     grpc::Slice empty("");
     grpc::ByteBuffer request(&empty, 1), response;
     const grpc::Status status =
         grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-            channel_.get(), method, &probe, request, &response);
+            channel.get(), method, &probe, request, &response);
     absl::MutexLock lock(&mu_);
     context_ = nullptr;
     if (cancelled_) return false;
@@ -119,6 +119,183 @@ bool TrainerStream::WaitToResume(absl::Duration delay) {
   return !cancelled_;
 }
 
+bool TrainerStream::Enqueue(ReceivedMicrobatch message) {
+  absl::MutexLock lock(&mu_);
+  // Back-pressure: wait for room before taking the next message.
+  mu_.Await(absl::Condition(
+      +[](TrainerStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+        return s->cancelled_ || static_cast<int>(s->queue_.size()) < s->options_.prefetch;
+      },
+      this));
+  if (cancelled_) return false;
+  queue_.push_back(std::move(message));
+  return true;
+}
+
+TrainerStream::Attempt TrainerStream::ProxyAttempt(int* next_index, int* failures) {
+  grpc::ClientContext context;
+  if (!options_.auth_token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + options_.auth_token);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return {absl::CancelledError("trainer stream cancelled"), channel_};
+    context_ = &context;
+  }
+  v1::FetchRequest request;
+  request.set_step_id(step_id_);
+  *request.mutable_rank() = rank_;
+  request.set_start_index(*next_index);
+  request.set_all_fields(options_.all_fields);
+  // The generated stub's call, with each response left as received.
+  const grpc::internal::RpcMethod method(kFetchMethod, grpc::internal::RpcMethod::SERVER_STREAMING,
+                                         channel_);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                    &context, request));
+  grpc::ByteBuffer received;
+  absl::Status parse_error;
+  while (reader->Read(&received)) {
+    absl::StatusOr<ReceivedMicrobatch> message = ReceivedMicrobatch::Parse(received);
+    received.Clear();
+    if (!message.ok()) {
+      // What the generated reader does with a message that does not
+      // parse: end the call; it resumes like any INTERNAL error.
+      parse_error = message.status();
+      context.TryCancel();
+      break;
+    }
+    *failures = 0;
+    const int index = message->meta().index();
+    if (!Enqueue(*std::move(message))) break;
+    // Only once queued: a message dropped by Cancel() is not skipped.
+    *next_index = index + 1;
+  }
+  grpc::Status status = reader->Finish();
+  if (!parse_error.ok()) {
+    status = grpc::Status(grpc::StatusCode::INTERNAL, parse_error.ToString());
+  }
+  absl::MutexLock lock(&mu_);
+  context_ = nullptr;
+  return {FromGrpcStatus(status), channel_};
+}
+
+std::shared_ptr<grpc::Channel> TrainerStream::MemberChannel(const std::string& address) {
+  std::shared_ptr<grpc::Channel>& channel = member_channels_[address];
+  if (channel == nullptr) {
+    channel = options_.member_channel ? options_.member_channel(address) : MakeChannel(address);
+  }
+  return channel;
+}
+
+std::unique_ptr<PieceReader> TrainerStream::OpenPieces(
+    const std::shared_ptr<grpc::Channel>& channel, bool header, int start_index) {
+  v1::PieceRequest request;
+  request.set_step_id(step_id_);
+  *request.mutable_rank() = rank_;
+  request.set_start_index(start_index);
+  request.set_all_fields(options_.all_fields);
+  request.set_header(header);
+  auto reader = std::make_unique<PieceReader>(channel, request, options_.auth_token,
+                                              std::max(1, options_.prefetch));
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return nullptr;  // ~PieceReader cancels it
+  piece_readers_.push_back(reader.get());
+  return reader;
+}
+
+TrainerStream::Attempt TrainerStream::DirectAttempt(int* next_index, int* failures) {
+  std::vector<std::unique_ptr<PieceReader>> readers;
+  // Every stream of the attempt ends with it: out of Cancel()'s reach
+  // first, then cancelled and joined.
+  struct Release {
+    TrainerStream* self;
+    std::vector<std::unique_ptr<PieceReader>>* readers;
+    ~Release() {
+      {
+        absl::MutexLock lock(&self->mu_);
+        self->piece_readers_.clear();
+      }
+      readers->clear();
+    }
+  } release{this, &readers};
+  const Attempt cancelled{absl::CancelledError("trainer stream cancelled"), channel_};
+  // Pieces that do not fit together: the senders' fault, not the
+  // transport's; ReadLoop retries them a few times at the same micro-batch.
+  auto protocol = [](absl::Status status, std::shared_ptr<grpc::Channel> channel) {
+    Attempt a{std::move(status), std::move(channel)};
+    a.protocol_error = true;
+    return a;
+  };
+
+  std::unique_ptr<PieceReader> header_stream = OpenPieces(channel_, true, *next_index);
+  if (header_stream == nullptr) return cancelled;
+  PieceReader* header = readers.emplace_back(std::move(header_stream)).get();
+  // Each member's stream, opened at the first micro-batch that lists it.
+  std::map<std::string, std::pair<PieceReader*, std::shared_ptr<grpc::Channel>>> members;
+  while (true) {
+    absl::StatusOr<std::optional<ReceivedMicrobatch>> head = header->Next();
+    if (!head.ok()) {
+      Attempt a{head.status(), channel_};
+      a.no_direct = head.status().code() == absl::StatusCode::kUnimplemented;
+      return a;
+    }
+    if (!head->has_value()) return {absl::OkStatus(), channel_};
+    const int index = (*head)->meta().index();
+    if (index != *next_index) {
+      return protocol(absl::DataLossError(absl::StrCat(
+                          "the member dialled sent a piece of micro-batch ", index,
+                          " where the header piece of micro-batch ", *next_index,
+                          " belongs (direct pull)")),
+                      channel_);
+    }
+    std::vector<ReceivedMicrobatch> pieces;
+    for (const std::string& address : (*head)->meta().piece().members()) {
+      auto& [reader, channel] = members[address];
+      if (reader == nullptr) {
+        channel = MemberChannel(address);
+        std::unique_ptr<PieceReader> opened = OpenPieces(channel, false, index);
+        if (opened == nullptr) return cancelled;
+        reader = readers.emplace_back(std::move(opened)).get();
+      }
+      absl::StatusOr<std::optional<ReceivedMicrobatch>> piece = reader->Next();
+      const std::string member = absl::StrCat("member ", address);
+      if (!piece.ok()) {
+        Attempt a{absl::Status(piece.status().code(),
+                               absl::StrCat(member, ": ",
+                                            absl::StatusCodeToString(piece.status().code()),
+                                            ": ", piece.status().message())),
+                  channel};
+        // A member older than direct pulls in a cluster of mixed versions.
+        a.no_direct = piece.status().code() == absl::StatusCode::kUnimplemented;
+        a.member_unreachable = piece.status().code() == absl::StatusCode::kUnavailable;
+        return a;
+      }
+      if (!piece->has_value()) {
+        return protocol(absl::DataLossError(absl::StrCat(
+                            member, ": its stream ended before its piece of micro-batch ", index,
+                            ", which the header piece lists it for (direct pull)")),
+                        channel);
+      }
+      if ((*piece)->meta().index() != index) {
+        return protocol(absl::DataLossError(absl::StrCat(
+                            member, ": sent a piece of micro-batch ", (*piece)->meta().index(),
+                            " where its piece of micro-batch ", index,
+                            " belongs (direct pull)")),
+                        channel);
+      }
+      pieces.push_back(**std::move(piece));
+    }
+    absl::StatusOr<ReceivedMicrobatch> assembled =
+        AssembleMicrobatch(**std::move(head), std::move(pieces));
+    if (!assembled.ok()) return protocol(assembled.status(), channel_);
+    *failures = 0;
+    if (!Enqueue(*std::move(assembled))) return cancelled;
+    // Only once queued: a micro-batch dropped by Cancel() is not skipped.
+    *next_index = index + 1;
+  }
+}
+
 void TrainerStream::ReadLoop() {
   int next_index = options_.start_index;
   // Failed attempts, and when the first of them failed, since the last
@@ -127,83 +304,54 @@ void TrainerStream::ReadLoop() {
   absl::Time outage_start;
   const uint64_t seed = ResumeSeed(step_id_, rank_);
   absl::Status final_status;
+  bool direct = options_.delivery != Delivery::kProxy;
   while (true) {
-    grpc::ClientContext context;
-    if (!options_.auth_token.empty()) {
-      context.AddMetadata("authorization", "Bearer " + options_.auth_token);
-    }
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) break;
-      context_ = &context;
     }
-    v1::FetchRequest request;
-    request.set_step_id(step_id_);
-    *request.mutable_rank() = rank_;
-    request.set_start_index(next_index);
-    request.set_all_fields(options_.all_fields);
-    // The generated stub's call, with each response left as received.
-    const grpc::internal::RpcMethod method(kFetchMethod,
-                                           grpc::internal::RpcMethod::SERVER_STREAMING, channel_);
-    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                      &context, request));
-    grpc::ByteBuffer received;
-    absl::Status parse_error;
-    while (reader->Read(&received)) {
-      absl::StatusOr<ReceivedMicrobatch> message = ReceivedMicrobatch::Parse(received);
-      received.Clear();
-      if (!message.ok()) {
-        // What the generated reader does with a message that does not
-        // parse: end the call; it resumes below like any INTERNAL error.
-        parse_error = message.status();
-        context.TryCancel();
-        break;
-      }
-      failures = 0;
-      const int index = message->meta().index();
-      absl::MutexLock lock(&mu_);
-      // Back-pressure: wait for room before taking the next message.
-      mu_.Await(absl::Condition(
-          +[](TrainerStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-            return s->cancelled_ ||
-                   static_cast<int>(s->queue_.size()) < s->options_.prefetch;
-          },
-          this));
-      if (cancelled_) break;
-      queue_.push_back(*std::move(message));
-      // Only once queued: a message dropped by Cancel() is not skipped.
-      next_index = index + 1;
-    }
-    grpc::Status status = reader->Finish();
-    if (!parse_error.ok()) {
-      status = grpc::Status(grpc::StatusCode::INTERNAL, parse_error.ToString());
-    }
+    const Attempt attempt =
+        direct ? DirectAttempt(&next_index, &failures) : ProxyAttempt(&next_index, &failures);
     {
       absl::MutexLock lock(&mu_);
-      context_ = nullptr;
       if (cancelled_) break;
     }
-    if (status.ok()) break;
-    const bool unavailable = status.error_code() == grpc::StatusCode::UNAVAILABLE;
-    const bool transient = unavailable || status.error_code() == grpc::StatusCode::INTERNAL ||
-                           status.error_code() == grpc::StatusCode::UNKNOWN;
+    if (attempt.status.ok()) break;
+    if ((attempt.no_direct || attempt.member_unreachable) &&
+        options_.delivery == Delivery::kAuto) {
+      // An older rollpackd (the one dialled, or a member it lists), or a
+      // member this rank cannot reach: the proxied stream from here on, at
+      // once. A member that is down fails the proxied stream too, naming it,
+      // and is resumed as any outage is.
+      direct = false;
+      continue;
+    }
+    const absl::StatusCode code = attempt.status.code();
+    const bool unavailable = code == absl::StatusCode::kUnavailable;
+    const bool transient = unavailable || attempt.protocol_error ||
+                           code == absl::StatusCode::kInternal ||
+                           code == absl::StatusCode::kUnknown;
     if (!transient) {
-      final_status = FromGrpcStatus(status);
+      final_status = attempt.no_direct
+                         ? Annotate(attempt.status,
+                                    "Trainer.FetchPieces is not served (delivery direct; auto "
+                                    "falls back to FetchMicrobatches)")
+                         : attempt.status;
       break;
     }
     const absl::Time now = absl::Now();
     if (failures == 0) outage_start = now;
     const absl::Duration down = now - outage_start;
     // A server that is down or restarting gets the time budget; an
-    // INTERNAL/UNKNOWN error (or a micro-batch that does not parse) that
-    // comes back at the same index is not going away: a few tries only.
+    // INTERNAL/UNKNOWN error (or a micro-batch that does not parse, or
+    // pieces that do not fit) that comes back at the same index is not
+    // going away: a few tries only.
     const bool repeated = !unavailable && failures >= kMaxRepeatedErrors;
     const bool capped =
         repeated || (options_.max_resumes >= 0 && failures >= options_.max_resumes);
     if (capped || down >= options_.resume_timeout) {
       final_status = Annotate(
-          FromGrpcStatus(status),
+          attempt.status,
           absl::StrCat("step \"", step_id_, "\" rank (dp=", rank_.dp(), ", cp=", rank_.cp(),
                        ", tp=", rank_.tp(), ", pp=", rank_.pp(), "): gave up after ",
                        failures + 1, " failed attempt", failures == 0 ? "" : "s", " in ",
@@ -218,7 +366,7 @@ void TrainerStream::ReadLoop() {
     const absl::Duration delay =
         std::min(ResumeDelay(options_.backoff, failures, seed), options_.resume_timeout - down);
     ++failures;
-    if (!WaitToResume(delay)) break;
+    if (!WaitToResume(delay, attempt.channel)) break;
     absl::MutexLock lock(&mu_);
     ++resumes_;
   }

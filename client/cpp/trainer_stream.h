@@ -10,18 +10,28 @@
 // the socket and parses the small fields (ReceivedMicrobatch), so it is back
 // to reading while the consumer copies the arrays out, once, where it needs
 // them (NextReceived) or into a message (Next).
+//
+// Direct pulls (options.delivery, delivery_mode.h): the member dialled sends
+// each micro-batch's header piece, the members it lists send their rows on
+// streams of their own (each read on a thread of its own, PieceReader), and
+// the reader assembles each micro-batch from them (AssembleMicrobatch)
+// before queueing it: the consumer sees the same micro-batches either way.
 #ifndef ROLLPACK_CLIENT_CPP_TRAINER_STREAM_H_
 #define ROLLPACK_CLIENT_CPP_TRAINER_STREAM_H_
 
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/cpp/delivery_mode.h"
 #include "client/cpp/received_microbatch.h"
 #include "client/cpp/stream_resume.h"
 #include "grpcpp/channel.h"
@@ -50,9 +60,20 @@ struct TrainerStreamOptions {
   // resume_timeout (5, without waits in between).
   int max_resumes = -1;
   // Sent as `authorization: Bearer <token>` when rollpackd runs with
-  // --auth-tokens (the trainer role may fetch).
+  // --auth-tokens (the trainer role may fetch), on every stream (the
+  // members' of direct pulls too).
   std::string auth_token;
+  // Direct pulls from the members holding the samples, the proxied stream,
+  // or the first when the server serves it (delivery_mode.h).
+  Delivery delivery = Delivery::kAuto;
+  // The channel to a cluster member a header piece names ("host:port"),
+  // made once per address and kept for the stream's life. Unset: a
+  // plaintext channel with MakeChannel's arguments (cluster members serve
+  // plaintext only; docs/cluster.md).
+  std::function<std::shared_ptr<grpc::Channel>(const std::string& address)> member_channel;
 };
+
+class PieceReader;
 
 class TrainerStream {
  public:
@@ -81,11 +102,37 @@ class TrainerStream {
   int resumes() const;
 
  private:
+  // How one attempt (one opening of the stream's calls) ended.
+  struct Attempt {
+    // OK: the stream's end.
+    absl::Status status;
+    // Where the error came from, for the wait before the next attempt.
+    std::shared_ptr<grpc::Channel> channel;
+    // Pieces that do not fit together: retried as a transport error is, a
+    // few times at the same micro-batch.
+    bool protocol_error = false;
+    // A member (the one dialled or another) does not serve FetchPieces (an
+    // older rollpackd).
+    bool no_direct = false;
+    // A member the header piece lists could not be reached: kAuto goes on
+    // proxied through the member dialled (it may reach what this rank
+    // cannot: a trainer behind NAT or a Service address).
+    bool member_unreachable = false;
+  };
+
   void ReadLoop();
-  // Waits `delay` before the next attempt, or less when the channel, not
+  Attempt ProxyAttempt(int* next_index, int* failures);
+  Attempt DirectAttempt(int* next_index, int* failures);
+  // Opens a FetchPieces stream that Cancel() reaches; nullptr once cancelled.
+  std::unique_ptr<PieceReader> OpenPieces(const std::shared_ptr<grpc::Channel>& channel,
+                                          bool header, int start_index);
+  std::shared_ptr<grpc::Channel> MemberChannel(const std::string& address);
+  // Queues a micro-batch once there is room; false when cancelled.
+  bool Enqueue(ReceivedMicrobatch message);
+  // Waits `delay` before the next attempt, or less when `channel`, not
   // ready at the failure, connects (the server is back). False when the
   // stream was cancelled meanwhile.
-  bool WaitToResume(absl::Duration delay);
+  bool WaitToResume(absl::Duration delay, const std::shared_ptr<grpc::Channel>& channel);
 
   const std::string step_id_;
   const v1::RankCoords rank_;
@@ -99,6 +146,10 @@ class TrainerStream {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   int resumes_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The piece streams of the current direct attempt, for Cancel().
+  std::vector<PieceReader*> piece_readers_ ABSL_GUARDED_BY(mu_);
+  // Reader thread only.
+  std::map<std::string, std::shared_ptr<grpc::Channel>> member_channels_;
   std::thread reader_;
 };
 

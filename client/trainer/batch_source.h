@@ -30,6 +30,7 @@ inline TrainerStreamOptions NetworkOptions(const DeviceStreamOptions& o) {
   t.resume_timeout = o.resume_timeout;
   t.max_resumes = o.max_resumes;
   t.auth_token = o.auth_token;
+  t.delivery = o.delivery;
   return t;
 }
 

@@ -29,12 +29,10 @@ CudaSource::~CudaSource() {
     }
     ready_.clear();  // batches not handed out: their memory is released
   }
+  // Kept for the next stream (its copies may still run: the taker waits
+  // on `done`), not unpinned here on the consumer's way out.
   for (PinnedSlot& s : pinned_) {
-    if (s.done != nullptr) {
-      cudaEventSynchronize(s.done);
-      cudaEventDestroy(s.done);
-    }
-    if (s.ptr != nullptr) cudaFreeHost(s.ptr);
+    PinnedCache::Get().Give(state_ != nullptr ? state_->device : 0, std::exchange(s, {}));
   }
 }
 
@@ -119,15 +117,18 @@ bool CudaSource::stopping() {
 
 absl::StatusOr<PinnedSlot*> CudaSource::AcquirePinned(size_t size) {
   PinnedSlot& s = pinned_[next_pinned_++ % pinned_.size()];
-  if (s.done != nullptr) RP_CUDA(cudaEventSynchronize(s.done));
   if (s.size < size) {
-    if (s.ptr != nullptr) RP_CUDA(cudaFreeHost(s.ptr));
-    s.ptr = nullptr;
-    s.size = 0;
-    const size_t want = std::max<size_t>(size, size_t{1} << 20) * 5 / 4;
-    RP_CUDA(cudaHostAlloc(&s.ptr, want, cudaHostAllocDefault));
-    s.size = want;
+    PinnedCache& cache = PinnedCache::Get();
+    cache.Give(state_->device, std::exchange(s, {}));
+    if (std::optional<PinnedSlot> kept = cache.Take(state_->device, size); kept.has_value()) {
+      s = *kept;
+    } else {
+      const size_t want = std::max<size_t>(size, size_t{1} << 20) * 5 / 4;
+      RP_CUDA(cudaHostAlloc(&s.ptr, want, cudaHostAllocDefault));
+      s.size = want;
+    }
   }
+  if (s.done != nullptr) RP_CUDA(cudaEventSynchronize(s.done));
   if (s.done == nullptr) RP_CUDA(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
   return &s;
 }

@@ -23,6 +23,7 @@
 #include "client/trainer/batch_source.h"
 #include "client/trainer/batch_state.h"
 #include "client/trainer/device_stream_options.h"
+#include "client/trainer/pinned_cache.h"
 #include "grpcpp/channel.h"
 #include "rollpack/v1/trainer.pb.h"
 
@@ -36,11 +37,6 @@ struct CudaState {
   ~CudaState();
 };
 
-struct PinnedSlot {
-  void* ptr = nullptr;
-  size_t size = 0;
-  cudaEvent_t done = nullptr;  // the H2D copy reading it has finished
-};
 
 // Staged batches of one CUDA device; subclasses run the staging thread that
 // fills the ready queue (one rank's own stream, or a TP group's).
@@ -67,7 +63,8 @@ class CudaSource : public BatchSource {
   void Stop();
   bool stopping();
 
-  // A pinned buffer of at least `size` bytes whose previous copy finished.
+  // A pinned buffer of at least `size` bytes whose previous copy finished
+  // (from the process's PinnedCache when one fits).
   absl::StatusOr<PinnedSlot*> AcquirePinned(size_t size);
 
   // Device memory for a batch, released stream-ordered after the consumer.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "client/cpp/delivery_mode.h"
 
 namespace rollpack {
 
@@ -51,6 +52,10 @@ struct DeviceStreamOptions {
   // does a small rendezvous through rollpackd, so ranks with different
   // settings still agree (they then create a new communicator every step).
   bool reuse_tp_communicator = true;
+  // Direct pulls from the cluster members holding the samples, the proxied
+  // stream, or direct when the server serves it (client/cpp/delivery_mode.h;
+  // TP-leader mode: the leader's streams).
+  Delivery delivery = Delivery::kAuto;
 };
 
 }  // namespace rollpack

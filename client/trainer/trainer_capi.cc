@@ -179,6 +179,15 @@ absl::StatusOr<rollpack::DeviceStreamOptions> StreamOptions(const rpt_stream_opt
   if (in.resume_timeout_ms < 0) o.resume_timeout = absl::InfiniteDuration();
   if (in.resume_timeout_ms > 0) o.resume_timeout = absl::Milliseconds(in.resume_timeout_ms);
   if (in.max_resumes != 0) o.max_resumes = in.max_resumes < 0 ? 0 : in.max_resumes;
+  switch (in.delivery) {
+    case RPT_DELIVERY_AUTO: o.delivery = rollpack::Delivery::kAuto; break;
+    case RPT_DELIVERY_DIRECT: o.delivery = rollpack::Delivery::kDirect; break;
+    case RPT_DELIVERY_PROXY: o.delivery = rollpack::Delivery::kProxy; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rpt_stream_options.delivery is ", in.delivery,
+          ": RPT_DELIVERY_AUTO (0), RPT_DELIVERY_DIRECT (1) or RPT_DELIVERY_PROXY (2)"));
+  }
   return o;
 }
 

@@ -27,7 +27,7 @@ extern "C" {
  *    to find its entry point instead of passing arguments in the wrong places.
  *    Since grown, without a new version (nothing changed, only added):
  *    rpt_stream_options.resume_timeout_ms and .max_resumes,
- *    rpt_last_resume_from. */
+ *    rpt_last_resume_from, rpt_stream_options.delivery. */
 #define RPT_ABI_VERSION 3
 
 int rpt_abi_version(void);
@@ -109,7 +109,17 @@ typedef struct rpt_stream_options {
   /* An additional cap on failed resume attempts in a row: 0 = none (only
    * resume_timeout_ms counts), > 0 = at most this many, < 0 = never resume. */
   int32_t max_resumes;
+  /* Appended later: how micro-batches travel (docs/trainer.md, "Direct
+   * pulls"). RPT_DELIVERY_AUTO (0, also what an older caller's shorter
+   * struct reads as) = direct pulls when the server serves them, else
+   * proxied; RPT_DELIVERY_DIRECT (1) = direct pulls only; RPT_DELIVERY_PROXY
+   * (2) = the member dialled sends whole micro-batches. */
+  int32_t delivery;
 } rpt_stream_options;
+
+#define RPT_DELIVERY_AUTO 0
+#define RPT_DELIVERY_DIRECT 1
+#define RPT_DELIVERY_PROXY 2
 
 /* Opens one rank's stream of `step_id`. connect may be NULL (plaintext, no
  * token); options may not. */

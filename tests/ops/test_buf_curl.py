@@ -61,7 +61,8 @@ class BufCurlTest(unittest.TestCase):
                 self.assertIn(s, services)
             methods = curl.ok("--list-methods").split()
             for m in ["rollpack.v1.Rollouts/PutSamples", "rollpack.v1.Scheduler/GetPlan",
-                      "rollpack.v1.Scheduler/ReleaseStep", "rollpack.v1.Trainer/FetchMicrobatches"]:
+                      "rollpack.v1.Scheduler/ReleaseStep", "rollpack.v1.Trainer/FetchMicrobatches",
+                      "rollpack.v1.Trainer/FetchPieces"]:
                 self.assertIn(m, methods)
 
             # describe rollpack.v1.Plan: the reflection service's answer.

@@ -49,8 +49,11 @@ class PrometheusTest(unittest.TestCase):
             prom.wait_for('rollpack_steps_created_total{pool="%s"}' % pool, 1.0)
             prom.wait_for("rollpack_released_samples_total", float(NUM_SAMPLES))
             prom.wait_for("rollpack_streamed_microbatches_total", float(microbatches))
-            prom.wait_for('sum(rollpack_grpc_server_handled_total{grpc_method="FetchMicrobatches",'
-                          'grpc_code="OK"})', float(ranks))
+            # One trainer stream per rank: FetchPieces (the client's default,
+            # delivery auto) or FetchMicrobatches.
+            prom.wait_for('sum(rollpack_grpc_server_handled_total{'
+                          'grpc_method=~"FetchPieces|FetchMicrobatches",grpc_code="OK"})',
+                          float(ranks))
             prom.wait_for('rollpack_grpc_server_handled_total{grpc_service="rollpack.v1.Rollouts",'
                           'grpc_method="RegisterModel",grpc_code="OK"}', 1.0)
             for expr, key in [

@@ -45,7 +45,10 @@ class StreamOptions(ctypes.Structure):
                                   "start_index", "ids_int32", "masked_fill_minus_one",
                                   "tp_leader_size", "rendezvous_timeout_s")
     ] + [("rendezvous_tag", _c.c_char_p), ("resume_timeout_ms", _c.c_int32),
-         ("max_resumes", _c.c_int32)]
+         ("max_resumes", _c.c_int32), ("delivery", _c.c_int32)]
+
+# rpt_stream_options.delivery (RPT_DELIVERY_*).
+DELIVERY = {"auto": 0, "direct": 1, "proxy": 2}
 
 
 _SIGS = {
@@ -190,10 +193,11 @@ def _connect(connect):
 
 def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_index=0,
                    ids_int32=False, fill=False, tp_leader_size=0, rendezvous_timeout_s=300,
-                   rendezvous_tag="", resume_timeout_ms=0, max_resumes=0):
+                   rendezvous_tag="", resume_timeout_ms=0, max_resumes=0, delivery=0):
     """A StreamOptions (its tag bytes are kept alive by the structure).
     resume_timeout_ms: 0 = the library's default (60 s), < 0 = no limit;
-    max_resumes: 0 = no cap, < 0 = never resume (trainer_capi.h)."""
+    max_resumes: 0 = no cap, < 0 = never resume; delivery: a DELIVERY value
+    (trainer_capi.h)."""
     o = StreamOptions()
     o.struct_size = ctypes.sizeof(StreamOptions)
     o.dp, o.cp, o.tp, o.pp, o.device = dp, cp, tp, pp, device
@@ -202,6 +206,7 @@ def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_i
     o.tp_leader_size, o.rendezvous_timeout_s = tp_leader_size, rendezvous_timeout_s
     o.rendezvous_tag = _bytes(rendezvous_tag)
     o.resume_timeout_ms, o.max_resumes = resume_timeout_ms, max_resumes
+    o.delivery = delivery
     return o
 
 

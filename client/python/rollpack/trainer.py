@@ -236,6 +236,11 @@ class TrainerClient:
     the first micro-batch not handed out, for a new client's
     ``start_index``.
 
+    ``delivery``: "auto" (default) pulls each micro-batch's rows straight
+    from the cluster members holding them when rollpackd serves that, else
+    takes whole micro-batches from ``address``; "direct" only the former,
+    "proxy" only the latter. The micro-batches are the same either way.
+
     Tensors handed out stay valid while referenced; on a GPU they are
     ordered on the current CUDA stream at the time of ``next`` (use
     ``Tensor.record_stream`` before using them on another stream).
@@ -245,11 +250,15 @@ class TrainerClient:
                  start_index=0, index_dtype=torch.int64, masked_fill_minus_one=False,
                  tp_leader=False, tp_size=None, rendezvous_timeout_s=300, rendezvous_tag="",
                  token=None, tls=False, root_certificates=None, client_certificate=None,
-                 client_key=None, server_name=None, resume_timeout=60.0, max_resumes=None):
+                 client_key=None, server_name=None, resume_timeout=60.0, max_resumes=None,
+                 delivery="auto"):
         _capi.abi_version()  # loads the library, or raises ImportError
         self._stream = 0
         self._client = 0
         self._replay_layers = None
+        if delivery not in _capi.DELIVERY:
+            raise ValueError("delivery is %r: one of %s" % (delivery, ", ".join(
+                repr(d) for d in _capi.DELIVERY)))
         self.address = address
         self._connect = _connect(token, tls, root_certificates, client_certificate, client_key,
                                  server_name)
@@ -273,7 +282,8 @@ class TrainerClient:
             start_index=int(start_index), ids_int32=index_dtype == torch.int32,
             fill=masked_fill_minus_one, tp_leader_size=tp_leader_size,
             rendezvous_timeout_s=int(rendezvous_timeout_s), rendezvous_tag=str(rendezvous_tag),
-            resume_timeout_ms=resume_timeout_ms, max_resumes=max_resumes)
+            resume_timeout_ms=resume_timeout_ms, max_resumes=max_resumes,
+            delivery=_capi.DELIVERY[delivery])
         self._stream = call(_capi.open, "open %s rank %s" % (step_id, self.rank), address,
                             step_id, options, self._connect)
 

@@ -82,8 +82,11 @@ class GpuTrainer(unittest.TestCase):
                     for tp in range(2):
                         for pp in range(2):
                             rank = (0, cp, tp, pp)
+                            # Direct pulls (auto) staged on the GPU vs the
+                            # proxied stream on the host.
                             gpu = list(TrainerClient(self.d.address, step, rank, "cuda:0", **opts))
-                            cpu = list(TrainerClient(self.d.address, step, rank, "cpu", **opts))
+                            cpu = list(TrainerClient(self.d.address, step, rank, "cpu",
+                                                     delivery="proxy", **opts))
                             self.assertEqual(len(gpu), len(cpu))
                             for a, b in zip(gpu, cpu):
                                 self.assertEqual(a.replay_indices.device.type, "cuda")

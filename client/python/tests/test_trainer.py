@@ -2,7 +2,8 @@
 
 - TrainerClient against a real rollpackd, every rank of a cp=2 tp=2 pp=2
   layout, compared with the wire bytes read through the plain gRPC stub and
-  numpy (an independent decode), ids against numpy's transpose;
+  numpy (an independent decode), ids against numpy's transpose; delivery
+  "direct" (FetchPieces), "auto" and "proxy" tensor-identical;
 - apply_replay forward/backward and routing_agreement against float64 torch
   references written here;
 - install_replay_targets with a stand-in of Megatron's RouterReplay.
@@ -164,6 +165,40 @@ class TrainerClientCpu(unittest.TestCase):
             saw_masked |= bool((mask == 0).any())
             np.testing.assert_array_equal(mb.replay_indices.numpy(), ex)
         self.assertTrue(saw_masked, "no padding rows: the -1 fill was not exercised")
+
+    @staticmethod
+    def snapshot(mb):
+        """Everything a Microbatch holds, as comparable values."""
+        def arr(t):
+            return (str(t.dtype), tuple(t.shape), t.contiguous().numpy().tobytes())
+        return ((mb.index, mb.num_microbatches, mb.local_cp_size, mb.local_cp_rank,
+                 mb.max_seqlen, mb.workload, list(mb.sample_ids), list(mb.replay_layers)),
+                [arr(getattr(mb, n)) for n in ("tokens", "cu_seqlens", "cu_seqlens_padded",
+                                               "replay_experts", "replay_mask",
+                                               "replay_indices")],
+                sorted((n, arr(t)) for n, t in mb.token_fields.items()))
+
+    def test_delivery_direct_auto_and_proxy_are_identical(self):
+        # One rollpackd: the header piece of each direct pull is the whole
+        # micro-batch; the stream must equal the proxied one tensor by tensor.
+        for all_fields in (False, True):
+            for rank in self.ranks():
+                got = {}
+                for delivery in ("direct", "auto", "proxy"):
+                    got[delivery] = [self.snapshot(mb) for mb in self.trainer.TrainerClient(
+                        self.d.address, "st", rank, "cpu", all_fields=all_fields,
+                        delivery=delivery)]
+                what = "rank %s all_fields %s" % (rank, all_fields)
+                self.assertEqual(len(got["proxy"]), self.num_mb, what)
+                self.assertTrue(got["direct"] == got["proxy"], what)
+                self.assertTrue(got["auto"] == got["proxy"], what)
+        with self.assertRaises(ValueError) as cm:
+            self.trainer.TrainerClient(self.d.address, "st", (0, 0, 0, 0), delivery="pull")
+        self.assertIn("'auto', 'direct', 'proxy'", str(cm.exception))
+        with self.assertRaises(errors.NotFound) as cm:
+            next(iter(self.trainer.TrainerClient(self.d.address, "nope", (0, 0, 0, 0),
+                                                 delivery="direct", start_index=2)))
+        self.assertEqual(cm.exception.resume_from, 2)
 
     def test_errors(self):
         with self.assertRaises(errors.NotFound):

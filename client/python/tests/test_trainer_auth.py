@@ -9,7 +9,9 @@
 - the C ABI's stream entry point (ABI 3): rpt_stream_open without
   connection options sends no token; rpt_stream_options' struct_size: a
   struct longer than this library's (a newer header) is read up to what it
-  knows, a shorter one is refused; the ABI 1 and 2 entry points are gone.
+  knows, a shorter one is refused; the ABI 1 and 2 entry points are gone;
+  rpt_stream_options.delivery: each value fetches, an unknown one is
+  refused, a struct from before the field reads it as auto.
 
 Certificates are made with openssl at test time.
 """
@@ -148,6 +150,12 @@ class TokenAuth(unittest.TestCase):
     def test_producer_role_may_not_fetch(self):
         with self.assertRaises(errors.Unauthenticated) as cm:
             list(self.client(token=PRODUCER))
+        self.assertEqual(cm.exception.code, grpc.StatusCode.PERMISSION_DENIED)
+        # delivery="auto" asks for direct pulls first (Trainer.FetchPieces).
+        self.assertIn("role producer may not call /rollpack.v1.Trainer/FetchPieces",
+                      str(cm.exception))
+        with self.assertRaises(errors.Unauthenticated) as cm:
+            list(self.client(token=PRODUCER, delivery="proxy"))
         self.assertEqual(cm.exception.code, grpc.StatusCode.PERMISSION_DENIED)
         self.assertIn("role producer may not call /rollpack.v1.Trainer/FetchMicrobatches",
                       str(cm.exception))
@@ -329,6 +337,23 @@ class StreamOpenAbi(unittest.TestCase):
         self.assertEqual(rc, grpc.StatusCode.INVALID_ARGUMENT.value[0])
         self.assertFalse(stream.value)
         self.assertIn(b"rpt_stream_options.struct_size is 8", self.lib.rpt_last_error())
+
+    def test_delivery_field(self):
+        # Every value fetches every micro-batch (one rollpackd).
+        for name, value in self.capi.DELIVERY.items():
+            rc, stream = self.open(self.capi.stream_options(0, 0, 0, 0, -1, delivery=value))
+            self.assertEqual(rc, 0, self.lib.rpt_last_error())
+            self.assertEqual(self.read_all(stream), self.num_mb, name)
+        rc, stream = self.open(self.capi.stream_options(0, 0, 0, 0, -1, delivery=7))
+        self.assertEqual(rc, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertFalse(stream.value)
+        self.assertIn(b"rpt_stream_options.delivery is 7", self.lib.rpt_last_error())
+        # A struct of the header before `delivery` (it ends at max_resumes)
+        # reads it as 0 = auto, whatever lies past it.
+        o = self.capi.stream_options(0, 0, 0, 0, -1, delivery=7)
+        rc, stream = self.open(o, size=self.capi.StreamOptions.delivery.offset)
+        self.assertEqual(rc, 0, self.lib.rpt_last_error())
+        self.assertEqual(self.read_all(stream), self.num_mb)
 
     def test_null_options_refused(self):
         import ctypes
