@@ -10,10 +10,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "cli/bench_cluster_fetch.h"
 #include "cli/bench_support.h"
 #include "cli/flags.h"
 #include "client/cpp/client.h"
+#include "client/cpp/delivery_mode.h"
 #include "client/cpp/trainer_stream.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/cluster/cluster.h"
@@ -59,7 +62,12 @@ absl::StatusOr<std::vector<std::vector<std::string>>> FetchAll(
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&] {
       for (size_t i = next++; i < ranks.size(); i = next++) {
-        TrainerStream stream(channel, step_id, ranks[i]);
+        // Proxied, as docs/cluster.md's table measures it: the member
+        // dialled pulls what it does not hold (the default, kAuto, would
+        // pull directly from the owners; --mode fetch compares the two).
+        TrainerStreamOptions options;
+        options.delivery = Delivery::kProxy;
+        TrainerStream stream(channel, step_id, ranks[i], options);
         while (true) {
           absl::StatusOr<std::optional<v1::Microbatch>> mb = stream.Next();
           if (!mb.ok()) {
@@ -111,12 +119,24 @@ absl::Status PutSpread(const std::vector<std::unique_ptr<RollpackServer>>& membe
 }  // namespace
 
 int RunBenchClusterCommand(int argc, char** argv) {
+  // --mode fetch has flags of its own (bench_cluster_fetch.h).
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--mode=fetch" || (arg == "--mode" && i + 1 < argc &&
+                                  absl::string_view(argv[i + 1]) == "fetch")) {
+      return RunBenchClusterFetchCommand(argc, argv);
+    }
+  }
   ClusterBenchConfig config;
+  std::string mode = "plan";
   FlagSet flags("rollpack bench cluster",
                 "CreateStep over samples spread on M cluster members (an etcd and the members "
                 "on 127.0.0.1, in this process) against the same plan on one rollpackd, the "
                 "bytes moved to plan, and fetching every rank through a member that holds none "
                 "of the samples. Needs /usr/bin/etcd (Debian etcd-server).");
+  flags.String("mode", &mode,
+               "plan: this benchmark; fetch: direct pulls against proxy delivery (issue 19), "
+               "see `rollpack bench cluster --mode fetch --help`.");
   flags.Int("members", &config.members, "Members holding samples (M); one more holds none.")
       .Min(1);
   flags.Int("samples", &config.samples, "Samples in the step (S), spread round-robin.").Min(1);
@@ -130,6 +150,9 @@ int RunBenchClusterCommand(int argc, char** argv) {
       .Min(1);
   flags.Int("fetch-threads", &config.fetch_threads, "Trainer streams at a time.").Min(1);
   if (ParseResult r = flags.Parse(argc, argv); r.should_exit()) return r.exit_code();
+  if (mode != "plan") {
+    return flags.UsageError(absl::StrCat("--mode \"", mode, "\": want plan or fetch"));
+  }
 
   absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
   if (!etcd.ok()) {

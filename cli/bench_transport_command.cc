@@ -302,6 +302,7 @@ struct FetchResult {
   // Empty when every stream ran to its end (or its first micro-batch).
   std::string error;
   int64_t bytes = 0;
+  int64_t microbatches = 0;
 };
 
 FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::string& pool,
@@ -333,6 +334,7 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
   }
   std::vector<double> first_ms(ranks.size(), 0);
   std::vector<int64_t> bytes(ranks.size(), 0);
+  std::vector<int64_t> microbatches(ranks.size(), 0);
   // Trainer rank processes exist before the step does: their threads start
   // (and touch their stacks) before the clock, then go together once the
   // step is created. Spawning 64 threads would otherwise be timed too.
@@ -366,6 +368,7 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
         }
         StageArrays(**next, &staging);
         bytes[i] += (*next)->wire_bytes();
+        ++microbatches[i];
       }
     });
   }
@@ -387,6 +390,7 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
   r.first_median_ms = first_ms[first_ms.size() / 2];
   for (size_t i = 0; i < ranks.size(); ++i) {
     r.bytes += bytes[i];
+    r.microbatches += microbatches[i];
     r.first_all_ms = std::max(r.first_all_ms, first_ms[i]);
   }
   r.gbps = r.bytes / s / 1e9;
@@ -493,16 +497,19 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::string json = absl::StrCat("{\"loopback_tcp_gbps\": ", tcp, ", \"memcpy_gbps\": ", memcpy_gbps);
   // gRPC alone, in a process of its own with rollpackd's channel arguments:
   // what the producers' streams could carry if rollpack cost nothing.
-  if (runs("ingest")) {
+  std::unique_ptr<Daemon> sink;
+  if (runs("ingest") || runs("fetch")) {
     std::vector<std::string> sink_args = {"bench", "grpc-sink"};
     for (const std::string& arg : server_args) {
       if (arg.rfind("--grpc-arg=", 0) == 0) sink_args.push_back(arg);
     }
-    std::unique_ptr<Daemon> sink = Daemon::Start(self, sink_args);
+    sink = Daemon::Start(self, sink_args);
     if (sink == nullptr) {
       std::fprintf(stderr, "bench transport: cannot start the gRPC sink\n");
       return 1;
     }
+  }
+  if (runs("ingest")) {
     GrpcCeilingOptions ceiling;
     ceiling.message_bytes = producer_options.batch_bytes;
     ceiling.total_bytes = std::max<int64_t>(
@@ -599,6 +606,26 @@ int RunBenchTransportCommand(int argc, char** argv) {
     absl::StrAppend(&json, ", \"fetch_", r.streams, "_gbps\": ", r.gbps, ", \"fetch_", r.streams,
                     "_server_cpu_s_per_gb\": ", r.server_cpu_s_per_gb, ", \"fetch_", r.streams,
                     "_trainer_cpu_s_per_gb\": ", r.trainer_cpu_s_per_gb);
+    if (r.streams == 1 && r.microbatches > 0) {
+      // The ceiling of that one stream: gRPC alone sending messages of the
+      // same size on one connection, read the same way (raw, one at a
+      // time), right after it.
+      GrpcCeilingOptions ceiling;
+      ceiling.message_bytes = r.bytes / r.microbatches;
+      ceiling.total_bytes = std::max<int64_t>(r.bytes, int64_t{256} << 20);
+      absl::StatusOr<double> alone = MeasureGrpcSourceGBps(sink->address(), ceiling);
+      if (!alone.ok()) {
+        std::fprintf(stderr, "bench transport: %s\n", alone.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("%-44s %10.2f %10.2f   (the stream above: %.2fx of it)\n",
+                  absl::StrCat("  gRPC alone, 1 server stream, ", ceiling.message_bytes >> 20,
+                               " MiB messages")
+                      .c_str(),
+                  *alone, *alone / tcp, r.gbps / *alone);
+      absl::StrAppend(&json, ", \"grpc_source_1_stream_gbps\": ", *alone,
+                      ", \"fetch_1_over_grpc_source\": ", r.gbps / *alone);
+    }
   }
 
   // CreateStep to first micro-batch on 64 ranks for a large step. Short

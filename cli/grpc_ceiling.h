@@ -1,8 +1,8 @@
 // What gRPC itself carries on this machine, with nothing of rollpack in the
 // way: client-streaming calls of ready-made messages into a server process
-// (`rollpack bench grpc-sink`) that drops them. An ingest figure close to
-// this one is limited by gRPC's transport, not by rollpack's parsing or
-// store.
+// (`rollpack bench grpc-sink`) that drops them, and server-streaming calls
+// out of it. An ingest or fetch figure close to these is limited by gRPC's
+// transport, not by rollpack's parsing, store or encoding.
 #ifndef ROLLPACK_CLI_GRPC_CEILING_H_
 #define ROLLPACK_CLI_GRPC_CEILING_H_
 
@@ -25,9 +25,16 @@ struct GrpcCeilingOptions {
 absl::StatusOr<double> MeasureGrpcCeilingGBps(const std::string& address,
                                               const GrpcCeilingOptions& options);
 
+// The other direction, as a trainer's stream runs: server-streaming calls,
+// the sink process writing one ready-made message after another (one write
+// in flight) and this process reading each as raw bytes and dropping it.
+// Aggregate GB/s out of the sink.
+absl::StatusOr<double> MeasureGrpcSourceGBps(const std::string& address,
+                                             const GrpcCeilingOptions& options);
+
 // `rollpack bench grpc-sink --port-file PATH [--grpc-arg NAME=INT,...]`:
-// serves the sink on 127.0.0.1 (an ephemeral port, written to PATH) until
-// SIGTERM or SIGINT.
+// serves the sink (and the source) on 127.0.0.1 (an ephemeral port,
+// written to PATH) until SIGTERM or SIGINT.
 int RunGrpcSinkCommand(int argc, char** argv);
 
 }  // namespace rollpack

@@ -45,18 +45,32 @@ inline int PickFreePort() {
   return port;
 }
 
+// Where etcd's client port listens and what client_url() names.
+struct EtcdProcessOptions {
+  // "0.0.0.0" also takes clients in network namespaces behind veth pairs
+  // (rollpack bench cluster --mode fetch --link-gbps).
+  std::string client_listen_host = "127.0.0.1";
+  // The host in client_url(): with 0.0.0.0 above, an address of this host
+  // the clients can reach (the host's end of a veth pair).
+  std::string client_advertise_host = "127.0.0.1";
+};
+
 // `size` etcd members forming one etcd cluster.
 class EtcdProcess {
  public:
   static constexpr char kBinary[] = "/usr/bin/etcd";
 
   static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(int size = 1) {
+    return Start(size, EtcdProcessOptions());
+  }
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(int size, EtcdProcessOptions options) {
     if (access(kBinary, X_OK) != 0) {
       return absl::FailedPreconditionError("no /usr/bin/etcd: run `make deps`");
     }
     std::string dir = (std::filesystem::temp_directory_path() / "rollpack-etcd-XXXXXX").string();
     if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp failed");
     std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(dir));
+    etcd->options_ = std::move(options);
     for (int i = 0; i < size; ++i) {
       etcd->members_.push_back({absl::StrCat("m", i), PickFreePort(), PickFreePort(), -1});
     }
@@ -89,7 +103,7 @@ class EtcdProcess {
   }
 
   std::string client_url(int i = 0) const {
-    return absl::StrCat("http://127.0.0.1:", members_[i].client_port);
+    return absl::StrCat("http://", options_.client_advertise_host, ":", members_[i].client_port);
   }
   // Every member's client URL, comma-separated (rollpackd --cluster-etcd).
   std::string client_urls() const {
@@ -99,6 +113,8 @@ class EtcdProcess {
     }
     return out;
   }
+  // The temporary directory of the members' data and logs.
+  const std::string& dir() const { return dir_; }
 
  private:
   struct Member {
@@ -125,7 +141,8 @@ class EtcdProcess {
         kBinary,
         "--name=" + m.name,
         absl::StrCat("--data-dir=", dir_, "/", m.name),
-        "--listen-client-urls=" + client_url(i),
+        absl::StrCat("--listen-client-urls=http://", options_.client_listen_host, ":",
+                     m.client_port),
         "--advertise-client-urls=" + client_url(i),
         "--listen-peer-urls=" + peer_url(i),
         "--initial-advertise-peer-urls=" + peer_url(i),
@@ -178,6 +195,7 @@ class EtcdProcess {
   }
 
   const std::string dir_;
+  EtcdProcessOptions options_;
   std::vector<Member> members_;
 };
 

@@ -117,11 +117,143 @@ def bench_agreement(rows, layers, e, k):
             "fraction_differ": a.fraction_differ}
 
 
-def start_rollpackd(exe):
+def run_client(make, replay_shape, compute_ms):
+    """One rank's stream on the GPU: ms per micro-batch over the whole stream
+    (client creation and the first fetch included) and in steady state
+    (from the first micro-batch on: what prefetch can hide), the first
+    micro-batch's latency, and next()'s median wait."""
+    waits = []
+    t0 = time.perf_counter()
+    c = make()
+    first = None
+    stop_ms = 0.0
+    while True:
+        a = time.perf_counter()
+        try:
+            mb = next(c)
+        except StopIteration:
+            stop_ms = (time.perf_counter() - a) * 1e3
+            break
+        torch.cuda.current_stream().synchronize()  # tensors ready
+        waits.append(time.perf_counter() - a)
+        if first is None:
+            first = time.perf_counter()
+        assert mb.replay_indices.shape == replay_shape, mb.replay_indices.shape
+        if compute_ms:
+            time.sleep(compute_ms / 1000)  # the training step, off the copy path
+    end = time.perf_counter()
+    n = len(waits)
+    return {"ms_per_mb": (end - t0) / n * 1e3,
+            "steady_ms_per_mb": (end - first) / n * 1e3,
+            "first_ms": (first - t0) * 1e3,
+            "next_wait_ms": float(np.median(waits)) * 1e3, "microbatches": n,
+            # Where steady state loses time to delivery: every wait after
+            # the first, and the call that finds the end.
+            "wait_after_first_ms": [w * 1e3 for w in waits[1:]], "end_wait_ms": stop_ms}
+
+
+def compute_alone(compute_ms, n):
+    """ms per micro-batch of the stand-in compute with nothing else running:
+    what delivery hidden behind it would give."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        time.sleep(compute_ms / 1000)
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_etcd(exe):
+    d = tempfile.mkdtemp(prefix="tb-etcd-")
+    client, peer = free_port(), free_port()
+    url = "http://127.0.0.1:%d" % client
+    purl = "http://127.0.0.1:%d" % peer
+    proc = subprocess.Popen([exe, "--name", "tb", "--data-dir", d, "--listen-client-urls", url,
+                             "--advertise-client-urls", url, "--listen-peer-urls", purl,
+                             "--initial-advertise-peer-urls", purl,
+                             "--initial-cluster", "tb=" + purl],
+                            stdout=open(os.path.join(d, "log"), "wb"), stderr=subprocess.STDOUT)
+    import urllib.request
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return proc, url
+        except Exception:
+            if proc.poll() is not None:
+                raise RuntimeError("etcd exited")
+            time.sleep(0.1)
+    raise RuntimeError("etcd did not start")
+
+
+def bench_members(rollpackd, etcd, tokens_per_mb, num_mb, layers, e, k, compute_ms):
+    """One rank pulling from 1, 2 and 4 cluster members (docs/cluster.md):
+    the samples spread round-robin, the rank dialing member 0; direct pulls
+    (pieces from every owner in parallel) against proxy (member 0 pulls the
+    others' samples and serves them)."""
+    samples = make_samples(1, tokens_per_mb * num_mb, layers, e, k)
+    spec = rollpack.ModelSpec("m", num_layers=layers, num_experts=e, topk=k)
+    rows = []
+    for members in (1, 2, 4):
+        etcd_proc, etcd_url = start_etcd(etcd)
+        procs = []
+        try:
+            addresses = []
+            for m in range(members):
+                proc, address = start_rollpackd(
+                    rollpackd, ["--cluster-etcd", etcd_url, "--cluster-lease-seconds", "5"])
+                procs.append(proc)
+                addresses.append(address)
+            pool = "m%d" % members
+            for m, address in enumerate(addresses):
+                with rollpack.Producer(address, pool) as p:
+                    if m == 0:
+                        p.register_model(spec)
+                    p.put(samples[m::members])
+            import grpc
+            ch = grpc.insecure_channel(addresses[0])
+            sched = scheduler_pb2_grpc.SchedulerStub(ch)
+            n = sched.CreateStep(scheduler_pb2.CreateStepRequest(
+                step_id=pool, pool=pool, num_samples=len(samples),
+                topology=scheduler_pb2.Topology(dp=1, cp=1, tp=1, pp=1,
+                                                max_tokens_per_rank=tokens_per_mb)),
+                timeout=120).num_microbatches
+            shape = (layers, tokens_per_mb, k)
+            runs = []
+            for delivery in ("direct", "proxy") * 2:  # alternated; the first pass warms up
+                for compute in (0, compute_ms):
+                    r = run_client(lambda: TrainerClient(addresses[0], pool, (0, 0, 0, 0), "cuda",
+                                                         prefetch=3, delivery=delivery),
+                                   shape, compute)
+                    r["what"] = "%d member(s), %s, prefetch 3, %s" % (
+                        members, delivery,
+                        "back-to-back" if not compute else "%g ms compute per mb" % compute)
+                    r["members"] = members
+                    r["delivery"] = delivery
+                    r["microbatches"] = n
+                    runs.append(r)
+            rows += runs[len(runs) // 2:]  # the second pass
+            sched.ReleaseStep(scheduler_pb2.ReleaseStepRequest(step_id=pool), timeout=60)
+            ch.close()
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=30)
+            etcd_proc.send_signal(signal.SIGTERM)
+            etcd_proc.wait(timeout=30)
+    return rows
+
+
+def start_rollpackd(exe, extra=()):
     d = tempfile.mkdtemp(prefix="tb-")
     pf = os.path.join(d, "port")
     proc = subprocess.Popen([exe, "--listen", "127.0.0.1:0", "--port-file", pf,
-                             "--max-memory", str(8 << 30)],
+                             "--max-memory", str(8 << 30)] + list(extra),
                             stdout=open(os.path.join(d, "log"), "wb"), stderr=subprocess.STDOUT)
     for _ in range(600):
         if os.path.exists(pf) and open(pf).read().strip():
@@ -132,17 +264,21 @@ def start_rollpackd(exe):
     raise RuntimeError("rollpackd did not start")
 
 
-def bench_e2e(address, tokens_per_mb, num_mb, layers, e, k, compute_ms):
-    rng = np.random.default_rng(0)
-    seq = 4096
-    per_mb = tokens_per_mb // seq
-    pool = "e2e%d" % tokens_per_mb
+def make_samples(seed, tokens, layers, e, k, seq=4096):
+    """Rollouts of `seq` tokens, `tokens` in all, with distinct top-k ids."""
+    rng = np.random.default_rng(seed)
     samples = []
-    for i in range(per_mb * num_mb):
+    for i in range(tokens // seq):
         toks = rng.integers(1, 100000, size=seq).astype(np.int32)
         base = rng.integers(0, e, size=(seq, layers, 1))
         ids = ((base + np.arange(k)) % e).astype(np.uint8)
         samples.append(rollpack.Sample("s%d" % i, toks, ids))
+    return samples
+
+
+def bench_e2e(address, tokens_per_mb, num_mb, layers, e, k, compute_ms):
+    pool = "e2e%d" % tokens_per_mb
+    samples = make_samples(0, tokens_per_mb * num_mb, layers, e, k)
     spec = rollpack.ModelSpec("m", num_layers=layers, num_experts=e, topk=k)
     with rollpack.Producer(address, pool) as p:
         p.register_model(spec)
@@ -159,21 +295,9 @@ def bench_e2e(address, tokens_per_mb, num_mb, layers, e, k, compute_ms):
     rows = []
 
     def run_ours(prefetch, compute):
-        waits = []
-        t0 = time.perf_counter()
-        c = TrainerClient(address, pool, (0, 0, 0, 0), "cuda", prefetch=prefetch)
-        while True:
-            a = time.perf_counter()
-            try:
-                mb = next(c)
-            except StopIteration:
-                break
-            torch.cuda.current_stream().synchronize()  # tensors ready
-            waits.append(time.perf_counter() - a)
-            assert mb.replay_indices.shape == (layers, tokens_per_mb, k)
-            if compute:
-                time.sleep(compute / 1000)  # the training step, off the copy path
-        return (time.perf_counter() - t0) / len(waits) * 1e3, float(np.median(waits)) * 1e3
+        return run_client(lambda: TrainerClient(address, pool, (0, 0, 0, 0), "cuda",
+                                                prefetch=prefetch),
+                          (layers, tokens_per_mb, k), compute)
 
     def run_python():
         stub = trainer_pb2_grpc.TrainerStub(ch)
@@ -195,18 +319,22 @@ def bench_e2e(address, tokens_per_mb, num_mb, layers, e, k, compute_ms):
         return (time.perf_counter() - t0) / len(waits) * 1e3, float(np.median(waits)) * 1e3
 
     run_ours(2, 0)  # warm-up (pinned buffers, pool)
-    per, wait = run_ours(1, 0)
-    rows.append({"what": "e2e %d tok/mb (%.1f MB replay), prefetch 1, back-to-back" % (tokens_per_mb, mb_bytes / 1e6),
-                 "ms_per_mb": per, "next_wait_ms": wait})
-    per, wait = run_ours(3, 0)
-    rows.append({"what": "e2e %d tok/mb, prefetch 3, back-to-back" % tokens_per_mb,
-                 "ms_per_mb": per, "next_wait_ms": wait})
-    per, wait = run_ours(3, compute_ms)
-    rows.append({"what": "e2e %d tok/mb, prefetch 3, %g ms compute per mb" % (tokens_per_mb, compute_ms),
-                 "ms_per_mb": per, "next_wait_ms": wait})
+    r = run_ours(1, 0)
+    r["what"] = "e2e %d tok/mb (%.1f MB replay), prefetch 1, back-to-back" % (tokens_per_mb, mb_bytes / 1e6)
+    rows.append(r)
+    r = run_ours(3, 0)
+    r["what"] = "e2e %d tok/mb, prefetch 3, back-to-back" % tokens_per_mb
+    rows.append(r)
+    alone = compute_alone(compute_ms, n)
+    r = run_ours(3, compute_ms)
+    r["what"] = "e2e %d tok/mb, prefetch 3, %g ms compute per mb" % (tokens_per_mb, compute_ms)
+    r["compute_alone_ms"] = alone
+    r["overhead_pct"] = 100 * (r["steady_ms_per_mb"] / alone - 1)
+    rows.append(r)
     per, wait = run_python()
     rows.append({"what": "e2e %d tok/mb, Python grpc+numpy+torch baseline" % tokens_per_mb,
-                 "ms_per_mb": per, "next_wait_ms": wait})
+                 "ms_per_mb": per, "next_wait_ms": wait, "steady_ms_per_mb": per,
+                 "first_ms": 0.0})
     sched.ReleaseStep(scheduler_pb2.ReleaseStepRequest(step_id=pool), timeout=60)
     ch.close()
     for r in rows:
@@ -219,22 +347,32 @@ def main():
     ap.add_argument("--rollpackd", default=os.environ.get("ROLLPACKD", "build/bin/rollpackd"))
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--etcd", default=os.environ.get("ROLLPACK_ETCD", "/usr/bin/etcd"),
+                    help="etcd binary for the cluster rows (skipped when missing)")
+    ap.add_argument("--only", choices=["all", "e2e", "members"], default="all")
     args = ap.parse_args()
     dev = torch.cuda.get_device_name(0)
     d2d, h2d = copy_bandwidth()
     rows = []
-    for r, l in ((16384, 48), (65536, 48)):
-        rows.append(bench_unpack(r, l, 8, d2d))
-    rows.append(bench_apply(65536, 128, 8))
-    rows.append(bench_apply(65536, 256, 8))
-    rows.append(bench_agreement(16384, 8, 128, 8))
-    proc, address = start_rollpackd(args.rollpackd)
-    try:
-        e2e = bench_e2e(address, 16384, 4 if args.quick else 12, 48, 128, 8, 20)
-        e2e += bench_e2e(address, 65536, 3 if args.quick else 6, 48, 128, 8, 40)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+    e2e = []
+    members = []
+    if args.only == "all":
+        for r, l in ((16384, 48), (65536, 48)):
+            rows.append(bench_unpack(r, l, 8, d2d))
+        rows.append(bench_apply(65536, 128, 8))
+        rows.append(bench_apply(65536, 256, 8))
+        rows.append(bench_agreement(16384, 8, 128, 8))
+    if args.only in ("all", "e2e"):
+        proc, address = start_rollpackd(args.rollpackd)
+        try:
+            e2e = bench_e2e(address, 16384, 4 if args.quick else 12, 48, 128, 8, 20)
+            e2e += bench_e2e(address, 65536, 3 if args.quick else 12, 48, 128, 8, 40)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    if args.only in ("all", "members") and os.path.exists(args.etcd):
+        members = bench_members(args.rollpackd, args.etcd, 65536, 3 if args.quick else 8, 48,
+                                128, 8, 40)
     print("GPU: %s, torch %s, binding ctypes" % (dev, torch.__version__))
     print("copy: device-to-device %.0f GB/s (read + write), pinned host-to-device %.1f GB/s"
           % (d2d, h2d))
@@ -254,11 +392,28 @@ def main():
     for r in e2e:
         key = r["what"].split(" tok")[0]
         ratio = base[key] / r["ms_per_mb"] if "baseline" not in r["what"] else 1.0
-        print("| %s | %.2f ms/mb | %s | %.2fx | next() waits %.2f ms (median), %d mbs |" % (
-            r["what"], r["ms_per_mb"], "%.2f ms/mb" % base[key], ratio, r["next_wait_ms"],
-            r["microbatches"]))
+        note = "next() waits %.2f ms (median), %d mbs; steady %.2f ms/mb, first %.1f ms" % (
+            r["next_wait_ms"], r["microbatches"], r["steady_ms_per_mb"], r["first_ms"])
+        if "compute_alone_ms" in r:
+            note += "; compute alone %.2f ms/mb: steady +%.1f %%" % (r["compute_alone_ms"],
+                                                                    r["overhead_pct"])
+        if r.get("wait_after_first_ms"):
+            w = r["wait_after_first_ms"]
+            note += "; waits after the first: mean %.2f max %.2f ms, end %.2f ms" % (
+                float(np.mean(w)), max(w), r["end_wait_ms"])
+        print("| %s | %.2f ms/mb | %s | %.2fx | %s |" % (
+            r["what"], r["ms_per_mb"], "%.2f ms/mb" % base[key], ratio, note))
+    if members:
+        print()
+        print("| one rank, 65536 tok/mb | ms/mb (whole stream) | steady ms/mb | first mb ms | "
+              "next() wait ms |")
+        print("|---|---|---|---|---|")
+        for r in members:
+            print("| %s | %.2f | %.2f | %.1f | %.2f |" % (r["what"], r["ms_per_mb"],
+                                                         r["steady_ms_per_mb"], r["first_ms"],
+                                                         r["next_wait_ms"]))
     out = {"gpu": dev, "torch": torch.__version__, "binding": "ctypes", "d2d_GBs": d2d,
-           "h2d_GBs": h2d, "kernels": rows, "e2e": e2e}
+           "h2d_GBs": h2d, "kernels": rows, "e2e": e2e, "members": members}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
