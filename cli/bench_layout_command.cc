@@ -43,7 +43,9 @@ int64_t SampleBytesCompact(const v1::Sample& s, const v1::ModelSpec& model) {
   const int64_t n = s.tokens().shape(0);
   int64_t bytes = 4 * n;
   for (const auto& [name, field] : s.token_fields()) bytes += field.data().size();
-  const int64_t moe = model.moe_layers_size() > 0 ? model.moe_layers_size() : model.num_layers();
+  // Stored layers: M, then the MTP layers with mtp_routing (layout.md section 10).
+  const int64_t moe = (model.moe_layers_size() > 0 ? model.moe_layers_size() : model.num_layers()) +
+                      (model.mtp_routing() ? model.num_mtp_layers() : 0);
   bytes += n * moe * model.topk() * (model.num_experts() <= 256 ? 1 : 2);
   return bytes;
 }

@@ -53,6 +53,12 @@ inline ModelSpec FuzzModel(FuzzedDataProvider* in) {
   m.topk = in->ConsumeIntegralInRange(0, 9);
   const int moe = in->ConsumeIntegralInRange(0, 4);
   for (int i = 0; i < moe; ++i) m.moe_layers.push_back(in->ConsumeIntegralInRange(-1, 17));
+  // MTP layers (layout.md section 10), read last so that inputs written
+  // before they existed still give D = 0 (an exhausted provider gives 0 and
+  // false); 4 stands for an invalid -1.
+  const int mtp = in->ConsumeIntegralInRange(0, 4);
+  m.num_mtp_layers = mtp == 4 ? -1 : mtp;
+  m.mtp_routing = in->ConsumeBool();
   return m;
 }
 

@@ -100,3 +100,24 @@ for j in range(4):
     m.replay_layers.extend([1, 3])
     write("received_microbatch", "seed_%02d" % j,
           m.SerializeToString() + bytes(rng.randrange(256) for _ in range(2 * j + 1)))
+
+# sample_validation model 3 (N=4, M={1,3}, E=8, K=2, one MTP layer with
+# mtp_routing, layout.md section 10): full [rows, 5, 2] and compact [rows, 3, 2]
+# payloads. Its own generator, so the seeds above stay as they were.
+mtp_rng = random.Random(22)
+for j, (form, n) in enumerate([(f, n) for f in ("full", "compact", "missing") for n in (1, 3, 17)]):
+    if form == "missing" and n < 3:
+        continue
+    s = rollouts_pb2.Sample(sample_id="mtp%d" % n, group_id="g", policy_version=3)
+    s.tokens.CopyFrom(array(ndarray_pb2.INT32, [n], "i", [mtp_rng.randrange(1000) for _ in range(n)]))
+    layers = 5 if form != "compact" else 3
+    rows = n - 1 if form != "compact" else n
+    vals = []
+    for r in range(rows):
+        for _ in range(layers):
+            vals += [-1, -1] if form == "missing" and r == 1 else mtp_rng.sample(range(8), 2)
+    if form == "compact":
+        s.routed_experts.CopyFrom(array(ndarray_pb2.UINT8, [rows, layers, 2], "B", vals))
+    else:
+        s.routed_experts.CopyFrom(array(ndarray_pb2.INT32, [rows, layers, 2], "i", vals))
+    write("sample_validation", "seed_mtp_%02d" % j, bytes([3]) + s.SerializeToString())

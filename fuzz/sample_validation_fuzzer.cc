@@ -1,6 +1,7 @@
-// Sample validation: any wire Sample (protobuf bytes) against three models
-// (uint8 ids, uint16 ids with dense layers, dense). Oracle: an accepted
-// sample is normalised as layout.md section 1 says (compact [n, |M|, K] at
+// Sample validation: any wire Sample (protobuf bytes) against four models
+// (uint8 ids, uint16 ids with dense layers, dense, MTP routing with dense
+// layers). Oracle: an accepted sample is normalised as layout.md sections 1
+// and 10 say (compact [n, |M| + D, K] at
 // the narrowest width, ids < E and distinct in valid rows, zeros in missing
 // rows, fields sliced like tokens), and survives the durable log's codec and
 // the store unchanged. The codec's decoder also gets the raw bytes.
@@ -29,6 +30,12 @@ ModelSpec MakeModel(int which) {
     m.num_experts = 300;
     m.topk = 2;
     m.moe_layers = {1, 3};
+  } else if (which == 3) {
+    m.num_experts = 8;
+    m.topk = 2;
+    m.moe_layers = {1, 3};
+    m.num_mtp_layers = 1;
+    m.mtp_routing = true;
   }
   return m;
 }
@@ -57,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   RecordType::kPieceSamples)
         .IgnoreError();
   }
-  const ModelSpec model = MakeModel(data[0] % 3);
+  const ModelSpec model = MakeModel(data[0] % 4);
   v1::Sample sample;
   if (!sample.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
   absl::StatusOr<StoredSample> stored = ValidateSample(sample, model);
@@ -83,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(stored->sample_id == sample.sample_id());
   FUZZ_CHECK(static_cast<int64_t>(stored->row_valid.size()) == (model.is_dense() ? stored->row_valid.size() : rows));
   if (!model.is_dense()) {
-    const int64_t m = static_cast<int64_t>(model.ResolvedMoeLayers().size());
+    const int64_t m = model.stored_layers();
     const int w = model.stored_id_bytes();
     FUZZ_CHECK(static_cast<int64_t>(stored->experts.size()) == rows * m * model.topk * w);
     for (int64_t r = 0; r < rows; ++r) {

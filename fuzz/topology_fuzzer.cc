@@ -1,7 +1,8 @@
 // Topology validation: any wire Topology (protobuf bytes) with any model.
 // Oracle: normalisation is idempotent through the wire form (the durable log
 // relies on it), and an accepted pipeline assignment gives every layer to
-// exactly one stage, in order, with replay layers = owned layers in M.
+// exactly one stage, in order, with replay layers = owned layers in M (and
+// the MTP layers on the last stage with mtp_routing).
 #include <algorithm>
 #include <set>
 
@@ -43,10 +44,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int l : stage.layers) {
       if (std::find(moe.begin(), moe.end(), l) != moe.end()) expect.push_back(l);
     }
+    // MTP layers N..N+D-1 follow on the last stage (layout.md section 10).
+    const int mtp = model.is_dense() ? 0 : model.routed_mtp_layers();
+    if (stage.pp_rank == topology->pp - 1) {
+      for (int d = 0; d < mtp; ++d) expect.push_back(model.num_layers + d);
+    }
     FUZZ_CHECK(stage.replay_layers == expect);
     FUZZ_CHECK(stage.replay_positions.size() == stage.replay_layers.size());
+    const int num_moe = static_cast<int>(moe.size());
+    FUZZ_CHECK(layers->stored_layers() == num_moe + mtp);
     for (size_t i = 0; i < stage.replay_layers.size(); ++i) {
-      FUZZ_CHECK(moe[stage.replay_positions[i]] == stage.replay_layers[i]);
+      const int pos = stage.replay_positions[i];
+      FUZZ_CHECK(pos >= 0 && pos < num_moe + mtp);
+      FUZZ_CHECK((pos < num_moe ? moe[pos] : model.num_layers + pos - num_moe) ==
+                 stage.replay_layers[i]);
     }
   }
   FUZZ_CHECK(std::all_of(owner.begin(), owner.end(), [](int o) { return o >= 0; }));

@@ -2,7 +2,8 @@
 // every rank's tokens, a token field and replay, and checks them against an
 // independent per-token reference of layout.md and by reassembly (every real
 // token exactly once per CP group, every router row of every MoE layer
-// exactly once per group / SP split / owning stage).
+// exactly once per group / SP split / owning stage), with MTP layers
+// (layout.md section 10) on the last stage for a share of the models.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -178,6 +179,13 @@ Case RandomCase(uint64_t seed) {
       if (m.moe_layers.empty()) m.moe_layers.push_back(n_layers - 1);
     }
   }
+  // MTP layers (layout.md section 10) from a stream of their own, so the
+  // cases above stay the ones every seed gave before MTP layers existed.
+  Rng mtp_rng(seed * 7919 + 13);
+  if (Uniform(mtp_rng, 0, 2) == 0) {
+    m.num_mtp_layers = Uniform(mtp_rng, 1, 3);
+    m.mtp_routing = !m.is_dense() && Uniform(mtp_rng, 0, 3) != 0;
+  }
 
   // Token budget: at least what a 1-token sequence needs on any group.
   const int max_c = MaxCpGroupSize(t);
@@ -255,7 +263,8 @@ Case RandomCase(uint64_t seed) {
       t.scheduler == SchedulerKind::kDynamicCp ? "dynamic" : "static", " min_cp ",
       t.min_cp, " F ", t.num_layers_in_first_pipeline_stage, " Z ",
       t.num_layers_in_last_pipeline_stage, " N ", n_layers, " |M| ",
-      m.moe_layers.size(), " E ", m.num_experts, " K ", m.topk, " T ",
+      m.moe_layers.size(), " D ", m.num_mtp_layers, m.mtp_routing ? " routed" : "",
+      " E ", m.num_experts, " K ", m.topk, " T ",
       t.max_tokens_per_rank, " mbs ", num_mb, " seqs ", k.lengths.size());
   return k;
 }
@@ -265,7 +274,7 @@ struct Stored {
   int64_t row_offset = 0;
   int64_t num_rows = 0;
   std::vector<uint8_t> valid;
-  std::vector<uint8_t> bytes;  // [num_rows, |M|, K] ids of id_bytes
+  std::vector<uint8_t> bytes;  // [num_rows, |M| + routed D, K] ids of id_bytes
 };
 
 uint32_t ReadId(const uint8_t* p, int id_bytes) {
@@ -300,14 +309,24 @@ void CheckCase(const Case& k, uint64_t seed) {
   for (auto& v : sorted_ref) std::sort(v.begin(), v.end());
   ASSERT_EQ(*assigned, sorted_ref);
   const std::vector<int> moe = model.ResolvedMoeLayers();
-  std::vector<int> moe_pos(model.num_layers, -1);  // global layer -> position
+  // Section 10: routed MTP layer d is global layer N + d, stored after M and
+  // owned by the last stage.
+  const int mtp = model.is_dense() || !model.mtp_routing ? 0 : model.num_mtp_layers;
+  const int num_layers = model.num_layers + mtp;
+  std::vector<int> moe_pos(num_layers, -1);  // global layer -> stored position
   for (size_t i = 0; i < moe.size(); ++i) moe_pos[moe[i]] = static_cast<int>(i);
-  std::vector<int> owner(model.num_layers, -1);
+  for (int d = 0; d < mtp; ++d) moe_pos[model.num_layers + d] = static_cast<int>(moe.size()) + d;
+  std::vector<int> owner(num_layers, -1);
   for (int p = 0; p < t.pp; ++p) {
-    for (int l : sorted_ref[p]) owner[l] = p;
+    std::vector<int> owned = sorted_ref[p];
+    if (p == t.pp - 1) {
+      for (int d = 0; d < mtp; ++d) owned.push_back(model.num_layers + d);
+    }
+    for (int l : owned) owner[l] = p;
     const PipelineStage& st = layout.pipeline().stage(p);
+    ASSERT_EQ(st.layers, sorted_ref[p]);
     std::vector<int> expect_replay, expect_pos;
-    for (int l : sorted_ref[p]) {
+    for (int l : owned) {
       if (moe_pos[l] >= 0) {
         expect_replay.push_back(l);
         expect_pos.push_back(moe_pos[l]);
@@ -322,7 +341,8 @@ void CheckCase(const Case& k, uint64_t seed) {
   const int num_seqs = static_cast<int>(k.lengths.size());
   const int e = model.num_experts, kk = model.topk;
   const int id_bytes = model.stored_id_bytes();
-  const int nm = static_cast<int>(moe.size());
+  const int nm = static_cast<int>(moe.size()) + mtp;  // stored layers
+  ASSERT_EQ(layout.pipeline().stored_layers(), e == 0 ? 0 : nm);
   std::vector<std::vector<int32_t>> tokens(num_seqs);
   std::vector<std::vector<uint8_t>> field(num_seqs);
   std::vector<Stored> stored(num_seqs);
@@ -527,6 +547,7 @@ void CheckCase(const Case& k, uint64_t seed) {
 TEST(LayoutProperty, RandomTopologiesAndPlans) {
   constexpr int kCases = 400;
   int dynamic = 0, sp_split = 0, vpp = 0, fz = 0, dense = 0, uint16 = 0, multi_group = 0;
+  int mtp_routed = 0, mtp_live = 0;
   for (int i = 0; i < kCases; ++i) {
     const uint64_t seed = 1000 + i;
     const Case k = RandomCase(seed);
@@ -536,6 +557,8 @@ TEST(LayoutProperty, RandomTopologiesAndPlans) {
     fz += k.t.num_layers_in_first_pipeline_stage + k.t.num_layers_in_last_pipeline_stage > 0;
     dense += k.model.is_dense();
     uint16 += k.model.num_experts > 256;
+    mtp_routed += k.model.mtp_routing;
+    mtp_live += k.model.num_mtp_layers > 0 && !k.model.mtp_routing;
     for (const auto& mb : k.plan.microbatches) {
       for (const auto& g : mb.groups) multi_group += g.cp_size > 1 && g.sequences.size() > 1;
     }
@@ -550,6 +573,8 @@ TEST(LayoutProperty, RandomTopologiesAndPlans) {
   EXPECT_GT(dense, 5);
   EXPECT_GT(uint16, 20);
   EXPECT_GT(multi_group, kCases / 4);
+  EXPECT_GT(mtp_routed, kCases / 8);
+  EXPECT_GT(mtp_live, 10);
 }
 
 }  // namespace

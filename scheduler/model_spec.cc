@@ -1,5 +1,6 @@
 #include "scheduler/model_spec.h"
 
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,32 @@ std::vector<int> ModelSpec::ResolvedMoeLayers() const {
   std::vector<int> all(num_layers);
   std::iota(all.begin(), all.end(), 0);
   return all;
+}
+
+int ModelSpec::num_moe_layers() const {
+  if (is_dense()) return 0;
+  return moe_layers.empty() ? num_layers : static_cast<int>(moe_layers.size());
+}
+
+int ModelSpec::stored_layers() const {
+  if (is_dense()) return 0;
+  return num_moe_layers() + routed_mtp_layers();
+}
+
+std::vector<int> ModelSpec::StoredLayerIds() const {
+  std::vector<int> ids = ResolvedMoeLayers();
+  if (is_dense()) return ids;
+  for (int d = 0; d < routed_mtp_layers(); ++d) ids.push_back(num_layers + d);
+  return ids;
+}
+
+std::string ModelSpec::StoredLayerName(int position) const {
+  const int num_moe = num_moe_layers();
+  if (position < num_moe) {
+    return absl::StrCat("MoE layer ", moe_layers.empty() ? position : moe_layers[position]);
+  }
+  const int d = position - num_moe;
+  return absl::StrCat("MTP layer ", d, " (layer ", num_layers + d, ")");
 }
 
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
@@ -48,6 +75,24 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   if (spec.num_experts < 0 || spec.num_experts > 65536) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, "num_experts is ", spec.num_experts, ", must be in [0, 65536]"));
+  }
+  if (spec.num_mtp_layers < 0 || spec.num_mtp_layers > kMaxMtpLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "num_mtp_layers is ", spec.num_mtp_layers, ", must be in [0, ", kMaxMtpLayers, "]"));
+  }
+  if (spec.num_layers > std::numeric_limits<int>::max() - spec.num_mtp_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "num_layers ", spec.num_layers, " + num_mtp_layers ", spec.num_mtp_layers,
+        " does not fit a 32-bit layer id"));
+  }
+  if (spec.mtp_routing && spec.num_mtp_layers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "mtp_routing is set but num_mtp_layers is ", spec.num_mtp_layers,
+        ": routing of MTP layers needs num_mtp_layers >= 1"));
+  }
+  if (spec.mtp_routing && spec.is_dense()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "mtp_routing is set but num_experts is 0 (a dense model has no routing)"));
   }
   if (spec.is_dense()) {
     if (spec.topk != 0) {

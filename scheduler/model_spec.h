@@ -1,4 +1,4 @@
-// The routing payload a pool carries (layout.md section 1).
+// The routing payload a pool carries (layout.md sections 1 and 10).
 #ifndef ROLLPACK_SCHEDULER_MODEL_SPEC_H_
 #define ROLLPACK_SCHEDULER_MODEL_SPEC_H_
 
@@ -9,6 +9,10 @@
 
 namespace rollpack {
 
+// Bound on num_mtp_layers: real models have 1 to 3 MTP depths; a larger
+// value is a mistaken field, refused before any sample arrives.
+inline constexpr int kMaxMtpLayers = 64;
+
 struct ModelSpec {
   std::string name;
   int num_layers = 0;          // N, MTP layers excluded
@@ -18,10 +22,28 @@ struct ModelSpec {
   bool allow_all_zero_layers = false;
   // Token fields whose float values must be finite (NaN/Inf refused).
   std::vector<std::string> finite_token_fields;
+  // D: multi-token-prediction layers N..N+D-1 on the last pipeline stage
+  // (layout.md section 10).
+  int num_mtp_layers = 0;
+  // The samples carry the MTP layers' routing after the decoder's.
+  bool mtp_routing = false;
 
   bool is_dense() const { return num_experts == 0; }
   // M with the "empty means all" default applied.
   std::vector<int> ResolvedMoeLayers() const;
+  // |M| without building it (0 for a dense model).
+  int num_moe_layers() const;
+  // MTP layers whose routing the samples carry: D with mtp_routing, else 0.
+  int routed_mtp_layers() const { return mtp_routing ? num_mtp_layers : 0; }
+  // Layers on the stored layer axis [rows, |M| + routed D, K]: the MoE
+  // layers, then the routed MTP layers (0 for a dense model).
+  int stored_layers() const;
+  // Global layer ids of the stored layer axis, in order: M, then N..N+D-1
+  // with mtp_routing.
+  std::vector<int> StoredLayerIds() const;
+  // How errors name stored layer `position`: "MoE layer 5", or
+  // "MTP layer 0 (layer 61)".
+  std::string StoredLayerName(int position) const;
   // Bytes of one stored expert id: 1 when E <= 256, else 2.
   int stored_id_bytes() const { return num_experts <= 256 ? 1 : 2; }
 
@@ -29,14 +51,17 @@ struct ModelSpec {
     return a.name == b.name && a.num_layers == b.num_layers &&
            a.moe_layers == b.moe_layers && a.num_experts == b.num_experts &&
            a.topk == b.topk && a.allow_all_zero_layers == b.allow_all_zero_layers &&
-           a.finite_token_fields == b.finite_token_fields;
+           a.finite_token_fields == b.finite_token_fields &&
+           a.num_mtp_layers == b.num_mtp_layers && a.mtp_routing == b.mtp_routing;
   }
   friend bool operator!=(const ModelSpec& a, const ModelSpec& b) { return !(a == b); }
 };
 
 // INVALID_ARGUMENT naming the field when: num_layers < 1; moe_layers not
 // strictly increasing or outside [0, num_layers); num_experts < 0 or > 65536;
-// topk < 1 or > num_experts for a MoE model; topk != 0 for a dense model.
+// topk < 1 or > num_experts for a MoE model; topk != 0 for a dense model;
+// num_mtp_layers < 0 or > kMaxMtpLayers (or num_layers + num_mtp_layers past
+// int32); mtp_routing with num_mtp_layers < 1 or a dense model.
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 }  // namespace rollpack

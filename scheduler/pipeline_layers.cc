@@ -1,6 +1,7 @@
 #include "scheduler/pipeline_layers.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <utility>
 
@@ -132,24 +133,35 @@ absl::StatusOr<std::vector<std::vector<int>>> AssignPipelineLayers(
 }
 
 absl::StatusOr<PayloadLayout> DetectPayloadLayout(
-    int payload_layers, int num_layers, absl::Span<const int> moe_layers) {
-  if (payload_layers == num_layers) return PayloadLayout::kFull;
-  if (payload_layers == static_cast<int>(moe_layers.size())) {
-    return PayloadLayout::kCompact;
+    int payload_layers, int num_layers, absl::Span<const int> moe_layers, int mtp_layers) {
+  const int64_t full = int64_t{num_layers} + mtp_layers;
+  const int64_t compact = static_cast<int64_t>(moe_layers.size()) + mtp_layers;
+  if (payload_layers == full) return PayloadLayout::kFull;
+  if (payload_layers == compact) return PayloadLayout::kCompact;
+  if (mtp_layers == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "routed_experts has ", payload_layers,
+        " layers, expected num_layers ", num_layers, " (full) or |moe_layers| ",
+        moe_layers.size(), " (compact)"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "routed_experts has ", payload_layers,
-      " layers, expected num_layers ", num_layers, " (full) or |moe_layers| ",
-      moe_layers.size(), " (compact)"));
+      "routed_experts has ", payload_layers, " layers, expected num_layers + num_mtp_layers ",
+      num_layers, " + ", mtp_layers, " = ", full, " (full) or |moe_layers| + num_mtp_layers ",
+      moe_layers.size(), " + ", mtp_layers, " = ", compact, " (compact)"));
 }
 
 absl::StatusOr<int> PayloadLayerIndex(PayloadLayout layout, int num_layers,
                                       absl::Span<const int> moe_layers,
-                                      int global_layer) {
-  if (global_layer < 0 || global_layer >= num_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layer ", global_layer, " is outside [0, num_layers = ",
-                     num_layers, ")"));
+                                      int global_layer, int mtp_layers) {
+  if (global_layer < 0 || int64_t{global_layer} >= int64_t{num_layers} + mtp_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", global_layer, " is outside [0, num_layers",
+        mtp_layers > 0 ? " + num_mtp_layers" : "", " = ", int64_t{num_layers} + mtp_layers,
+        ")"));
+  }
+  if (global_layer >= num_layers) {  // MTP layer d = global_layer - N
+    if (layout == PayloadLayout::kFull) return global_layer;
+    return static_cast<int>(moe_layers.size()) + (global_layer - num_layers);
   }
   auto it = std::lower_bound(moe_layers.begin(), moe_layers.end(), global_layer);
   if (it == moe_layers.end() || *it != global_layer) {
@@ -181,6 +193,15 @@ absl::StatusOr<PipelineLayers> PipelineLayers::Create(const ModelSpec& model,
       }
     }
   }
+  // MTP routers are built after the decoder's, on the last stage only
+  // (layout.md section 10).
+  const int mtp = model.is_dense() ? 0 : model.routed_mtp_layers();
+  PipelineStage& last = out.stages_.back();
+  for (int d = 0; d < mtp; ++d) {
+    last.replay_layers.push_back(model.num_layers + d);
+    last.replay_positions.push_back(static_cast<int>(m.size()) + d);
+  }
+  out.stored_layers_ = static_cast<int>(m.size()) + mtp;
   return out;
 }
 

@@ -237,5 +237,118 @@ TEST(PayloadLayout, DetectAndIndex) {
   EXPECT_FALSE(PayloadLayerIndex(PayloadLayout::kCompact, 10, m, 10).ok());
 }
 
+ModelSpec WithMtp(ModelSpec m, int num_mtp_layers, bool mtp_routing = true) {
+  m.num_mtp_layers = num_mtp_layers;
+  m.mtp_routing = mtp_routing;
+  return m;
+}
+
+// layout.md section 10: with mtp_routing the last stage replays N..N+D-1
+// after its decoder layers, stored at |M|..|M|+D-1.
+TEST(PipelineLayersMtp, SingleStageAppendsMtpLayers) {
+  auto p = PipelineLayers::Create(WithMtp(Moe(4, {}), 2), Pp(1));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->stage(0).layers, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(p->stage(0).replay_layers, ElementsAre(0, 1, 2, 3, 4, 5));
+  EXPECT_THAT(p->stage(0).replay_positions, ElementsAre(0, 1, 2, 3, 4, 5));
+  EXPECT_EQ(p->stored_layers(), 6);
+  EXPECT_THAT(p->moe_layers(), ElementsAre(0, 1, 2, 3));
+}
+
+TEST(PipelineLayersMtp, DeepSeekV3LastStageOnly) {
+  auto base = PipelineLayers::Create(Moe(61, Range(3, 61)), Pp(4, 1, 13, 16));
+  auto p = PipelineLayers::Create(WithMtp(Moe(61, Range(3, 61)), 1), Pp(4, 1, 13, 16));
+  ASSERT_TRUE(base.ok() && p.ok()) << p.status();
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(p->stage(s).replay_layers, base->stage(s).replay_layers) << "stage " << s;
+    EXPECT_EQ(p->stage(s).replay_positions, base->stage(s).replay_positions) << "stage " << s;
+  }
+  EXPECT_THAT(p->stage(3).layers, ElementsAreArray(Range(45, 61)));
+  std::vector<int> want_layers = Range(45, 61), want_pos = Range(42, 58);
+  want_layers.push_back(61);
+  want_pos.push_back(58);
+  EXPECT_THAT(p->stage(3).replay_layers, ElementsAreArray(want_layers));
+  EXPECT_THAT(p->stage(3).replay_positions, ElementsAreArray(want_pos));
+  EXPECT_EQ(p->stored_layers(), 59);
+  EXPECT_EQ(base->stored_layers(), 58);
+}
+
+TEST(PipelineLayersMtp, InterleavedVpp) {
+  // M = {1, 3, 5, 7}; pp 2, vpp 2: rank 1 owns {2, 3, 6, 7}, then MTP 8, 9.
+  auto p = PipelineLayers::Create(WithMtp(Moe(8, {1, 3, 5, 7}), 2), Pp(2, 2));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->stage(0).replay_layers, ElementsAre(1, 5));
+  EXPECT_THAT(p->stage(0).replay_positions, ElementsAre(0, 2));
+  EXPECT_THAT(p->stage(1).layers, ElementsAre(2, 3, 6, 7));
+  EXPECT_THAT(p->stage(1).replay_layers, ElementsAre(3, 7, 8, 9));
+  EXPECT_THAT(p->stage(1).replay_positions, ElementsAre(1, 3, 4, 5));
+}
+
+TEST(PipelineLayersMtp, FirstAndLastStageCounts) {
+  // N = 10, pp 3, F = 2, Z = 4: stages {0,1} {2..5} {6..9}; MTP 10.
+  auto p = PipelineLayers::Create(WithMtp(Moe(10, {}), 1), Pp(3, 1, 2, 4));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->stage(0).replay_layers, ElementsAre(0, 1));
+  EXPECT_THAT(p->stage(1).replay_layers, ElementsAre(2, 3, 4, 5));
+  EXPECT_THAT(p->stage(2).layers, ElementsAre(6, 7, 8, 9));
+  EXPECT_THAT(p->stage(2).replay_layers, ElementsAre(6, 7, 8, 9, 10));
+  EXPECT_THAT(p->stage(2).replay_positions, ElementsAre(6, 7, 8, 9, 10));
+  // Z only, with vpp: pp 3, vpp 2, Z = 2 (one layer per chunk), middle 2.
+  auto z = PipelineLayers::Create(WithMtp(Moe(6, {0, 5}), 3), Pp(3, 2, 0, 2));
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_THAT(z->stage(2).layers, ElementsAre(2, 5));
+  EXPECT_THAT(z->stage(2).replay_layers, ElementsAre(5, 6, 7, 8));
+  EXPECT_THAT(z->stage(2).replay_positions, ElementsAre(1, 2, 3, 4));
+  EXPECT_THAT(z->stage(0).replay_layers, ElementsAre(0));
+  EXPECT_TRUE(z->stage(1).replay_layers.empty());
+}
+
+TEST(PipelineLayersMtp, LastStageWithoutDecoderMoeLayers) {
+  // Every decoder MoE layer on stage 0: the last stage replays only MTP.
+  auto p = PipelineLayers::Create(WithMtp(Moe(8, {0, 1}), 1), Pp(2));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->stage(0).replay_layers, ElementsAre(0, 1));
+  EXPECT_THAT(p->stage(1).replay_layers, ElementsAre(8));
+  EXPECT_THAT(p->stage(1).replay_positions, ElementsAre(2));
+}
+
+TEST(PipelineLayersMtp, WithoutMtpRoutingNothingChanges) {
+  for (const Topology& t : {Pp(1), Pp(2), Pp(2, 2), Pp(3, 1, 2, 4)}) {
+    auto base = PipelineLayers::Create(Moe(16, {1, 3, 5, 7, 9, 11, 13, 15}), t);
+    auto p = PipelineLayers::Create(WithMtp(Moe(16, {1, 3, 5, 7, 9, 11, 13, 15}), 3, false), t);
+    ASSERT_TRUE(base.ok() && p.ok()) << base.status() << p.status();
+    EXPECT_EQ(p->stored_layers(), 8);
+    for (int s = 0; s < p->num_stages(); ++s) {
+      EXPECT_EQ(p->stage(s).layers, base->stage(s).layers);
+      EXPECT_EQ(p->stage(s).replay_layers, base->stage(s).replay_layers);
+      EXPECT_EQ(p->stage(s).replay_positions, base->stage(s).replay_positions);
+    }
+  }
+}
+
+TEST(PipelineLayersMtp, InvalidMtpSpecRefused) {
+  auto bad = PipelineLayers::Create(WithMtp(Moe(8, {}), 0, true), Pp(2));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("mtp_routing"));
+}
+
+TEST(PayloadLayout, DetectAndIndexWithMtp) {
+  const std::vector<int> m = {3, 4, 7};
+  EXPECT_EQ(*DetectPayloadLayout(12, 10, m, 2), PayloadLayout::kFull);
+  EXPECT_EQ(*DetectPayloadLayout(5, 10, m, 2), PayloadLayout::kCompact);
+  auto bad = DetectPayloadLayout(10, 10, m, 2);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("10 + 2 = 12"));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("3 + 2 = 5"));
+
+  EXPECT_EQ(*PayloadLayerIndex(PayloadLayout::kFull, 10, m, 11, 2), 11);
+  EXPECT_EQ(*PayloadLayerIndex(PayloadLayout::kCompact, 10, m, 10, 2), 3);
+  EXPECT_EQ(*PayloadLayerIndex(PayloadLayout::kCompact, 10, m, 11, 2), 4);
+  EXPECT_EQ(*PayloadLayerIndex(PayloadLayout::kCompact, 10, m, 7, 2), 2);
+  EXPECT_FALSE(PayloadLayerIndex(PayloadLayout::kFull, 10, m, 12, 2).ok());
+  // Without routed MTP layers, layer N has no payload entry.
+  EXPECT_FALSE(PayloadLayerIndex(PayloadLayout::kFull, 10, m, 10).ok());
+}
+
 }  // namespace
 }  // namespace rollpack

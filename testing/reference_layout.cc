@@ -160,6 +160,14 @@ absl::StatusOr<ExpectedMicrobatch> ReferenceMicrobatch(
   for (int l : ReferenceStageLayers(model.num_layers(), t, rank.pp())) {
     if (std::find(moe.begin(), moe.end(), l) != moe.end()) out.replay_layers.push_back(l);
   }
+  // Section 10: with mtp_routing, MTP layer d is global layer N + d, replayed
+  // on the last stage after its decoder layers.
+  const int mtp = model.mtp_routing() ? model.num_mtp_layers() : 0;
+  std::vector<int> routed = moe;  // every layer whose routing a payload carries
+  for (int d = 0; d < mtp; ++d) routed.push_back(model.num_layers() + d);
+  if (rank.pp() == std::max(1, t.pp()) - 1) {
+    for (int d = 0; d < mtp; ++d) out.replay_layers.push_back(model.num_layers() + d);
+  }
   const int k = model.topk();
   const int e = model.num_experts();
   for (int64_t row = begin; row < begin + count; ++row) {
@@ -169,14 +177,14 @@ absl::StatusOr<ExpectedMicrobatch> ReferenceMicrobatch(
     const int64_t off = x.sample->routed_experts_row_offset();
     const int64_t rows = re.shape(0);
     const int64_t payload_layers = re.shape(1);
-    const bool full = payload_layers == model.num_layers();
+    const bool full = payload_layers == model.num_layers() + mtp;
     auto payload_index = [&](int l) {
-      return full ? l : static_cast<int>(std::find(moe.begin(), moe.end(), l) - moe.begin());
+      return full ? l : static_cast<int>(std::find(routed.begin(), routed.end(), l) - routed.begin());
     };
     bool valid = x.pos < n && x.pos >= off && x.pos < off + rows;
     if (valid) {
       bool all_missing = true;
-      for (int l : moe) {
+      for (int l : routed) {
         for (int j = 0; j < k; ++j) {
           if (ReadId(re, ((x.pos - off) * payload_layers + payload_index(l)) * k + j) != -1) {
             all_missing = false;

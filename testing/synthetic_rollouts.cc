@@ -76,7 +76,10 @@ std::vector<v1::Sample> MakeSyntheticRollouts(const v1::ModelSpec& model,
     const bool full = form == 0;
     const int64_t offset = form == 2 ? std::min<int64_t>(n - 1, 3) : 0;
     const int64_t rows = (form == 1 ? n : n - 1) - offset;
-    const int layers = full ? model.num_layers() : static_cast<int>(moe.size());
+    // With mtp_routing the MTP layers' entries follow the decoder's
+    // (layout.md section 10).
+    const int mtp = model.mtp_routing() ? model.num_mtp_layers() : 0;
+    const int layers = (full ? model.num_layers() : static_cast<int>(moe.size())) + mtp;
     v1::DType dtype = form == 0 ? v1::INT32 : form == 2 ? v1::INT16 : (e <= 256 ? v1::UINT8 : v1::UINT16);
     const int itemsize = dtype == v1::UINT8 ? 1 : dtype == v1::INT32 ? 4 : 2;
     v1::NDArray* re = s.mutable_routed_experts();

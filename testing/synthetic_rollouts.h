@@ -1,6 +1,7 @@
 // Deterministic synthetic rollouts shaped like real engine output: long-tailed
 // lengths, routed experts as vLLM/SGLang return them (int32, full layer axis,
-// n - 1 rows) plus the other accepted forms, and per-token fields.
+// n - 1 rows) plus the other accepted forms, and per-token fields. A model
+// with mtp_routing gets its MTP layers' routing after the decoder's.
 #ifndef ROLLPACK_TESTING_SYNTHETIC_ROLLOUTS_H_
 #define ROLLPACK_TESTING_SYNTHETIC_ROLLOUTS_H_
 

@@ -124,7 +124,7 @@ def _version():
 
 setup(
     version=_version(),
-    packages=["rollpack", "rollpack.v1"],
+    packages=["rollpack", "rollpack.adapters", "rollpack.v1"],
     # librollpack_trainer.so only when the tree has one (CMake's
     # rollpack_trainer target copies it here); .pyi where protoc writes them.
     package_data={"rollpack": ["py.typed", "librollpack_trainer.so"], "rollpack.v1": ["*.pyi"]},

@@ -67,7 +67,8 @@ struct ExpertsInput {
   int64_t row_offset = 0;
   int64_t rows = 0;
   int payload_layers = 0;
-  // Payload layer index of each MoE layer, in M order.
+  // Payload layer index of each stored layer: the MoE layers in M order,
+  // then the routed MTP layers (layout.md section 10).
   std::vector<int> moe_payload_index;
 };
 
@@ -189,21 +190,39 @@ class SampleValidator {
     in.rows = in.view.dim(0);
     const int64_t layers = in.view.dim(1);
     const int64_t k = in.view.dim(2);
-    moe_layers_ = model_.ResolvedMoeLayers();
-    const int64_t num_moe = static_cast<int64_t>(moe_layers_.size());
-    if (layers != model_.num_layers && layers != num_moe) {
-      return Invalid(absl::StrCat("routed_experts has ", layers,
-                                  " layers, must be num_layers = ", model_.num_layers,
-                                  " (full) or len(moe_layers) = ", num_moe, " (compact)"));
+    stored_ids_ = model_.StoredLayerIds();
+    const int64_t num_moe = model_.num_moe_layers();
+    const int64_t mtp = model_.routed_mtp_layers();
+    const int64_t full_layers = int64_t{model_.num_layers} + mtp;
+    if (layers != full_layers && layers != num_moe + mtp) {
+      if (mtp > 0) {
+        return Invalid(absl::StrCat(
+            "routed_experts has ", layers, " layers, must be num_layers + num_mtp_layers = ",
+            model_.num_layers, " + ", mtp, " = ", full_layers,
+            " (full) or len(moe_layers) + num_mtp_layers = ", num_moe, " + ", mtp, " = ",
+            num_moe + mtp, " (compact); the model has mtp_routing, so the MTP layers' routing "
+            "follows the decoder's"));
+      }
+      const int64_t d = model_.num_mtp_layers;
+      const bool carries_mtp =
+          d > 0 && (layers == model_.num_layers + d || layers == num_moe + d);
+      return Invalid(absl::StrCat(
+          "routed_experts has ", layers, " layers, must be num_layers = ", model_.num_layers,
+          " (full) or len(moe_layers) = ", num_moe, " (compact)",
+          carries_mtp ? absl::StrCat("; it seems to carry the num_mtp_layers = ", d,
+                                     " MTP layers too, which needs the model registered with "
+                                     "mtp_routing")
+                      : ""));
     }
     if (k != model_.topk) {
       return Invalid(absl::StrCat("routed_experts has topk ", k, ", model topk is ",
                                   model_.topk));
     }
     in.payload_layers = static_cast<int>(layers);
-    const bool full = layers == model_.num_layers;
-    for (size_t i = 0; i < moe_layers_.size(); ++i) {
-      in.moe_payload_index.push_back(full ? moe_layers_[i] : static_cast<int>(i));
+    // Full: an entry's index is its global layer id (MTP layer d at N + d).
+    const bool full = layers == full_layers;
+    for (size_t i = 0; i < stored_ids_.size(); ++i) {
+      in.moe_payload_index.push_back(full ? stored_ids_[i] : static_cast<int>(i));
     }
     in.row_offset = sample_.routed_experts_row_offset();
     if (in.row_offset < 0) {
@@ -234,7 +253,7 @@ class SampleValidator {
   }
 
   // One pass over the payload: classify each row (replay or missing), check
-  // ids, and copy MoE layers into the compact stored layout. Typed on the
+  // ids, and copy MoE (and routed MTP) layers into the compact stored layout. Typed on the
   // input and stored id widths. uint8 (what producers send when E <= 256)
   // first tries the word-at-a-time path; what it refuses comes here for the
   // exact error.
@@ -257,19 +276,19 @@ class SampleValidator {
   }
 
   // uint8 ids are already the stored width and have no missing rows (-1 is
-  // not representable), so a valid payload's MoE layers are stored as they
-  // came: moved without a copy when they are exactly [n, |M|, K] and the
+  // not representable), so a valid payload's stored layers are kept as they
+  // came: moved without a copy when they are exactly [n, |M| + D, K] and the
   // request is ours, else copied once. False (nothing stored) when some id
   // breaks a rule; ConvertTyped then names it.
   bool TryConvertUint8(const ExpertsInput& in, StoredSample& out) {
     const int k = model_.topk;
-    const int num_moe = static_cast<int>(moe_layers_.size());
-    const int64_t row_bytes = int64_t{num_moe} * k;
+    const int num_stored = static_cast<int>(stored_ids_.size());
+    const int64_t row_bytes = int64_t{num_stored} * k;
     const int64_t total = out_rows_ * row_bytes;
     const int64_t first = (in.row_offset - base_) * row_bytes;
     const uint8_t* src = in.view.as<uint8_t>();
     // Compact, or full with every layer MoE: the payload rows are the stored rows.
-    const bool compact = in.payload_layers == num_moe;
+    const bool compact = in.payload_layers == num_stored;
     std::string experts;
     const uint8_t* ids = src;
     if (!compact) {
@@ -277,9 +296,9 @@ class SampleValidator {
       GatherMoeLayers(in, src, reinterpret_cast<uint8_t*>(experts.data()) + first);
       ids = reinterpret_cast<const uint8_t*>(experts.data()) + first;
     }
-    if (!Uint8ExpertIdsValid(ids, in.rows * num_moe, k, model_.num_experts)) return false;
+    if (!Uint8ExpertIdsValid(ids, in.rows * num_stored, k, model_.num_experts)) return false;
     if (!model_.allow_all_zero_layers && !out_piece() && in.rows > 1 &&
-        !EveryLayerNonzero(ids, in.rows, num_moe, k)) {
+        !EveryLayerNonzero(ids, in.rows, num_stored, k)) {
       return false;
     }
     if (compact) {
@@ -299,7 +318,8 @@ class SampleValidator {
     return true;
   }
 
-  // Copies the MoE layers of every payload row into `dst` ([rows, |M|, K]),
+  // Copies the stored layers of every payload row into `dst`
+  // ([rows, |M| + D, K]),
   // one memcpy per run of consecutive MoE layers (DeepSeek-V3: one run).
   void GatherMoeLayers(const ExpertsInput& in, const uint8_t* src, uint8_t* dst) const {
     const int k = model_.topk;
@@ -324,10 +344,10 @@ class SampleValidator {
   template <typename In, typename Stored>
   absl::Status ConvertTyped(const ExpertsInput& in, StoredSample& out) {
     const int k = model_.topk;
-    const int num_moe = static_cast<int>(moe_layers_.size());
+    const int num_stored = static_cast<int>(stored_ids_.size());
     const int64_t e = model_.num_experts;
     out.row_valid.assign(out_rows_, 0);
-    out.experts.assign(static_cast<size_t>(out_rows_) * num_moe * k * sizeof(Stored), '\0');
+    out.experts.assign(static_cast<size_t>(out_rows_) * num_stored * k * sizeof(Stored), '\0');
     if (out.piece_message.has_value()) out.piece_message->rows_begin = base_;
     Stored* dst_all = reinterpret_cast<Stored*>(out.experts.data());
     const In* src_all = in.view.as<In>();
@@ -337,15 +357,15 @@ class SampleValidator {
     // a duplicate check in O(K) without clearing between rows.
     std::vector<uint32_t> seen(e, 0);
     uint32_t stamp = 0;
-    std::vector<uint8_t> layer_nonzero(num_moe, 0);
+    std::vector<uint8_t> layer_nonzero(num_stored, 0);
     int64_t covered_rows = 0;
     for (int64_t r = 0; r < in.rows; ++r) {
       const int64_t token = in.row_offset + r;
       const In* row = src_all + r * row_stride;
       if (std::is_signed_v<In> && RowIsAllMissing(row, in)) continue;
       ++covered_rows;
-      Stored* dst = dst_all + (token - base_) * num_moe * k;
-      for (int m = 0; m < num_moe; ++m) {
+      Stored* dst = dst_all + (token - base_) * num_stored * k;
+      for (int m = 0; m < num_stored; ++m) {
         const In* ids = row + int64_t{in.moe_payload_index[m]} * k;
         ++stamp;
         In any = 0;
@@ -353,14 +373,14 @@ class SampleValidator {
           const int64_t id = ids[j];
           if (id < 0 || id >= e) {
             return Invalid(absl::StrCat(
-                "routed_experts row ", r, " (token ", token, ") layer ", moe_layers_[m],
+                "routed_experts row ", r, " (token ", token, ") ", LayerName(m),
                 " has expert id ", id, ", must be in [0, ", e, ")",
                 id == -1 ? " (-1 marks a missing token only when the whole row is -1)" : ""));
           }
           if (seen[id] == stamp) {
             RETURN_IF_ERROR(CheckZeroLayer<In>(in, m));
-            return Invalid(absl::StrCat("routed_experts row ", r, " (token ", token, ") layer ",
-                                        moe_layers_[m], " repeats expert id ", id,
+            return Invalid(absl::StrCat("routed_experts row ", r, " (token ", token, ") ",
+                                        LayerName(m), " repeats expert id ", id,
                                         " (topk ids must be distinct)"));
           }
           seen[id] = stamp;
@@ -374,7 +394,7 @@ class SampleValidator {
     }
     // A piece's layers are checked over the whole sample when it is sealed.
     if (!model_.allow_all_zero_layers && !out_piece() && covered_rows > 1) {
-      for (int m = 0; m < num_moe; ++m) {
+      for (int m = 0; m < num_stored; ++m) {
         if (!layer_nonzero[m]) return ZeroLayerError(m, covered_rows);
       }
     }
@@ -412,8 +432,15 @@ class SampleValidator {
     return covered > 1 ? ZeroLayerError(m, covered) : absl::OkStatus();
   }
 
+  // "layer 5" for a decoder MoE layer (as before MTP layers existed),
+  // "MTP layer 0 (layer 61)" for a routed MTP layer.
+  std::string LayerName(int m) const {
+    if (stored_ids_[m] < model_.num_layers) return absl::StrCat("layer ", stored_ids_[m]);
+    return model_.StoredLayerName(m);
+  }
+
   absl::Status ZeroLayerError(int m, int64_t covered_rows) const {
-    return Invalid(absl::StrCat("routed_experts MoE layer ", moe_layers_[m],
+    return Invalid(absl::StrCat("routed_experts ", model_.StoredLayerName(m),
                                 " is 0 for all ", covered_rows,
                                 " covered tokens: a broken capture (register the model with "
                                 "allow_all_zero_layers to accept it)"));
@@ -504,7 +531,9 @@ class SampleValidator {
   int64_t base_ = 0;
   int64_t out_rows_ = 0;
   int64_t n_ = 0;
-  std::vector<int> moe_layers_;
+  // Global layer ids of the stored layer axis: M, then N..N+D-1 with
+  // mtp_routing.
+  std::vector<int> stored_ids_;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Full validation of one incoming sample against its pool's model
-// (layout.md section 1), producing the store's normalised form. Nothing is
-// stored unless this succeeds.
+// (layout.md sections 1 and 10: MTP layers' routing after the decoder's with
+// mtp_routing), producing the store's normalised form [n, |M| + D, K].
+// Nothing is stored unless this succeeds.
 #ifndef ROLLPACK_SERVER_INGEST_SAMPLE_VALIDATION_H_
 #define ROLLPACK_SERVER_INGEST_SAMPLE_VALIDATION_H_
 

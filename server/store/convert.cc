@@ -19,6 +19,8 @@ ModelSpec FromProto(const v1::ModelSpec& spec) {
   out.allow_all_zero_layers = spec.allow_all_zero_layers();
   out.finite_token_fields.assign(spec.finite_token_fields().begin(),
                                  spec.finite_token_fields().end());
+  out.num_mtp_layers = spec.num_mtp_layers();
+  out.mtp_routing = spec.mtp_routing();
   return out;
 }
 
@@ -31,6 +33,10 @@ v1::ModelSpec ToProto(const ModelSpec& spec) {
   out.set_topk(spec.topk);
   out.set_allow_all_zero_layers(spec.allow_all_zero_layers);
   for (const std::string& field : spec.finite_token_fields) out.add_finite_token_fields(field);
+  // proto3 leaves zero fields out: a model without MTP layers encodes (in
+  // the durable log, in etcd) exactly as before they existed.
+  out.set_num_mtp_layers(spec.num_mtp_layers);
+  out.set_mtp_routing(spec.mtp_routing);
   return out;
 }
 
@@ -169,6 +175,9 @@ v1::StepInfo StepInfoToProto(const Step& step) {
   out.set_num_tokens(step.plan.stats.num_tokens);
   out.set_num_groups(step.num_groups);
   out.set_reuse_samples(step.reuse_samples);
+  if (step.replay.source == ReplaySourceKind::kRecompute) {
+    out.set_replay_source(v1::REPLAY_SOURCE_RECOMPUTE);
+  }
   for (const PipelineStage& stage : step.layout.pipeline().stages()) {
     v1::PipelineStageLayers* s = out.add_stage_layers();
     s->set_pp_rank(stage.pp_rank);

@@ -16,11 +16,11 @@
 namespace rollpack {
 namespace {
 
-// Bytes of one routed-expert row as stored ([|M|, K] ids); 0 for a dense model.
+// Bytes of one routed-expert row as stored ([|M| + D, K] ids, layout.md
+// section 10); 0 for a dense model.
 int64_t ExpertRowBytes(const ModelSpec& model) {
   if (model.is_dense()) return 0;
-  return static_cast<int64_t>(model.ResolvedMoeLayers().size()) * model.topk *
-         model.stored_id_bytes();
+  return static_cast<int64_t>(model.stored_layers()) * model.topk * model.stored_id_bytes();
 }
 
 // ORs into `nonzero` (one flag per MoE layer) whether a covered row of the
@@ -255,15 +255,16 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
           "; they must end at n = ", n_new, " or n - 1 = ", n_new - 1));
     }
     if (!pool.model.allow_all_zero_layers) {
-      const std::vector<int> moe = pool.model.ResolvedMoeLayers();
+      const int stored = pool.model.stored_layers();
       std::vector<uint8_t> nonzero = open.layer_nonzero;
       const int64_t covered =
-          open.covered_rows + AccumulateLayers(piece.experts, piece.row_valid,
-                                               static_cast<int>(moe.size()), row_bytes, &nonzero);
-      for (size_t m = 0; covered > 1 && m < moe.size(); ++m) {
+          open.covered_rows + AccumulateLayers(piece.experts, piece.row_valid, stored,
+                                               row_bytes, &nonzero);
+      for (int m = 0; covered > 1 && m < stored; ++m) {
         if (!nonzero[m]) {
           return absl::InvalidArgumentError(absl::StrCat(
-              Who(piece), "routed_experts MoE layer ", moe[m], " is 0 for all ", covered,
+              Who(piece), "routed_experts ", pool.model.StoredLayerName(m), " is 0 for all ",
+              covered,
               " covered tokens of the sealed sample: a broken capture (register the model with "
               "allow_all_zero_layers to accept it)"));
         }
@@ -289,8 +290,7 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
 void SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece,
                              int64_t now_nanos) {
   const int64_t row_bytes = ExpertRowBytes(pool.model);
-  const int num_moe =
-      pool.model.is_dense() ? 0 : static_cast<int>(pool.model.ResolvedMoeLayers().size());
+  const int num_moe = pool.model.stored_layers();  // MoE layers, then routed MTP layers
   const std::string id = piece.sample_id;
   // What the piece's log record holds (its share of a batch's, roughly).
   const int64_t piece_log_bytes = LogRecordBytes(EncodedSampleBytes(piece) + 16);

@@ -80,8 +80,9 @@ struct StoredSample {
   // default_group_size is applied when the store takes the sample.
   int32_t group_size = 0;
   std::vector<int32_t> tokens;
-  // [n, |M|, K] expert ids, 1 byte each when E <= 256, else 2 (little
-  // endian); empty for dense models. Rows with row_valid 0 hold zeros.
+  // [n, |M| + D, K] expert ids (D: MTP layers with mtp_routing, layout.md
+  // section 10), 1 byte each when E <= 256, else 2 (little endian); empty
+  // for dense models. Rows with row_valid 0 hold zeros.
   std::string experts;
   // [n]: 1 where the producer sent a replayable row; 0 where the row was
   // outside the payload or all -1 (missing).

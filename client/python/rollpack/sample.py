@@ -55,9 +55,10 @@ def as_tokens(tokens: ArrayLike) -> np.ndarray:
 
 
 def _moe_view(arr: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    """The MoE layers of a [rows, L, K] payload: the array itself (compact or
-    all-MoE), a slice view (contiguous MoE ids) or a gathered copy."""
-    m = spec.resolved_moe_layers
+    """The stored layers of a [rows, L, K] payload (the MoE layers, then the
+    MTP layers with ``mtp_routing``): the array itself (compact or all-MoE),
+    a slice view (contiguous ids) or a gathered copy."""
+    m = spec.stored_layer_ids
     if arr.shape[1] == len(m):
         return arr
     if m and m[-1] - m[0] + 1 == len(m):
@@ -104,7 +105,8 @@ class Sample:
 
     ``tokens``: int [n]. ``routed_experts``: [rows, L, K] integer array
     covering tokens ``[row_offset, row_offset + rows)`` (L = num_layers or
-    number of MoE layers). Adapters in :mod:`rollpack.adapters` return
+    number of MoE layers; plus num_mtp_layers with ``spec.mtp_routing``, the
+    MTP layers' entries after the decoder's). Adapters in :mod:`rollpack.adapters` return
     ``(routed_experts, row_offset)``, so ``Sample(id, tokens,
     *from_vllm_choice(choice, tokens, spec))`` works. ``token_fields``: name ->
     array with first dimension n. ``scalars``: name -> float.
@@ -209,11 +211,23 @@ class Sample:
                                % (sid, spec.name, spec.num_experts))
         rows, layers, k = r.shape
         m = spec.num_moe_layers
-        if layers not in (spec.num_layers, m):
+        if layers not in spec.payload_layers:
+            d = spec.routed_mtp_layers
+            if d:
+                raise PayloadError(
+                    "sample %r: routed_experts has %d layers; model %r has mtp_routing: "
+                    "num_layers + num_mtp_layers = %d (full layout) or %d MoE + %d MTP layers = "
+                    "%d (compact layout)" % (sid, layers, spec.name, spec.num_layers + d, m, d,
+                                             m + d))
+            hint = ""
+            if spec.num_mtp_layers and layers in (spec.num_layers + spec.num_mtp_layers,
+                                                  m + spec.num_mtp_layers):
+                hint = ("; it seems to carry the %d MTP layers too, which needs the model "
+                        "registered with mtp_routing=True" % spec.num_mtp_layers)
             raise PayloadError(
                 "sample %r: routed_experts has %d layers; model %r has num_layers %d (full "
-                "layout) and %d MoE layers (compact layout)" % (sid, layers, spec.name,
-                                                                spec.num_layers, m))
+                "layout) and %d MoE layers (compact layout)%s" % (sid, layers, spec.name,
+                                                                  spec.num_layers, m, hint))
         if k != spec.topk:
             raise PayloadError("sample %r: routed_experts has %d experts per token, model "
                                "topk is %d" % (sid, k, spec.topk))
@@ -315,11 +329,11 @@ class Sample:
                 raise PayloadError(
                     "sample %r: the later turn has %d layers, the held rows %d; pass spec= to "
                     "convert both to the compact layout" % (sid, r_new.shape[1], old.shape[1]))
-            m = spec.num_moe_layers
+            full, compact = spec.payload_layers or (spec.num_layers, spec.num_moe_layers)
             for what, a in (("held rows", old), ("later turn", r_new)):
-                if a.shape[1] not in (spec.num_layers, m):
+                if a.shape[1] not in (full, compact):
                     raise PayloadError("sample %r: %s have %d layers; model has %d (full) / %d "
-                                       "(compact)" % (sid, what, a.shape[1], spec.num_layers, m))
+                                       "(compact)" % (sid, what, a.shape[1], full, compact))
             old, r_new = _moe_view(old, spec), _moe_view(r_new, spec)
         kept = old[:start - off]
         dtype = np.result_type(kept.dtype, r_new.dtype)
