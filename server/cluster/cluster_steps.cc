@@ -103,8 +103,32 @@ std::string ClusterSteps::ReleaseKey(Cluster* cluster, const std::string& member
   return cluster->Key("releases", absl::StrCat(member, "/", step_id));
 }
 
+namespace {
+
+absl::Status RecomputeRoutingRefused(const std::string& step_id) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step \"", step_id, "\": recompute routing (R2: UploadRouting, CommitRouting, "
+      "replay_source RECOMPUTE) is served by a single rollpackd, not yet by a cluster "
+      "(docs/cluster.md)"));
+}
+
+}  // namespace
+
+absl::StatusOr<RoutingUploadResult> ClusterSteps::UploadRouting(const std::string& step_id,
+                                                                const RankCoords&, int,
+                                                                const UploadedRouting&) {
+  return RecomputeRoutingRefused(step_id);
+}
+
+absl::StatusOr<RoutingCommitResult> ClusterSteps::CommitRouting(const std::string& step_id) {
+  return RecomputeRoutingRefused(step_id);
+}
+
 absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepRequest& request) {
   RETURN_IF_ERROR(ValidateCreateStep(request));
+  if (request.replay_source == ReplaySourceKind::kRecompute) {
+    return RecomputeRoutingRefused(request.step_id);
+  }
   const std::string& step_id = request.step_id;
   const std::string& pool = request.pool;
   const Topology& topology = request.topology;

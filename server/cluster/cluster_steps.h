@@ -87,6 +87,11 @@ class ClusterSteps final : public StepDirectory {
   absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version,
                                                 bool local_only) override;
   bool MayBlock() const override { return true; }
+  // R2 is not yet served over a cluster (docs/cluster.md): FAILED_PRECONDITION.
+  absl::StatusOr<RoutingUploadResult> UploadRouting(const std::string& step_id,
+                                                    const RankCoords& coords, int microbatch,
+                                                    const UploadedRouting& upload) override;
+  absl::StatusOr<RoutingCommitResult> CommitRouting(const std::string& step_id) override;
 
   // Bytes this member exchanged with the others to plan steps (listings
   // received, holds sent: metadata only), and bytes of samples it pulled

@@ -54,6 +54,18 @@ grpc::ServerUnaryReactor* SchedulerService::CreateStep(grpc::CallbackServerConte
   step_request.selection = *selection;
   step_request.topology = *topology;
   step_request.reuse_samples = request->reuse_samples();
+  switch (request->replay_source()) {
+    case v1::REPLAY_SOURCE_ROLLOUT:
+      break;
+    case v1::REPLAY_SOURCE_RECOMPUTE:
+      step_request.replay_source = ReplaySourceKind::kRecompute;
+      break;
+    default:
+      reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("step \"", request->step_id(), "\": replay_source ",
+                       static_cast<int>(request->replay_source()), " is not a ReplaySource"))));
+      return reactor;
+  }
   absl::StatusOr<std::shared_ptr<const Step>> step = steps_->CreateStep(step_request);
   if (step.ok()) {
     *response = StepInfoToProto(**step);

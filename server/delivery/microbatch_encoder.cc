@@ -245,17 +245,23 @@ absl::Status MicrobatchEncoder::GatherPayload(const ArrayField& field, absl::Spa
       spec.num_experts = step.model.num_experts;
       spec.topk = step.model.topk;
       spec.id_bytes = step.model.stored_id_bytes();
-      spec.payload_layers = static_cast<int>(step.layout.pipeline().moe_layers().size());
+      spec.payload_layers = step.layout.pipeline().stored_layers();  // |M| + routed D
       spec.layer_indices = rank_.replay_positions;
       return GatherReplay(
           router_runs_, spec,
           [&](int ordinal) {
             const StoredSample& sample = sample_of(ordinal);
             ReplaySource source;
-            source.experts = sample.experts.data();
             source.row_offset = 0;
             source.num_rows = sample.num_tokens();
-            source.valid = sample.row_valid.data();
+            if (step.replay.source == ReplaySourceKind::kRecompute) {
+              // R2 (layout.md section 11): every real token is replayable.
+              source.experts = step.replay.recompute_routing[group.sequences[ordinal]]->data();
+              source.valid = nullptr;
+            } else {
+              source.experts = sample.experts.data();
+              source.valid = sample.row_valid.data();
+            }
             return source;
           },
           out, mask_out);

@@ -51,6 +51,13 @@ class TrainerService final
   // FetchMicrobatches; never pulls from other members.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchPieces(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  // R2 (docs/layout.md section 11), in routing_upload.cc.
+  grpc::ServerUnaryReactor* UploadRouting(grpc::CallbackServerContext* context,
+                                          const v1::RecordedRouting* request,
+                                          v1::UploadRoutingResponse* response) override;
+  grpc::ServerUnaryReactor* CommitRouting(grpc::CallbackServerContext* context,
+                                          const v1::CommitRoutingRequest* request,
+                                          v1::CommitRoutingResponse* response) override;
 
  private:
   // Admits the stream and starts it; `piece_header` set: a FetchPieces

@@ -53,6 +53,9 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Scheduler/ListSteps", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Trainer/FetchMicrobatches", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Trainer/FetchPieces", {Role::kTrainer, Role::kAdmin}},
+      // R2: ranks upload their recorded routing; the controller commits it.
+      {"/rollpack.v1.Trainer/UploadRouting", {Role::kTrainer, Role::kAdmin}},
+      {"/rollpack.v1.Trainer/CommitRouting", {Role::kTrainer, Role::kAdmin}},
       // TP-leader trainers exchange their NCCL id here (docs/trainer.md).
       {"/rollpack.v1.Rendezvous/ExchangeId", {Role::kTrainer, Role::kAdmin}},
       // Trainers report routing agreement (docs/trainer.md).

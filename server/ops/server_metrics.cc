@@ -179,6 +179,16 @@ ServerMetrics::ServerMetrics(metrics::ScrapeRegistry* registry, SampleStore* sto
           "rollpack_streams_stalled_total",
           "FetchMicrobatches ended because the client took no micro-batch for "
           "--stream-write-timeout.")),
+      routing_uploads_(registry->AddCounter(
+          "rollpack_recompute_uploads_total",
+          "Trainer.UploadRouting calls (R2 recorded routing of one micro-batch), by result "
+          "(ok, refused).")),
+      routing_upload_rows_(registry->AddCounter(
+          "rollpack_recompute_upload_rows_total",
+          "Real-token rows of recorded routing placed by accepted UploadRouting calls.")),
+      routing_commits_(registry->AddCounter(
+          "rollpack_recompute_commits_total",
+          "Trainer.CommitRouting calls, by result (ok, refused).")),
       rpcs_handled_(registry->AddCounter(
           "rollpack_grpc_server_handled_total",
           "RPCs completed, by service, method and status code.")),
@@ -197,6 +207,11 @@ ServerMetrics::ServerMetrics(metrics::ScrapeRegistry* registry, SampleStore* sto
   streams_refused_.Add({});
   client_streams_refused_.Add({});
   streams_stalled_.Add({});
+  for (const char* result : {"ok", "refused"}) {
+    routing_uploads_.Add({{"result", result}});
+    routing_commits_.Add({{"result", result}});
+  }
+  routing_upload_rows_.Add({});
   registry_->AddCollectCallback([this] { Collect(); });
 }
 
@@ -253,6 +268,15 @@ void ServerMetrics::OnStreamRefused() { streams_refused_.Add({}).Increment(); }
 void ServerMetrics::OnClientStreamRefused() { client_streams_refused_.Add({}).Increment(); }
 
 void ServerMetrics::OnStreamStalled() { streams_stalled_.Add({}).Increment(); }
+
+void ServerMetrics::OnRoutingUpload(bool ok, int64_t rows) {
+  routing_uploads_.Add({{"result", ok ? "ok" : "refused"}}).Increment();
+  if (ok) routing_upload_rows_.Add({}).Increment(static_cast<double>(rows));
+}
+
+void ServerMetrics::OnRoutingCommit(bool ok) {
+  routing_commits_.Add({{"result", ok ? "ok" : "refused"}}).Increment();
+}
 
 void ServerMetrics::OnRpcDone(const std::string& method, grpc::StatusCode code, double seconds) {
   auto [service, name] = SplitMethod(method);

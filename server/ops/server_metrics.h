@@ -39,6 +39,10 @@ class ServerMetrics {
   // Refused at --max-streams-per-client; ended at --stream-write-timeout.
   void OnClientStreamRefused();
   void OnStreamStalled();
+  // R2 (docs/layout.md section 11): an UploadRouting call and the rows it
+  // placed; a CommitRouting call.
+  void OnRoutingUpload(bool ok, int64_t rows);
+  void OnRoutingCommit(bool ok);
 
   // Per-method RPC latency and status codes.
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
@@ -88,6 +92,9 @@ class ServerMetrics {
   metrics::Family<metrics::Counter>& streams_refused_;
   metrics::Family<metrics::Counter>& client_streams_refused_;
   metrics::Family<metrics::Counter>& streams_stalled_;
+  metrics::Family<metrics::Counter>& routing_uploads_;
+  metrics::Family<metrics::Counter>& routing_upload_rows_;
+  metrics::Family<metrics::Counter>& routing_commits_;
   metrics::Family<metrics::Counter>& rpcs_handled_;
   metrics::Family<metrics::Histogram>& rpc_seconds_;
 };

@@ -76,10 +76,12 @@ enum class RecordType : uint8_t {
   kSampleUses = 10,        // v1::SampleUsesRecord (written by compaction)
   // kPutGroupedSamples with piece messages and pieced samples (section 5).
   kPieceSamples = 11,
+  // Samples' recompute routing (R2): v1::RecomputeRoutingRecord.
+  kRecomputeRouting = 12,
 };
 // Types 5 and 6 appear only in a cluster member's log; a rollpackd older
 // than them refuses such a log as corrupt rather than misreading it.
-inline constexpr int kMaxRecordType = 11;
+inline constexpr int kMaxRecordType = 12;
 
 // u32 payload length, u32 crc32c(type, payload), u8 type, u32 crc32c of
 // these 9 bytes (format version 2).

@@ -275,6 +275,9 @@ std::string EncodeCreateStep(const Step& step) {
   for (const std::string& id : step.sample_ids) request.add_sample_ids(id);
   *request.mutable_topology() = ToProto(step.topology);
   request.set_reuse_samples(step.reuse_samples);
+  if (step.replay.source == ReplaySourceKind::kRecompute) {
+    request.set_replay_source(v1::REPLAY_SOURCE_RECOMPUTE);
+  }
   return request.SerializeAsString();
 }
 

@@ -62,6 +62,9 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
         step.sample_ids.assign(request.sample_ids().begin(), request.sample_ids().end());
         step.topology = *topology;
         step.reuse_samples = request.reuse_samples();
+        if (request.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE) {
+          step.replay_source = ReplaySourceKind::kRecompute;
+        }
         step.replay = true;
         s = store->CreateStep(step).status();
         break;
@@ -113,6 +116,15 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
           break;
         }
         s = store->ReplayUses(request);
+        break;
+      }
+      case RecordType::kRecomputeRouting: {
+        v1::RecomputeRoutingRecord request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("RecomputeRouting record does not parse");
+          break;
+        }
+        s = store->ReplayRecomputeRouting(request);
         break;
       }
       case RecordType::kDropHold: {

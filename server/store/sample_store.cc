@@ -467,6 +467,8 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
   // or hold are ever erased (ReturnToFree relies on it too).
   std::vector<const StoredSample*> reserved;
   int32_t num_groups = 0;
+  StepReplay replay;
+  absl::Status replay_status;
   {
     absl::MutexLock lock(&mu_);
     if (steps_.contains(step_id) || pending_steps_.contains(step_id) || holds_.contains(step_id)) {
@@ -528,11 +530,30 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
     reserved.reserve(samples.size());
     for (const auto& sample : samples) reserved.push_back(sample.get());
     pending_steps_[step_id] = true;
+    replay.source = request.replay_source;
+    if (request.replay_source == ReplaySourceKind::kRecompute) {
+      // R2: the samples' committed routing, shared (a later commit
+      // replaces the store's, never this step's).
+      replay.recompute_routing.reserve(samples.size());
+      for (const auto& sample : samples) {
+        auto it = pool.recompute_routing.find(sample->sample_id);
+        if (it == pool.recompute_routing.end()) {
+          replay_status = absl::FailedPreconditionError(absl::StrCat(
+              "replay_source RECOMPUTE: sample \"", sample->sample_id,
+              "\" holds no recompute routing (upload and commit it from a step that contains "
+              "it first: Trainer.UploadRouting, Trainer.CommitRouting)"));
+          break;
+        }
+        replay.recompute_routing.push_back(it->second);
+      }
+    }
   }
 
   absl::StatusOr<std::shared_ptr<const Step>> step =
-      BuildStep(step_id, pool_name, model, request.topology, std::move(samples), num_groups,
-                request.reuse_samples);
+      replay_status.ok() ? BuildStep(step_id, pool_name, model, request.topology,
+                                     std::move(samples), num_groups, request.reuse_samples,
+                                     std::move(replay))
+                         : absl::StatusOr<std::shared_ptr<const Step>>(replay_status);
 
   int64_t ticket = 0;
   {
@@ -634,7 +655,11 @@ ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string
   ReleaseResult result;
   for (const std::string& id : sample_ids) {
     auto it = pool.samples.find(id);
-    const int64_t bytes = it->second->MemoryBytes();
+    int64_t bytes = it->second->MemoryBytes();
+    if (auto routing = pool.recompute_routing.find(id); routing != pool.recompute_routing.end()) {
+      bytes += static_cast<int64_t>(routing->second->size());
+      pool.recompute_routing.erase(routing);
+    }
     if (it->second->grouped()) {
       auto group = pool.groups.find(it->second->group_id);
       if (group != pool.groups.end() && --group->second.stored == 0 && group->second.open == 0) {

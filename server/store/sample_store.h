@@ -267,6 +267,22 @@ class SampleStore {
   absl::Status ReplayDrop(const v1::DroppedSamplesRecord& record);
   absl::Status ReplayUses(const v1::SampleUsesRecord& record);
 
+  // R2 (docs/layout.md section 11), in sample_store_routing.cc.
+  // Gives the samples of the live step `step_id` their recompute routing
+  // (`routing[i]` for the step's sample i: [n_i, stored layers, K] ids of
+  // the store's width), durably, replacing any they had. NOT_FOUND when the
+  // step is not live here; INVALID_ARGUMENT when the sizes do not match the
+  // samples; RESOURCE_EXHAUSTED when it does not fit under the memory
+  // limit. Nothing changes on error. Returns the bytes now stored.
+  absl::StatusOr<int64_t> SetRecomputeRouting(const std::string& step_id,
+                                              std::vector<std::string> routing);
+  absl::Status ReplayRecomputeRouting(const v1::RecomputeRoutingRecord& record);
+  // Memory held outside the samples on the store's behalf (R2 upload
+  // stages), counted against --max-memory like samples: RESOURCE_EXHAUSTED
+  // naming `what` when it does not fit.
+  absl::Status ReserveMemory(int64_t bytes, const std::string& what);
+  void ReleaseMemory(int64_t bytes);
+
  private:
   // A group's samples stored here.
   struct Group {
@@ -306,6 +322,8 @@ class SampleStore {
     std::map<std::string, FieldSchema> schema;
     absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
     absl::flat_hash_map<std::string, OpenSample> open;
+    // R2: samples' committed recompute routing (counted in stored_bytes).
+    absl::flat_hash_map<std::string, std::shared_ptr<const std::string>> recompute_routing;
     // Free samples by arrival sequence number: the oldest first. The map
     // holds the sample itself, so that CreateStep takes what it selects
     // through the map's iterators, with no lookup by id per sample: each
@@ -413,6 +431,15 @@ class SampleStore {
   // Before a pool's first batch here: the cluster's schema becomes the pool's.
   absl::Status FixSchemaClusterWide(const std::string& pool,
                                     const std::vector<StoredSample>& samples);
+  // Stores `routing` as the recompute routing of `sample_ids` (all in
+  // `pool`, sizes checked), replacing and accounting memory.
+  void StoreRecomputeRouting(Pool& pool, absl::Span<const std::string> sample_ids,
+                             std::vector<std::string> routing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pool's recompute routing as compaction's records, by sample id.
+  std::vector<std::string> EncodeRecomputeRouting(const std::string& name,
+                                                  const Pool& pool) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const int64_t max_memory_bytes_;
   DurableLog* log_ = nullptr;

@@ -108,6 +108,12 @@ absl::Status SampleStore::CompactLog() {
         RETURN_IF_ERROR(out->Add(RecordType::kSampleUses, record.SerializeAsString()));
       }
     }
+    // R2: samples' recompute routing, before the steps that replay it.
+    for (const auto& [name, pool] : pools_) {
+      for (const std::string& record : EncodeRecomputeRouting(name, pool)) {
+        RETURN_IF_ERROR(out->Add(RecordType::kRecomputeRouting, record));
+      }
+    }
     for (const auto& [id, step] : steps_) {
       RETURN_IF_ERROR(out->Add(RecordType::kCreateStep, EncodeCreateStep(*step)));
     }

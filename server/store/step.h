@@ -17,11 +17,26 @@
 
 namespace rollpack {
 
+// Which routing a step's ranks replay (docs/layout.md section 11).
+enum class ReplaySourceKind {
+  kRollout,    // the samples' routed_experts (R3)
+  kRecompute,  // the routing committed from a recompute forward (R2)
+};
+
+struct StepReplay {
+  ReplaySourceKind source = ReplaySourceKind::kRollout;
+  // kRecompute: recompute_routing[i] is the step's sample i's, [n_i, stored
+  // layers, K] ids of the store's width, every row replayable. Shared with
+  // the store, which never changes one in place (a commit replaces it).
+  std::vector<std::shared_ptr<const std::string>> recompute_routing;
+};
+
 struct Step {
   Step(std::string step_id, std::string pool, ModelSpec model, Topology topology,
        std::vector<std::string> sample_ids,
        std::vector<std::shared_ptr<const StoredSample>> samples, Plan plan,
-       StepLayout layout, int32_t num_groups = 0, bool reuse_samples = false)
+       StepLayout layout, int32_t num_groups = 0, bool reuse_samples = false,
+       StepReplay replay = {})
       : step_id(std::move(step_id)),
         pool(std::move(pool)),
         model(std::move(model)),
@@ -31,7 +46,8 @@ struct Step {
         plan(std::move(plan)),
         layout(std::move(layout)),
         num_groups(num_groups),
-        reuse_samples(reuse_samples) {}
+        reuse_samples(reuse_samples),
+        replay(std::move(replay)) {}
 
   const std::string step_id;
   const std::string pool;
@@ -49,6 +65,8 @@ struct Step {
   const int32_t num_groups;
   // Releasing the step returns the samples to the free set.
   const bool reuse_samples;
+  // What the ranks replay.
+  const StepReplay replay;
 };
 
 }  // namespace rollpack

@@ -19,7 +19,7 @@ absl::StatusOr<std::shared_ptr<const Step>> Build(
     const Topology& topology, std::vector<std::string> sample_ids,
     const std::vector<int64_t>& lengths,
     std::vector<std::shared_ptr<const StoredSample>> samples, int32_t num_groups,
-    bool reuse_samples) {
+    bool reuse_samples, StepReplay replay) {
   RETURN_IF_ERROR(PipelineLayers::Create(model, topology));
   if (lengths.size() != sample_ids.size()) {
     return absl::InternalError(absl::StrCat("step \"", step_id, "\": ", sample_ids.size(),
@@ -39,7 +39,7 @@ absl::StatusOr<std::shared_ptr<const Step>> Build(
   ASSIGN_OR_RETURN(StepLayout layout, StepLayout::Create(plan, lengths, topology, model));
   return std::make_shared<const Step>(step_id, pool, model, topology, std::move(sample_ids),
                                       std::move(samples), std::move(plan), std::move(layout),
-                                      num_groups, reuse_samples);
+                                      num_groups, reuse_samples, std::move(replay));
 }
 
 }  // namespace
@@ -68,7 +68,7 @@ absl::Status ValidateCreateStep(const StepRequest& request) {
 absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples,
-    int32_t num_groups, bool reuse_samples) {
+    int32_t num_groups, bool reuse_samples, StepReplay replay) {
   std::vector<std::string> ids;
   std::vector<int64_t> lengths;
   ids.reserve(samples.size());
@@ -78,7 +78,7 @@ absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     lengths.push_back(sample->num_tokens());
   }
   return Build(step_id, pool, model, topology, std::move(ids), lengths, std::move(samples),
-               num_groups, reuse_samples);
+               num_groups, reuse_samples, std::move(replay));
 }
 
 absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
@@ -86,7 +86,7 @@ absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
     const Topology& topology, std::vector<std::string> sample_ids,
     const std::vector<int64_t>& num_tokens, int32_t num_groups, bool reuse_samples) {
   return Build(step_id, pool, model, topology, std::move(sample_ids), num_tokens, {}, num_groups,
-               reuse_samples);
+               reuse_samples, StepReplay{});
 }
 
 }  // namespace rollpack

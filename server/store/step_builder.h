@@ -27,6 +27,7 @@ struct StepRequest {
   SelectionRequest selection;
   Topology topology;
   bool reuse_samples = false;
+  ReplaySourceKind replay_source = ReplaySourceKind::kRollout;
   // Replaying the durable log: the ids were checked when the step was made
   // (their staleness then, not now).
   bool replay = false;
@@ -45,7 +46,7 @@ absl::Status ValidateCreateStep(const StepRequest& request);
 absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples,
-    int32_t num_groups = 0, bool reuse_samples = false);
+    int32_t num_groups = 0, bool reuse_samples = false, StepReplay replay = {});
 
 // The same plan and layout from the samples' ids and lengths alone; the
 // step's `samples` is empty (the bytes are elsewhere).

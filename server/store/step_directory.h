@@ -14,6 +14,7 @@
 #include "scheduler/layout.h"
 #include "scheduler/topology.h"
 #include "server/store/pool_info.h"
+#include "server/store/recompute_uploads.h"
 #include "server/store/sample_store.h"
 #include "server/store/step.h"
 
@@ -76,12 +77,19 @@ class StepDirectory {
   // True when calls may wait on other processes (a cluster member's pulls):
   // callers keep them off threads those processes' answers need.
   virtual bool MayBlock() const = 0;
+  // R2 (docs/layout.md section 11): a rank's recorded routing of one
+  // micro-batch (RecomputeUploads::Upload), and the step's commit.
+  virtual absl::StatusOr<RoutingUploadResult> UploadRouting(const std::string& step_id,
+                                                            const RankCoords& coords,
+                                                            int microbatch,
+                                                            const UploadedRouting& upload) = 0;
+  virtual absl::StatusOr<RoutingCommitResult> CommitRouting(const std::string& step_id) = 0;
 };
 
 // The single server's directory: the store's own steps.
 class LocalSteps final : public StepDirectory {
  public:
-  explicit LocalSteps(SampleStore* store) : store_(store) {}
+  explicit LocalSteps(SampleStore* store) : store_(store), uploads_(store) {}
 
   absl::StatusOr<std::shared_ptr<const Step>> CreateStep(const StepRequest& request) override {
     return store_->CreateStep(request);
@@ -103,7 +111,9 @@ class LocalSteps final : public StepDirectory {
     return RankPieces{*std::move(rank), nullptr, {}, -1};
   }
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) override {
-    return store_->ReleaseStep(step_id);
+    absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(step_id);
+    uploads_.DropStale();  // an R2 stage of the step gives its memory back
+    return released;
   }
   absl::StatusOr<std::vector<LiveStep>> ListSteps(const std::string& pool) override {
     if (!pool.empty()) {
@@ -121,9 +131,18 @@ class LocalSteps final : public StepDirectory {
     return PoolInfoToProto(*stats, store_->Stats(), /*group_shares=*/false);
   }
   bool MayBlock() const override { return false; }
+  absl::StatusOr<RoutingUploadResult> UploadRouting(const std::string& step_id,
+                                                    const RankCoords& coords, int microbatch,
+                                                    const UploadedRouting& upload) override {
+    return uploads_.Upload(step_id, coords, microbatch, upload);
+  }
+  absl::StatusOr<RoutingCommitResult> CommitRouting(const std::string& step_id) override {
+    return uploads_.Commit(step_id);
+  }
 
  private:
   SampleStore* const store_;
+  RecomputeUploads uploads_;
 };
 
 }  // namespace rollpack

@@ -24,13 +24,16 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional, Union
 import grpc
 
 from rollpack import errors
-from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from rollpack._proto import (rollouts_pb2, rollouts_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc,
+                             trainer_pb2, trainer_pb2_grpc)
 from rollpack.producer import PemSource, _read
 
 #: A Topology message, or a dict of its fields.
 TopologyLike = Union[scheduler_pb2.Topology, Mapping[str, Any]]
 
 _SELECTIONS = {"oldest": scheduler_pb2.OLDEST, "newest_version": scheduler_pb2.NEWEST_VERSION}
+_REPLAY_SOURCES = {"rollout": scheduler_pb2.REPLAY_SOURCE_ROLLOUT,
+                   "recompute": scheduler_pb2.REPLAY_SOURCE_RECOMPUTE}
 
 
 def topology_message(topology: Optional[TopologyLike] = None,
@@ -89,6 +92,7 @@ class Controller:
             self._channel = grpc.insecure_channel(address, options=options)
         self._rollouts = rollouts_pb2_grpc.RolloutsStub(self._channel)
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._trainer = trainer_pb2_grpc.TrainerStub(self._channel)
 
     def close(self) -> None:
         """Closes the channel."""
@@ -124,19 +128,27 @@ class Controller:
                     num_groups: int = 0, num_tokens: int = 0, whole_groups: bool = False,
                     policy_version: int = 0, max_staleness: Optional[int] = None,
                     selection: str = "oldest", reuse_samples: bool = False,
+                    replay_source: str = "rollout",
                     **topology_fields: int) -> scheduler_pb2.StepInfo:
         """Creates step ``step_id`` from pool ``pool``: exactly one of
         ``sample_ids``, ``num_samples``, ``num_groups``, ``num_tokens``
         (docs/lifecycle.md). ``topology``: a Topology, a dict, or its fields as
         keywords (``dp=8, cp=2, max_tokens_per_rank=16384``). ``selection``:
-        "oldest" or "newest_version". Returns the StepInfo."""
+        "oldest" or "newest_version". ``replay_source``: "rollout" (the
+        engine's routing, R3) or "recompute" (the routing committed with
+        :meth:`commit_routing`, R2; docs/layout.md section 11). Returns the
+        StepInfo."""
         if selection not in _SELECTIONS:
             raise ValueError("selection must be one of %s, got %r" % (sorted(_SELECTIONS), selection))
+        if replay_source not in _REPLAY_SOURCES:
+            raise ValueError("replay_source must be one of %s, got %r"
+                             % (sorted(_REPLAY_SOURCES), replay_source))
         request = scheduler_pb2.CreateStepRequest(
             step_id=step_id, pool=pool, topology=topology_message(topology, **topology_fields),
             sample_ids=list(sample_ids or ()), num_samples=num_samples, num_groups=num_groups,
             num_tokens=num_tokens, whole_groups=whole_groups, policy_version=policy_version,
-            selection=_SELECTIONS[selection], reuse_samples=reuse_samples)
+            selection=_SELECTIONS[selection], reuse_samples=reuse_samples,
+            replay_source=_REPLAY_SOURCES[replay_source])
         if max_staleness is not None:
             request.max_staleness = max_staleness
         return self._call("CreateStep %r" % step_id, self._scheduler.CreateStep, request)
@@ -165,6 +177,15 @@ class Controller:
         set for a reuse step): the ReleaseStepResponse."""
         return self._call("ReleaseStep %r" % step_id, self._scheduler.ReleaseStep,
                           scheduler_pb2.ReleaseStepRequest(step_id=step_id))
+
+    def commit_routing(self, step_id: str) -> trainer_pb2.CommitRoutingResponse:
+        """R2: makes the routing every rank of ``step_id`` uploaded
+        (:class:`rollpack.recompute.RoutingUploader`) its samples' recompute
+        routing, durably. FailedPrecondition naming the first sample, token
+        and layer not uploaded yet (nothing changes; the missing uploads may
+        still come). Returns the CommitRoutingResponse."""
+        return self._call("CommitRouting %r" % step_id, self._trainer.CommitRouting,
+                          trainer_pb2.CommitRoutingRequest(step_id=step_id))
 
     def set_policy_version(self, pool: str, policy_version: int) -> rollouts_pb2.PoolInfo:
         """Records the trainer's policy version (docs/lifecycle.md): PoolInfo."""

@@ -1,0 +1,64 @@
+// R2 (docs/layout.md section 11) on one server: the live steps' upload
+// stages, their memory counted against the store's limit, and the commit
+// that hands a complete stage's routing to the store. Thread-safe.
+#ifndef ROLLPACK_SERVER_STORE_RECOMPUTE_UPLOADS_H_
+#define ROLLPACK_SERVER_STORE_RECOMPUTE_UPLOADS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "scheduler/layout.h"
+#include "scheduler/layout_scatter.h"
+#include "server/store/recompute_routing.h"
+#include "server/store/sample_store.h"
+
+namespace rollpack {
+
+struct RoutingCommitResult {
+  int32_t samples = 0;
+  int64_t tokens = 0;
+  int64_t stored_bytes = 0;
+};
+
+class RecomputeUploads {
+ public:
+  explicit RecomputeUploads(SampleStore* store) : store_(store) {}
+  ~RecomputeUploads();
+  RecomputeUploads(const RecomputeUploads&) = delete;
+  RecomputeUploads& operator=(const RecomputeUploads&) = delete;
+
+  // RecomputeRoutingStage::Place on the step's stage, made at its first
+  // upload: NOT_FOUND when the step is not live; RESOURCE_EXHAUSTED when
+  // the stage does not fit under the store's memory limit; FAILED_PRECONDITION
+  // for a dense model (nothing to record).
+  absl::StatusOr<RoutingUploadResult> Upload(const std::string& step_id,
+                                             const RankCoords& coords, int microbatch,
+                                             const UploadedRouting& upload);
+  // Hands the complete stage to the store (SampleStore::SetRecomputeRouting)
+  // and drops it. FAILED_PRECONDITION naming the first gap (the stage stays:
+  // the missing uploads may still come) or when nothing was uploaded.
+  absl::StatusOr<RoutingCommitResult> Commit(const std::string& step_id);
+  // Bytes the stages hold.
+  int64_t staged_bytes() const;
+  // Drops the stages of steps no longer live (released, expired, or a new
+  // step with the same id), giving their memory back. The directory calls it
+  // after every release; Upload and Commit call it too.
+  void DropStale();
+
+ private:
+  void DropStaleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Drop(const std::string& step_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  SampleStore* const store_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<RecomputeRoutingStage>> stages_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_STORE_RECOMPUTE_UPLOADS_H_

@@ -1,0 +1,315 @@
+// R2 uploads on one store (docs/layout.md section 11): the stage's inverse
+// layout without sequence parallelism (every TP rank uploads the same rows),
+// atomic refusals, memory accounting and the commit. The end-to-end path
+// with a real rollpackd is client/python/tests/test_recompute.py.
+#include "server/store/recompute_uploads.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/layout_gather.h"
+#include "testing/durable_store.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kLayers = 4;
+constexpr int kExperts = 16;
+constexpr int kTopk = 2;
+
+ModelSpec Model() {
+  ModelSpec m;
+  m.name = "m";
+  m.num_layers = kLayers;
+  m.moe_layers = {1, 3};
+  m.num_experts = kExperts;
+  m.topk = kTopk;
+  return m;
+}
+
+StoredSample Sample(const std::string& id, int64_t n) {
+  StoredSample s;
+  s.sample_id = id;
+  s.tokens.assign(n, 7);
+  s.experts.assign(n * 2 * kTopk, '\x01');
+  for (int64_t i = 0; i < n * 2; ++i) s.experts[i * kTopk + 1] = '\x02';
+  s.row_valid.assign(n, 1);
+  return s;
+}
+
+// TP = 2 without sequence parallelism, CP = 2: both TP ranks of a CP rank
+// see every router row of it.
+Topology Topo() {
+  Topology t;
+  t.cp = 2;
+  t.tp = 2;
+  t.sequence_parallel = false;
+  t.max_tokens_per_rank = 256;
+  return t;
+}
+
+// K distinct ids of (sequence, token, stored layer).
+void MadeUp(int sequence, int64_t token, int layer, int64_t* out) {
+  const int64_t base = (sequence * 5 + token * 3 + layer * 7) % kExperts;
+  for (int j = 0; j < kTopk; ++j) out[j] = (base + j) % kExperts;
+}
+
+class RecomputeUploadsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(store_.RegisterModel("p", Model()).ok());
+    std::vector<StoredSample> samples;
+    for (int i = 0; i < 5; ++i) samples.push_back(Sample("s" + std::to_string(i), 9 + 13 * i));
+    ASSERT_TRUE(store_.Put("p", std::move(samples)).ok());
+    StepRequest request;
+    request.step_id = "a";
+    request.pool = "p";
+    request.selection.num_samples = 5;
+    request.topology = Topo();
+    request.reuse_samples = true;
+    absl::StatusOr<std::shared_ptr<const Step>> step = store_.CreateStep(request);
+    ASSERT_TRUE(step.ok()) << step.status();
+    step_ = *step;
+  }
+
+  // Rank `coords`' upload of micro-batch m: made-up ids on real rows,
+  // `padding_id` on every padding entry (invalid on purpose).
+  std::vector<int64_t> Upload(const RankCoords& coords, int m, RankMicrobatchLayout* rank) {
+    *rank = *step_->layout.Describe(coords, m);
+    const int64_t layers = static_cast<int64_t>(rank->replay_layers.size());
+    std::vector<int64_t> ids(rank->router_rows * layers * kTopk, 0);  // padding: repeated 0s
+    for (const RowRun& run : rank->router_runs) {
+      if (run.padding) continue;
+      for (int64_t r = 0; r < run.length; ++r) {
+        for (int64_t l = 0; l < layers; ++l) {
+          MadeUp(run.sequence, run.source_pos + r, rank->replay_positions[l],
+                 &ids[((run.output_row + r) * layers + l) * kTopk]);
+        }
+      }
+    }
+    return ids;
+  }
+
+  static UploadedRouting View(const std::vector<int64_t>& ids, const RankMicrobatchLayout& rank) {
+    UploadedRouting u;
+    u.data = reinterpret_cast<const uint8_t*>(ids.data());
+    u.size_bytes = static_cast<int64_t>(ids.size() * sizeof(int64_t));
+    u.element_bytes = 8;
+    u.is_signed = true;
+    u.rows = rank.router_rows;
+    u.layers = static_cast<int64_t>(rank.replay_layers.size());
+    u.topk = kTopk;
+    return u;
+  }
+
+  SampleStore store_{int64_t{1} << 24};
+  RecomputeUploads uploads_{&store_};
+  std::shared_ptr<const Step> step_;
+};
+
+TEST_F(RecomputeUploadsTest, EveryTpRankUploadsTheSameRowsAndTheCommitHoldsThem) {
+  const Topology& t = step_->topology;
+  int64_t repeated = 0;
+  int64_t missing = -1;
+  for (int m = 0; m < step_->layout.num_microbatches(); ++m) {
+    for (int cp = 0; cp < t.cp; ++cp) {
+      for (int tp = 0; tp < t.tp; ++tp) {
+        RankMicrobatchLayout rank;
+        const std::vector<int64_t> ids = Upload({0, cp, tp, 0}, m, &rank);
+        absl::StatusOr<RoutingUploadResult> r =
+            uploads_.Upload("a", {0, cp, tp, 0}, m, View(ids, rank));
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->rows, RealRouterRows(rank));
+        repeated += r->repeated_rows;
+        missing = r->missing_entries;
+      }
+    }
+  }
+  EXPECT_EQ(missing, 0);
+  // TP rank 1 repeats every row TP rank 0 placed.
+  int64_t tokens = 0;
+  for (int64_t n : step_->layout.lengths()) tokens += n;
+  EXPECT_EQ(repeated, tokens);
+  EXPECT_GT(uploads_.staged_bytes(), 0);
+
+  absl::StatusOr<RoutingCommitResult> commit = uploads_.Commit("a");
+  ASSERT_TRUE(commit.ok()) << commit.status();
+  EXPECT_EQ(commit->samples, 5);
+  EXPECT_EQ(commit->tokens, tokens);
+  EXPECT_EQ(commit->stored_bytes, tokens * 2 * kTopk);
+  EXPECT_EQ(uploads_.staged_bytes(), 0);
+  ASSERT_TRUE(store_.ReleaseStep("a").ok());
+
+  // A recompute step in another layout gathers exactly the made-up ids.
+  StepRequest request;
+  request.step_id = "b";
+  request.pool = "p";
+  request.selection.num_samples = 5;
+  request.topology.max_tokens_per_rank = 1024;
+  request.replay_source = ReplaySourceKind::kRecompute;
+  absl::StatusOr<std::shared_ptr<const Step>> b = store_.CreateStep(request);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ((*b)->replay.recompute_routing.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const std::string& routing = *(*b)->replay.recompute_routing[i];
+    const int64_t n = (*b)->layout.lengths()[i];
+    ASSERT_EQ(static_cast<int64_t>(routing.size()), n * 2 * kTopk);
+    // Step b's sequence i is sample (*b)->sample_ids[i]; its index in step a:
+    const auto& a_ids = step_->sample_ids;
+    const int in_a = static_cast<int>(
+        std::find(a_ids.begin(), a_ids.end(), (*b)->sample_ids[i]) - a_ids.begin());
+    for (int64_t token = 0; token < n; ++token) {
+      for (int l = 0; l < 2; ++l) {
+        int64_t want[kTopk];
+        MadeUp(in_a, token, l, want);
+        std::sort(want, want + kTopk);  // kept as sets, ascending
+        for (int j = 0; j < kTopk; ++j) {
+          ASSERT_EQ(static_cast<uint8_t>(routing[(token * 2 + l) * kTopk + j]), want[j])
+              << "sample " << i << " token " << token << " layer " << l;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(RecomputeUploadsTest, RefusalsChangeNothing) {
+  RankMicrobatchLayout rank;
+  std::vector<int64_t> ids = Upload({0, 0, 0, 0}, 0, &rank);
+  ASSERT_TRUE(uploads_.Upload("a", {0, 0, 0, 0}, 0, View(ids, rank)).ok());
+  const int64_t staged = uploads_.staged_bytes();
+
+  // The TP peer disagrees on one real row: refused naming both copies.
+  std::vector<int64_t> other = Upload({0, 0, 1, 0}, 0, &rank);
+  const RowRun* real = nullptr;
+  for (const RowRun& run : rank.router_runs) {
+    if (!run.padding) {
+      real = &run;
+      break;
+    }
+  }
+  ASSERT_NE(real, nullptr);
+  const int64_t layers = static_cast<int64_t>(rank.replay_layers.size());
+  other[(real->output_row * layers) * kTopk] = (other[(real->output_row * layers) * kTopk] + 5) %
+                                               kExperts;
+  absl::StatusOr<RoutingUploadResult> conflict =
+      uploads_.Upload("a", {0, 0, 1, 0}, 0, View(other, rank));
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(conflict.status().message(), HasSubstr("but an earlier upload placed"));
+  EXPECT_THAT(conflict.status().message(),
+              HasSubstr("sample \"" + step_->sample_ids[real->sequence] + "\" token " +
+                        std::to_string(real->source_pos) + " layer 1"));
+  // Nothing of the refused upload was placed: the commit still misses the
+  // rest, and the correct copy is accepted as entirely repeated.
+  absl::StatusOr<RoutingCommitResult> partial = uploads_.Commit("a");
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(partial.status().message(), HasSubstr("was not uploaded"));
+  std::vector<int64_t> same = Upload({0, 0, 1, 0}, 0, &rank);
+  absl::StatusOr<RoutingUploadResult> again = uploads_.Upload("a", {0, 0, 1, 0}, 0, View(same, rank));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->repeated_rows, again->rows);
+  EXPECT_EQ(uploads_.staged_bytes(), staged);
+  // The same sets in another order (top-k is unordered) are repeats too.
+  for (size_t e = 0; e + kTopk <= same.size(); e += kTopk) {
+    std::reverse(same.begin() + e, same.begin() + e + kTopk);
+  }
+  absl::StatusOr<RoutingUploadResult> reordered =
+      uploads_.Upload("a", {0, 0, 1, 0}, 0, View(same, rank));
+  ASSERT_TRUE(reordered.ok()) << reordered.status();
+  EXPECT_EQ(reordered->repeated_rows, reordered->rows);
+
+  // Wrong shape, a micro-batch or rank outside the step.
+  UploadedRouting short_view = View(same, rank);
+  short_view.rows -= 1;
+  EXPECT_EQ(uploads_.Upload("a", {0, 0, 1, 0}, 0, short_view).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(uploads_.Upload("a", {0, 0, 2, 0}, 0, View(same, rank)).ok());
+  EXPECT_FALSE(uploads_.Upload("a", {0, 0, 0, 0}, 99, View(same, rank)).ok());
+
+  // Releasing the step drops its stage and gives its memory back.
+  const int64_t before = store_.Stats().stored_bytes;
+  ASSERT_TRUE(store_.ReleaseStep("a").ok());
+  EXPECT_EQ(uploads_.Commit("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(uploads_.staged_bytes(), 0);
+  EXPECT_LT(store_.Stats().stored_bytes, before - staged + 1);
+}
+
+// Committed routing survives a restart, before and after compaction, and
+// only while its sample lives.
+TEST(RecomputeRoutingDurableTest, CommitsReplayAndCompact) {
+  TempDir dir;
+  std::string committed;
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    SampleStore& store = *d->store;
+    ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+    std::vector<StoredSample> samples;
+    samples.push_back(Sample("keep", 11));
+    samples.push_back(Sample("gone", 7));
+    ASSERT_TRUE(store.Put("p", std::move(samples)).ok());
+    StepRequest request;
+    request.step_id = "a";
+    request.pool = "p";
+    request.sample_ids = {"keep"};
+    request.topology.max_tokens_per_rank = 64;
+    request.reuse_samples = true;
+    ASSERT_TRUE(store.CreateStep(request).ok());
+    committed.assign(11 * 2 * kTopk, '\0');
+    for (size_t i = 0; i < committed.size(); ++i) committed[i] = static_cast<char>(i % kExperts);
+    ASSERT_TRUE(store.SetRecomputeRouting("a", {committed}).ok());
+    ASSERT_TRUE(store.ReleaseStep("a").ok());
+    request.step_id = "g";
+    request.sample_ids = {"gone"};
+    request.reuse_samples = false;
+    ASSERT_TRUE(store.CreateStep(request).ok());
+    ASSERT_TRUE(store.SetRecomputeRouting("g", {std::string(7 * 2 * kTopk, '\1')}).ok());
+    ASSERT_TRUE(store.ReleaseStep("g").ok());  // deletes "gone" and its routing
+  }
+  for (int round = 0; round < 2; ++round) {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    StepRequest request;
+    request.step_id = "b" + std::to_string(round);
+    request.pool = "p";
+    request.sample_ids = {"keep"};
+    request.topology.max_tokens_per_rank = 64;
+    request.replay_source = ReplaySourceKind::kRecompute;
+    request.reuse_samples = true;
+    absl::StatusOr<std::shared_ptr<const Step>> b = d->store->CreateStep(request);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(*(*b)->replay.recompute_routing[0], committed);
+    ASSERT_TRUE(d->store->ReleaseStep(request.step_id).ok());
+    // Round 0 compacts: round 1 reads the routing from compaction's records.
+    if (round == 0) ASSERT_TRUE(d->store->CompactLog().ok());
+  }
+}
+
+TEST_F(RecomputeUploadsTest, AStageThatDoesNotFitIsRefused) {
+  SampleStore small(4096);
+  ASSERT_TRUE(small.RegisterModel("p", Model()).ok());
+  std::vector<StoredSample> samples;
+  samples.push_back(Sample("big", 300));
+  ASSERT_TRUE(small.Put("p", std::move(samples)).ok());
+  StepRequest request;
+  request.step_id = "a";
+  request.pool = "p";
+  request.selection.num_samples = 1;
+  request.topology.max_tokens_per_rank = 1024;
+  ASSERT_TRUE(small.CreateStep(request).ok());
+  RecomputeUploads uploads(&small);
+  RankMicrobatchLayout rank = *(*small.GetStep("a"))->layout.Describe({0, 0, 0, 0}, 0);
+  std::vector<int64_t> ids(rank.router_rows * 2 * kTopk, 0);
+  absl::StatusOr<RoutingUploadResult> r = uploads.Upload("a", {0, 0, 0, 0}, 0, View(ids, rank));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("--max-memory"));
+  EXPECT_EQ(uploads.staged_bytes(), 0);
+}
+
+}  // namespace
+}  // namespace rollpack
