@@ -19,19 +19,21 @@ from rollpack.spec import ModelSpec  # noqa: F401
 from rollpack.sample import Sample, narrow_routed_experts  # noqa: F401
 from rollpack.producer import AsyncProducer, Producer, PutResult, Rollout  # noqa: F401
 from rollpack.controller import Controller  # noqa: F401
+from rollpack.recompute import RoutingUploader  # noqa: F401
 from rollpack import adapters  # noqa: F401
 
 
 _TRAINER_NAMES = ("TrainerClient", "Microbatch", "apply_replay", "routing_agreement",
                   "install_replay_targets", "report_routing_agreement", "ReportAck",
-                  "close_tp_communicators")
+                  "close_tp_communicators", "recorded_routing", "set_replay_action")
 
 
 if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers
     from rollpack.trainer import (Microbatch, ReportAck, TrainerClient,  # noqa: F401
                                   apply_replay, close_tp_communicators,
-                                  install_replay_targets, report_routing_agreement,
-                                  routing_agreement)
+                                  install_replay_targets, recorded_routing,
+                                  report_routing_agreement, routing_agreement,
+                                  set_replay_action)
 
 
 def __getattr__(name: str) -> Any:
@@ -43,7 +45,8 @@ def __getattr__(name: str) -> Any:
 
 
 __version__ = "0.1.0"
-__all__ = ["Producer", "AsyncProducer", "PutResult", "Rollout", "Controller", "ModelSpec", "Sample", "adapters",
+__all__ = ["Producer", "AsyncProducer", "PutResult", "Rollout", "Controller", "RoutingUploader",
+           "ModelSpec", "Sample", "adapters",
            "narrow_routed_experts", "RollpackError", "InvalidArgument", "AlreadyExists",
            "FailedPrecondition", "NotFound", "ResourceExhausted", "Unavailable",
            "DeadlineExceeded", "Unauthenticated", "PayloadError"]

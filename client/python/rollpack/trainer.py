@@ -30,7 +30,7 @@ import torch.utils.dlpack
 from rollpack import _capi
 from rollpack._capi import call
 from rollpack.replay import (apply_replay, install_replay_targets,  # noqa: F401
-                             routing_agreement)
+                             recorded_routing, routing_agreement, set_replay_action)
 
 
 def has_cuda():
