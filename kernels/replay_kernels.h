@@ -4,6 +4,7 @@
 // change to one does not touch the others:
 //   kernels/common.h     status, element types, IndexView, limits, bf16 helpers
 //   kernels/unpack.h     received [rows, layers, K] buffer -> per-layer ids
+//   kernels/unpack_static.h  the same into a caller's static buffer (CUDA graphs)
 //   kernels/apply.h      live logits + replay ids -> probs, routing map, gradient
 //   kernels/agreement.h  live vs replayed selection, per layer
 // kernels/replay_kernels_cuda.h gathers the CUDA versions the same way;
@@ -15,5 +16,6 @@
 #include "kernels/apply.h"
 #include "kernels/common.h"
 #include "kernels/unpack.h"
+#include "kernels/unpack_static.h"
 
 #endif  // ROLLPACK_KERNELS_REPLAY_KERNELS_H_

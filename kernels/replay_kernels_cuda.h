@@ -2,6 +2,7 @@
 // use (the declarations live with each operation, like the CPU side's in
 // replay_kernels.h):
 //   kernels/unpack_cuda.h     Unpack, UnpackPipelined (variants: bench/unpack_variants.h)
+//   kernels/unpack_static_cuda.h  StaticUnpack, StoreRows (capturable in a CUDA graph)
 //   kernels/apply_cuda.h      ApplyForward, ApplyBackward
 //   kernels/agreement_cuda.h  AgreementFromLogits, AgreementFromIds
 //
@@ -20,5 +21,6 @@
 #include "kernels/apply_cuda.h"
 #include "kernels/replay_kernels.h"
 #include "kernels/unpack_cuda.h"
+#include "kernels/unpack_static_cuda.h"
 
 #endif  // ROLLPACK_KERNELS_REPLAY_KERNELS_CUDA_H_

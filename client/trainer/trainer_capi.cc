@@ -10,6 +10,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/stream_resume.h"
 #include "client/trainer/device_stream.h"
+#include "client/trainer/static_targets.h"
 #include "kernels/replay_kernels.h"
 
 #ifdef ROLLPACK_WITH_CUDA
@@ -479,6 +480,85 @@ int rpt_agreement_ids(int device, const void* live, int live_type, int64_t live_
 #else
   return NoCuda();
 #endif
+}
+
+int rpt_unpack_static(int device, const void* experts, int in_type, const uint8_t* mask,
+                      int64_t rows, const int64_t* rows_ptr, int64_t layers, int kk,
+                      int num_experts, void* out, int out_type, int64_t max_rows,
+                      int64_t out_row_stride, int64_t out_layer_stride,
+                      int masked_fill_minus_one, void* stream) {
+  k::StaticUnpackArgs a;
+  a.experts = experts;
+  a.in_type = k::IndexType(in_type);
+  a.mask = mask;
+  a.rows = rows;
+  a.rows_ptr = rows_ptr;
+  a.layers = layers;
+  a.k = kk;
+  a.num_experts = num_experts;
+  a.out = out;
+  a.out_type = k::OutIndexType(out_type);
+  a.max_rows = max_rows;
+  a.out_row_stride = out_row_stride;
+  a.out_layer_stride = out_layer_stride;
+  a.masked_fill_minus_one = masked_fill_minus_one != 0;
+  if (device < 0) return Ret(k::cpu::StaticUnpack(a));
+#ifdef ROLLPACK_WITH_CUDA
+  DeviceGuard g(device);
+  return Ret(k::cuda::StaticUnpack(a, stream));
+#else
+  return NoCuda();
+#endif
+}
+
+int rpt_store_rows(int device, int64_t* rows_ptr, int64_t rows, void* stream) {
+  if (device < 0) {
+    if (rows_ptr == nullptr || rows < 0) {
+      return Ret(k::KernelStatus::InvalidArgument(
+          rows_ptr == nullptr ? std::string("null rows_ptr")
+                              : "rows must be >= 0, got " + std::to_string(rows)));
+    }
+    *rows_ptr = rows;
+    return Ret(k::KernelStatus::Ok());
+  }
+#ifdef ROLLPACK_WITH_CUDA
+  DeviceGuard g(device);
+  return Ret(k::cuda::StoreRows(rows_ptr, rows, stream));
+#else
+  return NoCuda();
+#endif
+}
+
+int rpt_stage_static(int device, const void* experts, int in_type, const uint8_t* mask,
+                     int64_t rows, int64_t layers, int kk, int index, void* staging_experts,
+                     int staging_type, uint8_t* staging_mask, int64_t* staging_rows,
+                     int64_t max_rows, void* stream) {
+  auto u16 = [](int type, const char* what) -> absl::StatusOr<bool> {
+    if (type == 0 || type == 1) return type == 1;
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is ", type, ": 0 (uint8) or 1 (uint16)"));
+  };
+  absl::StatusOr<bool> in16 = u16(in_type, "in_type");
+  if (!in16.ok()) return Fail(in16.status());
+  absl::StatusOr<bool> st16 = u16(staging_type, "staging_type");
+  if (!st16.ok()) return Fail(st16.status());
+  rollpack::ReceivedIds ids;
+  ids.experts = experts;
+  ids.uint16 = *in16;
+  ids.mask = mask;
+  ids.rows = rows;
+  ids.layers = layers;
+  ids.k = kk;
+  ids.index = index;
+  rollpack::StaticStaging staging;
+  staging.experts = staging_experts;
+  staging.uint16 = *st16;
+  staging.mask = staging_mask;
+  staging.rows = staging_rows;
+  staging.max_rows = max_rows;
+  staging.layers = layers;
+  staging.k = kk;
+  return Fail(rollpack::StageReplayTargets(ids, staging, device, stream));
 }
 
 }  // extern "C"

@@ -27,7 +27,8 @@ extern "C" {
  *    to find its entry point instead of passing arguments in the wrong places.
  *    Since grown, without a new version (nothing changed, only added):
  *    rpt_stream_options.resume_timeout_ms and .max_resumes,
- *    rpt_last_resume_from, rpt_stream_options.delivery. */
+ *    rpt_last_resume_from, rpt_stream_options.delivery, rpt_unpack_static,
+ *    rpt_store_rows and rpt_stage_static. */
 #define RPT_ABI_VERSION 3
 
 int rpt_abi_version(void);
@@ -189,6 +190,40 @@ int rpt_agreement_ids(int device, const void* live, int live_type, int64_t live_
                       int64_t live_layer_stride, const void* replay, int replay_type,
                       int64_t replay_row_stride, int64_t replay_layer_stride, const uint8_t* mask,
                       int64_t rows, int64_t layers, int k, int64_t* stats, void* stream);
+
+/* Static replay buffers (docs/trainer.md, "Static replay buffers";
+ * semantics in kernels/unpack_static.h): the targets of a micro-batch of
+ * `rows` router rows written into a caller's buffer of max_rows rows, target
+ * (r, l, j) at out + r * out_row_stride + l * out_layer_stride + j elements
+ * (-1, -1 = the contiguous [max_rows, layers, K] buffer), rows past `rows`
+ * filled with the ids (r * K + j) mod num_experts. rows_ptr: NULL = `rows`;
+ * else the row count is read from *rows_ptr (device memory for device >= 0)
+ * when the kernel runs, and experts / mask hold max_rows rows: what a
+ * captured CUDA graph replays. INVALID_ARGUMENT (nothing launched) when rows
+ * > max_rows, naming both. device >= 0: only a kernel launch on `stream` (no
+ * allocation, copy or synchronisation), so it may be called while `stream`
+ * is captured. */
+int rpt_unpack_static(int device, const void* experts, int in_type, const uint8_t* mask,
+                      int64_t rows, const int64_t* rows_ptr, int64_t layers, int k,
+                      int num_experts, void* out, int out_type, int64_t max_rows,
+                      int64_t out_row_stride, int64_t out_layer_stride,
+                      int masked_fill_minus_one, void* stream);
+/* *rows_ptr = rows, ordered on `stream` (device >= 0: a one-thread kernel,
+ * no host-to-device copy; device < 0: a host store). */
+int rpt_store_rows(int device, int64_t* rows_ptr, int64_t rows, void* stream);
+/* Stages a micro-batch for a captured rpt_unpack_static (rows_ptr): copies
+ * its received ids [rows, layers, K] (in_type 0 = uint8, 1 = uint16) and mask
+ * (NULL = all ones) into the staging buffers [max_rows, layers, K] (same
+ * dtype) and [max_rows], and stores rows in *staging_rows, all ordered on
+ * `stream` (device to device copies and a one-thread kernel; host memory for
+ * device < 0). Not capturable (the sources are the micro-batch's own
+ * memory). INVALID_ARGUMENT naming both numbers when rows > max_rows or the
+ * dtypes differ; `index` (the micro-batch's, -1 = unknown) is named in
+ * messages. */
+int rpt_stage_static(int device, const void* experts, int in_type, const uint8_t* mask,
+                     int64_t rows, int64_t layers, int k, int index, void* staging_experts,
+                     int staging_type, uint8_t* staging_mask, int64_t* staging_rows,
+                     int64_t max_rows, void* stream);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,10 @@
 #!/bin/bash
 # One device-tool call (nvidia-h200): GPU tests, the R3 proof, the benchmark.
 # Carry `.device` (pack_for_device.sh makes it). Logs/JSON go to $OUT.
-#   bash client/python/device/run_device.sh [tests|proof|bench|all|tpbench]
+#   bash client/python/device/run_device.sh [tests|proof|bench|all|tpbench|static]
+# static (not in all): static replay buffers (issue 22): the kernel's GPU
+# test (built here from kernels/standalone), its knob sweep, compute-sanitizer
+# memcheck, tests/gpu_static_targets.py, and static_targets_bench.py.
 # tpbench (nvidia-h200-x2, not in all): TP-leader per-step latency with and
 # without NCCL communicator reuse.
 # transport (any kind, not in all; no GPU used): `rollpack bench transport`
@@ -28,6 +31,29 @@ cat "$OUT/build.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 export PYTHONUNBUFFERED=1
 rc=0
+if [ "$what" = static ]; then
+  KB=/tmp/kb-static
+  { cmake -S kernels/standalone -B $KB -G Ninja -DCMAKE_BUILD_TYPE=Release &&
+    cmake --build $KB -j 16 --target unpack_static_gpu_test; } > "$OUT/kernels_build.log" 2>&1 ||
+    { tail -40 "$OUT/kernels_build.log"; exit 1; }
+  for seed in 12345 2026; do
+    timeout 120 $KB/kernels/unpack_static_gpu_test $seed 400 2>&1 | tee -a "$OUT/static_gpu_test.log" | tail -12
+    r=${PIPESTATUS[0]}; echo "static kernel test seed $seed rc=$r"; [ $r = 0 ] || rc=1
+  done
+  timeout 120 $KB/kernels/unpack_static_gpu_test --sweep > "$OUT/static_sweep.log" 2>&1
+  echo "static sweep rc=$?"; grep -E "^copy|bps=0 " "$OUT/static_sweep.log"
+  if command -v compute-sanitizer > /dev/null; then
+    timeout 120 compute-sanitizer --tool memcheck --print-limit 5 $KB/kernels/unpack_static_gpu_test 777 40 \
+      > "$OUT/static_memcheck.log" 2>&1
+    echo "memcheck rc=$?"; tail -3 "$OUT/static_memcheck.log"
+  fi
+  (cd client/python && timeout 200 python3 -m unittest -v tests.gpu_static_targets) > "$OUT/gpu_static_tests.log" 2>&1
+  r=$?; echo "gpu static tests rc=$r"; tail -12 "$OUT/gpu_static_tests.log"; [ $r = 0 ] || rc=1
+  timeout 200 python3 client/python/device/static_targets_bench.py --json "$OUT/static_bench.json" \
+    > "$OUT/static_bench.log" 2>&1
+  r=$?; echo "static bench rc=$r"; tail -20 "$OUT/static_bench.log"; [ $r = 0 ] || rc=1
+  exit $rc
+fi
 if [ "$what" = all ] || [ "$what" = tests ]; then
   (cd client/python && timeout 170 python3 -m unittest -v tests.gpu_trainer) > "$OUT/gpu_tests.log" 2>&1
   r=$?; echo "gpu tests rc=$r"; tail -8 "$OUT/gpu_tests.log"; [ $r = 0 ] || rc=1

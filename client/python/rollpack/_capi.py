@@ -83,12 +83,15 @@ _SIGS = {
     "rpt_apply_backward": (_I, [_I, _P, _I, _P, _I, _L, _L, _I, _I, _I, _I, _F, _P, _P, _P]),
     "rpt_agreement_logits": (_I, [_I, _P, _I, _L, _P, _I, _L, _L, _P, _L, _L, _I, _I, _P, _P]),
     "rpt_agreement_ids": (_I, [_I, _P, _I, _L, _L, _P, _I, _L, _L, _P, _L, _L, _I, _P, _P]),
+    "rpt_unpack_static": (_I, [_I, _P, _I, _P, _L, _P, _L, _I, _I, _P, _I, _L, _L, _L, _I, _P]),
+    "rpt_store_rows": (_I, [_I, _P, _L, _P]),
+    "rpt_stage_static": (_I, [_I, _P, _I, _P, _L, _L, _I, _I, _P, _I, _P, _P, _L, _P]),
 }
 
 
 # Added to ABI 3 after its first release: a library built before them still
 # works, without what they give (here: RollpackError.resume_from is None).
-_OPTIONAL = {"rpt_last_resume_from"}
+_OPTIONAL = {"rpt_last_resume_from", "rpt_unpack_static", "rpt_store_rows", "rpt_stage_static"}
 
 
 def library_path():
@@ -334,3 +337,34 @@ def agreement_ids(device, live, live_type, live_row_stride, live_layer_stride, r
     _check(_lib().rpt_agreement_ids(device, live, live_type, live_row_stride, live_layer_stride,
                                     replay, replay_type, replay_row_stride, replay_layer_stride,
                                     mask or None, rows, layers, k, stats, stream or None))
+
+
+def has_static_targets():
+    """Whether the library has the static replay buffer entry points
+    (rollpack.static_targets); a library built before them has not."""
+    lib = _lib()
+    return all(hasattr(lib, n) for n in ("rpt_unpack_static", "rpt_store_rows",
+                                          "rpt_stage_static"))
+
+
+def unpack_static(device, experts, in_type, mask, rows, rows_ptr, layers, k, num_experts, out,
+                  out_type, max_rows, out_row_stride, out_layer_stride, fill, stream):
+    """rpt_unpack_static (trainer_capi.h); rows_ptr 0 = use ``rows``."""
+    _check(_lib().rpt_unpack_static(device, experts, in_type, mask or None, rows,
+                                    rows_ptr or None, layers, k, num_experts, out, out_type,
+                                    max_rows, out_row_stride, out_layer_stride, int(fill),
+                                    stream or None))
+
+
+def store_rows(device, rows_ptr, rows, stream):
+    """rpt_store_rows: *rows_ptr = rows, ordered on ``stream``."""
+    _check(_lib().rpt_store_rows(device, rows_ptr, rows, stream or None))
+
+
+def stage_static(device, experts, in_type, mask, rows, layers, k, index, staging_experts,
+                 staging_type, staging_mask, staging_rows, max_rows, stream):
+    """rpt_stage_static: a micro-batch's ids and mask into the staging, its
+    row count into *staging_rows, ordered on ``stream``."""
+    _check(_lib().rpt_stage_static(device, experts, in_type, mask or None, rows, layers, k,
+                                   index, staging_experts, staging_type, staging_mask,
+                                   staging_rows, max_rows, stream or None))
