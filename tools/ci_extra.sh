@@ -16,7 +16,8 @@ asan_tests=(ndarray_test sample_validation_test sample_store_test durable_log_te
             server_test routing_report_test topology_test plan_test pipeline_layers_test
             layout_test layout_property_test put_samples_reactor_test put_samples_stream_test
             commit_sequencer_test striped_put_test received_microbatch_test send_budget_test
-            limits_test microbatch_assembly_test trainer_delivery_test)
+            limits_test microbatch_assembly_test trainer_delivery_test
+            recompute_uploads_test sample_validation_mtp_test model_spec_test mtp_test)
 cmake -S . -B "$ASAN_DIR" -G Ninja -DROLLPACK_SANITIZE=ON -DROLLPACK_WITH_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 >/dev/null
 cmake --build "$ASAN_DIR" -j "$JOBS" --target "${asan_tests[@]}"
