@@ -25,7 +25,7 @@ int64_t StaticLayerStride(const StaticUnpackArgs& a) {
 KernelStatus ValidateStaticUnpack(const StaticUnpackArgs& a) {
   if (a.max_rows < 0) return Bad("max_rows must be >= 0, got " + S(a.max_rows));
   if (a.layers < 0) return Bad("layers must be >= 0, got " + S(a.layers));
-  // Bounds that keep every offset below 2^63 and the CUDA grid's indices in range.
+  // Bounds on the sizes; the stride products below are checked on their own.
   if (a.max_rows > (int64_t{1} << 36)) return Bad("max_rows too large: " + S(a.max_rows));
   if (a.layers > (1 << 20)) return Bad("layers too large: " + S(a.layers));
   if (auto s = internal::CheckK(a.k); !s.ok()) return s;
@@ -53,6 +53,14 @@ KernelStatus ValidateStaticUnpack(const StaticUnpackArgs& a) {
                S(a.out_layer_stride));
   if (rs > (int64_t{1} << 44) || ls > (int64_t{1} << 44))
     return Bad("strides too large: row " + S(rs) + ", layer " + S(ls));
+  // Every offset the kernel forms (row * rs + layer * ls + K) and the
+  // overlap checks below (layers * ls, max_rows * rs) stay below 2^62.
+  constexpr int64_t kMaxOffset = int64_t{1} << 62;
+  if ((a.max_rows > 0 && rs > kMaxOffset / 2 / a.max_rows) ||
+      (a.layers > 0 && ls > kMaxOffset / 2 / a.layers)) {
+    return Bad("static buffer too large: max_rows " + S(a.max_rows) + " x row stride " + S(rs) +
+               ", layers " + S(a.layers) + " x layer stride " + S(ls));
+  }
   // The runs of K ids must not overlap: rows outside layers, or layers
   // outside rows. A single row or layer only needs its runs apart.
   const bool many_rows = a.max_rows > 1, many_layers = a.layers > 1;

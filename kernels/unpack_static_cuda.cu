@@ -184,9 +184,12 @@ KernelStatus Launch(const StaticUnpackArgs& a, const internal::StaticUnpackConfi
   const int bps = cfg.blocks_per_sm != 0 ? cfg.blocks_per_sm
                   : sz == 8                ? kDefaultBlocksPerSmI64
                                            : kDefaultBlocksPerSmI32;
+  // The kernels grid-stride, so the grid is always capped to what dim3.x
+  // holds (uncapped, `unsigned(g)` could truncate, even to 0).
   auto grid_for = [&](int64_t items) {
     const int64_t g = GridFor(items, kThreads);
-    return bps > 0 ? std::min<int64_t>(g, int64_t(NumSms()) * bps) : g;
+    return std::min<int64_t>(bps > 0 ? std::min<int64_t>(g, int64_t(NumSms()) * bps) : g,
+                             int64_t{0x7fffffff});
   };
   if (!vec) {
     StaticUnpackRunKernel<TIn, TOut><<<dim3(unsigned(grid_for(units))), kThreads, 0, st>>>(p);

@@ -113,9 +113,15 @@ absl::Status StageReplayTargets(const DeviceBatch& batch, const StaticStaging& s
 absl::Status StageReplayTargets(const ReceivedIds& ids, const StaticStaging& staging, int device,
                                 void* stream) {
   RETURN_IF_ERROR(CheckShape(ids, staging.max_rows, staging.layers, staging.k));
-  if (ids.rows < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("micro-batch ", ids.index, " has ", ids.rows,
-                                                   " router rows"));
+  // The staging buffer is sized [max_rows, layers, K]; the sizes come from
+  // the caller (C ABI), so bound them before any byte count is formed.
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  if (ids.rows < 0 || staging.layers < 0 || staging.k < 1 || staging.max_rows < 0 ||
+      (staging.layers > 0 && staging.max_rows > kMaxElements / staging.layers / staging.k)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batch ", ids.index, ": rows ", ids.rows, ", staging [max_rows ", staging.max_rows,
+        ", layers ", staging.layers, ", K ", staging.k,
+        "]: sizes must be >= 0 (K >= 1) and max_rows x layers x K < 2^40"));
   }
   if (ids.uint16 != staging.uint16) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -34,6 +34,7 @@ class RecomputeRoutingStage {
   explicit RecomputeRoutingStage(std::shared_ptr<const Step> step);
 
   const Step& step() const { return *step_; }
+  const std::shared_ptr<const Step>& shared_step() const { return step_; }
   // Bytes this stage holds (fixed at construction).
   int64_t MemoryBytes() const { return memory_bytes_; }
 

@@ -40,7 +40,9 @@ class RecomputeUploads {
                                              const UploadedRouting& upload);
   // Hands the complete stage to the store (SampleStore::SetRecomputeRouting)
   // and drops it. FAILED_PRECONDITION naming the first gap (the stage stays:
-  // the missing uploads may still come) or when nothing was uploaded.
+  // the missing uploads may still come) or when nothing was uploaded. A
+  // commit of a step already committed answers as the first one did (a
+  // retry whose answer was lost); uploads to it are then refused.
   absl::StatusOr<RoutingCommitResult> Commit(const std::string& step_id);
   // Bytes the stages hold.
   int64_t staged_bytes() const;
@@ -57,6 +59,12 @@ class RecomputeUploads {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<RecomputeRoutingStage>> stages_
       ABSL_GUARDED_BY(mu_);
+  // Steps whose routing was committed, while they live.
+  struct Committed {
+    std::weak_ptr<const Step> step;
+    RoutingCommitResult result;
+  };
+  absl::flat_hash_map<std::string, Committed> committed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rollpack

@@ -140,6 +140,18 @@ TEST_F(RecomputeUploadsTest, EveryTpRankUploadsTheSameRowsAndTheCommitHoldsThem)
 
   absl::StatusOr<RoutingCommitResult> commit = uploads_.Commit("a");
   ASSERT_TRUE(commit.ok()) << commit.status();
+  // A retried commit (its answer lost) answers the same; a late upload is
+  // refused instead of starting a new stage.
+  absl::StatusOr<RoutingCommitResult> again = uploads_.Commit("a");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->stored_bytes, commit->stored_bytes);
+  {
+    RankMicrobatchLayout rank;
+    const std::vector<int64_t> ids = Upload({0, 0, 0, 0}, 0, &rank);
+    absl::StatusOr<RoutingUploadResult> late = uploads_.Upload("a", {0, 0, 0, 0}, 0, View(ids, rank));
+    EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(late.status().message(), HasSubstr("was committed"));
+  }
   EXPECT_EQ(commit->samples, 5);
   EXPECT_EQ(commit->tokens, tokens);
   EXPECT_EQ(commit->stored_bytes, tokens * 2 * kTopk);
@@ -223,6 +235,27 @@ TEST_F(RecomputeUploadsTest, RefusalsChangeNothing) {
   ASSERT_TRUE(reordered.ok()) << reordered.status();
   EXPECT_EQ(reordered->repeated_rows, reordered->rows);
 
+  // A fresh upload refused at its very last entry places nothing: made
+  // valid, the same upload then places every row as new.
+  RankMicrobatchLayout cp1;
+  const std::vector<int64_t> fresh = Upload({0, 1, 0, 0}, 0, &cp1);
+  const RowRun* last_real = nullptr;
+  for (const RowRun& run : cp1.router_runs) {
+    if (!run.padding) last_real = &run;
+  }
+  ASSERT_NE(last_real, nullptr);
+  const int64_t cp1_layers = static_cast<int64_t>(cp1.replay_layers.size());
+  const int64_t last_id =
+      ((last_real->output_row + last_real->length - 1) * cp1_layers + cp1_layers) * kTopk - 1;
+  std::vector<int64_t> bad = fresh;
+  bad[last_id] = kExperts;
+  EXPECT_EQ(uploads_.Upload("a", {0, 1, 0, 0}, 0, View(bad, cp1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<RoutingUploadResult> good = uploads_.Upload("a", {0, 1, 0, 0}, 0, View(fresh, cp1));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->rows, RealRouterRows(cp1));
+  EXPECT_EQ(good->repeated_rows, 0);
+
   // Wrong shape, a micro-batch or rank outside the step.
   UploadedRouting short_view = View(same, rank);
   short_view.rows -= 1;
@@ -259,16 +292,18 @@ TEST(RecomputeRoutingDurableTest, CommitsReplayAndCompact) {
     request.sample_ids = {"keep"};
     request.topology.max_tokens_per_rank = 64;
     request.reuse_samples = true;
-    ASSERT_TRUE(store.CreateStep(request).ok());
+    absl::StatusOr<std::shared_ptr<const Step>> a = store.CreateStep(request);
+    ASSERT_TRUE(a.ok());
     committed.assign(11 * 2 * kTopk, '\0');
     for (size_t i = 0; i < committed.size(); ++i) committed[i] = static_cast<char>(i % kExperts);
-    ASSERT_TRUE(store.SetRecomputeRouting("a", {committed}).ok());
+    ASSERT_TRUE(store.SetRecomputeRouting(*a, {committed}).ok());
     ASSERT_TRUE(store.ReleaseStep("a").ok());
     request.step_id = "g";
     request.sample_ids = {"gone"};
     request.reuse_samples = false;
-    ASSERT_TRUE(store.CreateStep(request).ok());
-    ASSERT_TRUE(store.SetRecomputeRouting("g", {std::string(7 * 2 * kTopk, '\1')}).ok());
+    absl::StatusOr<std::shared_ptr<const Step>> g = store.CreateStep(request);
+    ASSERT_TRUE(g.ok());
+    ASSERT_TRUE(store.SetRecomputeRouting(*g, {std::string(7 * 2 * kTopk, '\1')}).ok());
     ASSERT_TRUE(store.ReleaseStep("g").ok());  // deletes "gone" and its routing
   }
   for (int round = 0; round < 2; ++round) {
@@ -288,6 +323,52 @@ TEST(RecomputeRoutingDurableTest, CommitsReplayAndCompact) {
     // Round 0 compacts: round 1 reads the routing from compaction's records.
     if (round == 0) ASSERT_TRUE(d->store->CompactLog().ok());
   }
+}
+
+TEST_F(RecomputeUploadsTest, ACommitForAStepMadeAgainGoesNowhere) {
+  ASSERT_TRUE(store_.ReleaseStep("a").ok());
+  StepRequest request;
+  request.step_id = "a";
+  request.pool = "p";
+  request.selection.num_samples = 5;
+  request.topology = Topo();
+  ASSERT_TRUE(store_.CreateStep(request).ok());
+  std::vector<std::string> routing;
+  for (int64_t n : step_->layout.lengths()) routing.emplace_back(n * 2 * kTopk, '\0');
+  absl::StatusOr<int64_t> r = store_.SetRecomputeRouting(step_, std::move(routing));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("released (or released and created again)"));
+}
+
+// A commit written as several records counts only when every part is in
+// the log (a crash between two appends changes nothing).
+TEST_F(RecomputeUploadsTest, ReplayAppliesACommitOnlyWithAllItsParts) {
+  v1::RecomputeRoutingRecord part0, part1;
+  for (v1::RecomputeRoutingRecord* part : {&part0, &part1}) {
+    part->set_pool("p");
+    part->set_step_id("a");
+    part->set_parts(2);
+  }
+  part1.set_part(1);
+  const int64_t n0 = step_->layout.lengths()[0];
+  part0.add_sample_ids(step_->sample_ids[0]);
+  part0.add_experts(std::string(n0 * 2 * kTopk, '\3'));
+  part1.add_sample_ids(step_->sample_ids[1]);
+  part1.add_experts(std::string(step_->layout.lengths()[1] * 2 * kTopk, '\4'));
+  const int64_t before = store_.Stats().stored_bytes;
+  ASSERT_TRUE(store_.ReplayRecomputeRouting(part0).ok());
+  EXPECT_EQ(store_.Stats().stored_bytes, before) << "one part of two applies nothing";
+  // A new attempt starts at part 0 again; then both parts apply.
+  ASSERT_TRUE(store_.ReplayRecomputeRouting(part0).ok());
+  ASSERT_TRUE(store_.ReplayRecomputeRouting(part1).ok());
+  EXPECT_EQ(store_.Stats().stored_bytes,
+            before + (step_->layout.lengths()[0] + step_->layout.lengths()[1]) * 2 * kTopk);
+  // A record whose size does not fit its sample is refused as DATA_LOSS.
+  v1::RecomputeRoutingRecord wrong;
+  wrong.set_pool("p");
+  wrong.add_sample_ids(step_->sample_ids[2]);
+  wrong.add_experts(std::string(3, '\0'));
+  EXPECT_EQ(store_.ReplayRecomputeRouting(wrong).code(), absl::StatusCode::kDataLoss);
 }
 
 TEST_F(RecomputeUploadsTest, AStageThatDoesNotFitIsRefused) {

@@ -544,7 +544,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
               "it first: Trainer.UploadRouting, Trainer.CommitRouting)"));
           break;
         }
-        replay.recompute_routing.push_back(it->second);
+        replay.recompute_routing.push_back(it->second.ids);
       }
     }
   }
@@ -657,7 +657,8 @@ ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string
     auto it = pool.samples.find(id);
     int64_t bytes = it->second->MemoryBytes();
     if (auto routing = pool.recompute_routing.find(id); routing != pool.recompute_routing.end()) {
-      bytes += static_cast<int64_t>(routing->second->size());
+      bytes += static_cast<int64_t>(routing->second.ids->size());
+      if (log_ != nullptr) log_->AddDeadBytes(routing->second.logged_bytes);
       pool.recompute_routing.erase(routing);
     }
     if (it->second->grouped()) {

@@ -274,7 +274,9 @@ class SampleStore {
   // step is not live here; INVALID_ARGUMENT when the sizes do not match the
   // samples; RESOURCE_EXHAUSTED when it does not fit under the memory
   // limit. Nothing changes on error. Returns the bytes now stored.
-  absl::StatusOr<int64_t> SetRecomputeRouting(const std::string& step_id,
+  // `step` must still be the live step of its id (FAILED_PRECONDITION when
+  // it was released, or released and created again).
+  absl::StatusOr<int64_t> SetRecomputeRouting(const std::shared_ptr<const Step>& step,
                                               std::vector<std::string> routing);
   absl::Status ReplayRecomputeRouting(const v1::RecomputeRoutingRecord& record);
   // Memory held outside the samples on the store's behalf (R2 upload
@@ -322,8 +324,13 @@ class SampleStore {
     std::map<std::string, FieldSchema> schema;
     absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
     absl::flat_hash_map<std::string, OpenSample> open;
-    // R2: samples' committed recompute routing (counted in stored_bytes).
-    absl::flat_hash_map<std::string, std::shared_ptr<const std::string>> recompute_routing;
+    // R2: samples' committed recompute routing (counted in stored_bytes),
+    // and the log bytes that hold it (dead once it is replaced or erased).
+    struct RecomputeRouting {
+      std::shared_ptr<const std::string> ids;
+      int64_t logged_bytes = 0;
+    };
+    absl::flat_hash_map<std::string, RecomputeRouting> recompute_routing;
     // Free samples by arrival sequence number: the oldest first. The map
     // holds the sample itself, so that CreateStep takes what it selects
     // through the map's iterators, with no lookup by id per sample: each
@@ -432,9 +439,15 @@ class SampleStore {
   absl::Status FixSchemaClusterWide(const std::string& pool,
                                     const std::vector<StoredSample>& samples);
   // Stores `routing` as the recompute routing of `sample_ids` (all in
-  // `pool`, sizes checked), replacing and accounting memory.
+  // `pool`, sizes checked), replacing and accounting memory and dead log
+  // bytes.
   void StoreRecomputeRouting(Pool& pool, absl::Span<const std::string> sample_ids,
                              std::vector<std::string> routing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaying the log: parts of a multi-record commit seen so far, by step.
+  absl::flat_hash_map<std::string, std::vector<v1::RecomputeRoutingRecord>> pending_routing_
+      ABSL_GUARDED_BY(mu_);
+  absl::Status ApplyRoutingRecord(const v1::RecomputeRoutingRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The pool's recompute routing as compaction's records, by sample id.
   std::vector<std::string> EncodeRecomputeRouting(const std::string& name,

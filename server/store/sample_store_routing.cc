@@ -19,38 +19,41 @@ namespace {
 constexpr int64_t kMaxRoutingRecordBytes = int64_t{256} << 20;
 
 // `ids[i]`'s routing as records of at most kMaxRoutingRecordBytes (one
-// sample larger than that gets a record of its own).
+// sample larger than that gets a record of its own). With `step_id` set (a
+// commit), the records are numbered parts of one commit.
 std::vector<std::string> EncodeRoutingRecords(const std::string& pool, const std::string& step_id,
                                               absl::Span<const std::string> ids,
                                               absl::Span<const std::string* const> routing) {
-  std::vector<std::string> records;
-  v1::RecomputeRoutingRecord record;
+  std::vector<v1::RecomputeRoutingRecord> records(1);
   int64_t bytes = 0;
-  const auto flush = [&] {
-    if (record.sample_ids().empty()) return;
-    records.push_back(record.SerializeAsString());
-    record.Clear();
-    bytes = 0;
-  };
   for (size_t i = 0; i < ids.size(); ++i) {
     if (bytes > 0 && bytes + static_cast<int64_t>(routing[i]->size()) > kMaxRoutingRecordBytes) {
-      flush();
+      records.emplace_back();
+      bytes = 0;
     }
-    if (record.sample_ids().empty()) {
-      record.set_pool(pool);
-      record.set_step_id(step_id);
-    }
-    record.add_sample_ids(ids[i]);
-    record.add_experts(*routing[i]);
+    records.back().add_sample_ids(ids[i]);
+    records.back().add_experts(*routing[i]);
     bytes += static_cast<int64_t>(routing[i]->size() + ids[i].size());
   }
-  flush();
-  return records;
+  std::vector<std::string> out;
+  for (size_t part = 0; part < records.size(); ++part) {
+    v1::RecomputeRoutingRecord& record = records[part];
+    if (record.sample_ids().empty()) continue;
+    record.set_pool(pool);
+    record.set_step_id(step_id);
+    if (!step_id.empty() && records.size() > 1) {
+      record.set_part(static_cast<int32_t>(part));
+      record.set_parts(static_cast<int32_t>(records.size()));
+    }
+    out.push_back(record.SerializeAsString());
+  }
+  return out;
 }
 
-// Bytes of the recompute routing of a sample of n tokens.
-int64_t RoutingBytes(const ModelSpec& model, int64_t stored_layers, int64_t n) {
-  return n * stored_layers * model.topk * model.stored_id_bytes();
+// The log bytes one sample's routing takes in a record: its ids, its id and
+// a share of the framing (what replacing or erasing it makes dead).
+int64_t LoggedRoutingBytes(const std::string& sample_id, const std::string& routing) {
+  return static_cast<int64_t>(routing.size() + sample_id.size()) + 16;
 }
 
 }  // namespace
@@ -74,52 +77,57 @@ void SampleStore::ReleaseMemory(int64_t bytes) {
 void SampleStore::StoreRecomputeRouting(Pool& pool, absl::Span<const std::string> sample_ids,
                                         std::vector<std::string> routing) {
   for (size_t i = 0; i < sample_ids.size(); ++i) {
-    auto shared = std::make_shared<const std::string>(std::move(routing[i]));
-    const int64_t added = static_cast<int64_t>(shared->size());
-    auto [it, inserted] = pool.recompute_routing.try_emplace(sample_ids[i], shared);
+    Pool::RecomputeRouting entry;
+    entry.logged_bytes = LoggedRoutingBytes(sample_ids[i], routing[i]);
+    entry.ids = std::make_shared<const std::string>(std::move(routing[i]));
+    const int64_t added = static_cast<int64_t>(entry.ids->size());
+    auto [it, inserted] = pool.recompute_routing.try_emplace(sample_ids[i]);
     int64_t removed = 0;
     if (!inserted) {
-      removed = static_cast<int64_t>(it->second->size());
-      it->second = std::move(shared);
+      removed = static_cast<int64_t>(it->second.ids->size());
+      if (log_ != nullptr) log_->AddDeadBytes(it->second.logged_bytes);
     }
+    it->second = std::move(entry);
     pool.stored_bytes += added - removed;
     stored_bytes_ += added - removed;
   }
 }
 
-absl::StatusOr<int64_t> SampleStore::SetRecomputeRouting(const std::string& step_id,
+absl::StatusOr<int64_t> SampleStore::SetRecomputeRouting(const std::shared_ptr<const Step>& step,
                                                          std::vector<std::string> routing) {
+  const std::string& step_id = step->step_id;
   int64_t ticket = 0;
   int64_t total = 0;
   {
     absl::MutexLock lock(&mu_);
     auto step_it = steps_.find(step_id);
-    if (step_it == steps_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("step \"", step_id, "\" does not exist or was released"));
+    if (step_it == steps_.end() || step_it->second != step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step \"", step_id, "\" was released (or released and created again) before its "
+          "recorded routing was committed"));
     }
-    const Step& step = *step_it->second;
-    Pool& pool = pools_.at(step.pool);
-    if (routing.size() != step.sample_ids.size()) {
+    Pool& pool = pools_.at(step->pool);
+    if (routing.size() != step->sample_ids.size()) {
       return absl::InvalidArgumentError(absl::StrCat("step \"", step_id, "\" has ",
-                                                     step.sample_ids.size(), " samples, ",
+                                                     step->sample_ids.size(), " samples, ",
                                                      routing.size(), " routings were given"));
     }
-    const int64_t stored_layers = static_cast<int64_t>(StoredRoutingLayerIds(step.layout.pipeline()).size());
+    const int64_t stored_layers =
+        static_cast<int64_t>(StoredRoutingLayerIds(step->layout.pipeline()).size());
     int64_t growth = 0;
     for (size_t i = 0; i < routing.size(); ++i) {
-      const int64_t n = step.layout.lengths()[i];
-      const int64_t expected = RoutingBytes(step.model, stored_layers, n);
+      const int64_t n = step->layout.lengths()[i];
+      const int64_t expected = n * stored_layers * step->model.topk * step->model.stored_id_bytes();
       if (static_cast<int64_t>(routing[i].size()) != expected) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "recompute routing of sample \"", step.sample_ids[i], "\" has ", routing[i].size(),
-            " bytes; ", n, " tokens x ", stored_layers, " layers x topk ", step.model.topk,
+            "recompute routing of sample \"", step->sample_ids[i], "\" has ", routing[i].size(),
+            " bytes; ", n, " tokens x ", stored_layers, " layers x topk ", step->model.topk,
             " need ", expected));
       }
       growth += expected;
-      if (auto it = pool.recompute_routing.find(step.sample_ids[i]);
+      if (auto it = pool.recompute_routing.find(step->sample_ids[i]);
           it != pool.recompute_routing.end()) {
-        growth -= static_cast<int64_t>(it->second->size());
+        growth -= static_cast<int64_t>(it->second.ids->size());
       }
       total += expected;
     }
@@ -128,16 +136,31 @@ absl::StatusOr<int64_t> SampleStore::SetRecomputeRouting(const std::string& step
           "recompute routing of step \"", step_id, "\" needs ", growth,
           " more bytes; the store holds ", stored_bytes_, " of --max-memory ", max_memory_bytes_));
     }
+    if (growth > 0 && max_pool_bytes_ > 0 && pool.stored_bytes + growth > max_pool_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "recompute routing of step \"", step_id, "\" needs ", growth, " more bytes; pool \"",
+          step->pool, "\" holds ", pool.stored_bytes, " of --max-pool-memory ", max_pool_bytes_));
+    }
     if (log_ != nullptr) {
       std::vector<const std::string*> parts;
       parts.reserve(routing.size());
       for (const std::string& r : routing) parts.push_back(&r);
+      // Numbered parts: replay applies them only when every one is there,
+      // so a failure between two appends leaves the log as if nothing was
+      // committed (the parts written are dead).
+      int64_t appended = 0;
       for (const std::string& record :
-           EncodeRoutingRecords(step.pool, step_id, step.sample_ids, parts)) {
-        ASSIGN_OR_RETURN(ticket, log_->Append(RecordType::kRecomputeRouting, record));
+           EncodeRoutingRecords(step->pool, step_id, step->sample_ids, parts)) {
+        absl::StatusOr<int64_t> written = log_->Append(RecordType::kRecomputeRouting, record);
+        if (!written.ok()) {
+          log_->AddDeadBytes(appended);
+          return written.status();
+        }
+        appended += static_cast<int64_t>(record.size()) + kLogRecordHeaderBytes;
+        ticket = *written;
       }
     }
-    StoreRecomputeRouting(pool, step.sample_ids, std::move(routing));
+    StoreRecomputeRouting(pool, step->sample_ids, std::move(routing));
   }
   if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
   return total;
@@ -145,6 +168,29 @@ absl::StatusOr<int64_t> SampleStore::SetRecomputeRouting(const std::string& step
 
 absl::Status SampleStore::ReplayRecomputeRouting(const v1::RecomputeRoutingRecord& record) {
   absl::MutexLock lock(&mu_);
+  if (record.parts() <= 1) return ApplyRoutingRecord(record);
+  if (record.part() < 0 || record.part() >= record.parts()) {
+    return absl::DataLossError(absl::StrCat("recompute routing record part ", record.part(),
+                                            " of ", record.parts()));
+  }
+  std::vector<v1::RecomputeRoutingRecord>& pending = pending_routing_[record.step_id()];
+  // A commit starts again at part 0 (an earlier attempt was cut short).
+  if (record.part() == 0) pending.clear();
+  if (static_cast<int>(pending.size()) != record.part()) {
+    pending_routing_.erase(record.step_id());
+    return absl::OkStatus();  // parts out of order: an attempt cut short
+  }
+  pending.push_back(record);
+  if (static_cast<int>(pending.size()) < record.parts()) return absl::OkStatus();
+  std::vector<v1::RecomputeRoutingRecord> complete = std::move(pending);
+  pending_routing_.erase(record.step_id());
+  for (const v1::RecomputeRoutingRecord& part : complete) {
+    RETURN_IF_ERROR(ApplyRoutingRecord(part));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SampleStore::ApplyRoutingRecord(const v1::RecomputeRoutingRecord& record) {
   auto pool_it = pools_.find(record.pool());
   if (pool_it == pools_.end()) {
     return absl::DataLossError(
@@ -156,13 +202,24 @@ absl::Status SampleStore::ReplayRecomputeRouting(const v1::RecomputeRoutingRecor
                                             record.experts_size(), " routings"));
   }
   Pool& pool = pool_it->second;
+  const ModelSpec& model = pool.model;
+  const int64_t per_token =
+      int64_t{model.stored_layers()} * model.topk * model.stored_id_bytes();
   std::vector<std::string> ids;
   std::vector<std::string> routing;
   for (int i = 0; i < record.sample_ids_size(); ++i) {
     // A sample released after the commit (a later record) is still here.
-    if (!pool.samples.contains(record.sample_ids(i))) {
+    auto sample = pool.samples.find(record.sample_ids(i));
+    if (sample == pool.samples.end()) {
       return absl::DataLossError(absl::StrCat("recompute routing record for sample \"",
                                               record.sample_ids(i), "\", which is not stored"));
+    }
+    const int64_t expected = sample->second->num_tokens() * per_token;
+    if (static_cast<int64_t>(record.experts(i).size()) != expected) {
+      return absl::DataLossError(absl::StrCat(
+          "recompute routing record for sample \"", record.sample_ids(i), "\" has ",
+          record.experts(i).size(), " bytes; its ", sample->second->num_tokens(),
+          " tokens need ", expected));
     }
     ids.push_back(record.sample_ids(i));
     routing.push_back(record.experts(i));
@@ -180,7 +237,7 @@ std::vector<std::string> SampleStore::EncodeRecomputeRouting(const std::string& 
   std::sort(ids.begin(), ids.end());
   std::vector<const std::string*> parts;
   parts.reserve(ids.size());
-  for (const std::string& id : ids) parts.push_back(pool.recompute_routing.at(id).get());
+  for (const std::string& id : ids) parts.push_back(pool.recompute_routing.at(id).ids.get());
   return EncodeRoutingRecords(name, "", ids, parts);
 }
 

@@ -127,8 +127,15 @@ def _check_batch(mb: Any, max_rows: int, layers: int, k: int, device: torch.devi
 
 def _mask_of(mb: Any, rows: int) -> Optional[torch.Tensor]:
     m = getattr(mb, "replay_mask", None)
-    if m is None or m.numel() != rows or m.dtype != torch.uint8:
+    if m is None:
         return None  # no mask: every row replays
+    if m.dtype == torch.bool:
+        m = m.view(torch.uint8)
+    if m.dtype != torch.uint8 or m.numel() != rows:
+        # A mask that is there but cannot be read is an error, not "replay
+        # every row": masked_fill_minus_one would silently send filler ids.
+        raise ValueError("micro-batch %s: replay_mask must be uint8 (or bool) with %d rows, "
+                         "got %s with %d" % (getattr(mb, "index", "?"), rows, m.dtype, m.numel()))
     if not m.is_contiguous():
         raise ValueError("micro-batch %s: replay_mask must be contiguous"
                          % getattr(mb, "index", "?"))
