@@ -41,6 +41,12 @@ LoadFn LoaderFor(int element_bytes, bool is_signed) {
   }
 }
 
+// Whether the upload carries `run`'s rows.
+bool Carries(const UploadedRouting& upload, const RowRun& run) {
+  if (run.padding) return false;
+  return upload.owner.empty() || upload.owner[run.sequence] == upload.owner_self;
+}
+
 }  // namespace
 
 absl::Status CheckUploadShape(const RankMicrobatchLayout& rank, int topk,
@@ -57,7 +63,9 @@ absl::Status CheckUploadShape(const RankMicrobatchLayout& rank, int topk,
     return absl::InvalidArgumentError(absl::StrCat(
         "recorded routing has ", upload.element_bytes, "-byte ids; expected 1, 2, 4 or 8"));
   }
-  const int64_t expected = upload.rows * upload.layers * upload.topk * upload.element_bytes;
+  const int64_t carried =
+      upload.owner.empty() ? upload.rows : OwnedRouterRows(rank, upload.owner, upload.owner_self);
+  const int64_t expected = carried * upload.layers * upload.topk * upload.element_bytes;
   if (upload.size_bytes != expected) {
     return absl::InvalidArgumentError(
         absl::StrCat("recorded routing has ", upload.size_bytes, " bytes of data, its shape and ",
@@ -74,11 +82,14 @@ absl::Status ForEachUploadedEntry(const RankMicrobatchLayout& rank,
   const LoadFn load = LoaderFor(upload.element_bytes, upload.is_signed);
   std::vector<int64_t> ids(static_cast<size_t>(k));
   UploadedEntry entry;
+  int64_t carried = 0;  // rows of a share before this run
   for (const RowRun& run : rank.router_runs) {
-    if (run.padding) continue;
+    if (!Carries(upload, run)) continue;
     entry.sequence = run.sequence;
+    const int64_t first = upload.owner.empty() ? run.output_row : carried;
+    carried += run.length;
     for (int64_t r = 0; r < run.length; ++r) {
-      const uint8_t* row = upload.data + (run.output_row + r) * row_bytes;
+      const uint8_t* row = upload.data + (first + r) * row_bytes;
       entry.token = run.source_pos + r;
       for (int64_t l = 0; l < upload.layers; ++l) {
         load(row + l * k * upload.element_bytes, k, ids.data());
@@ -102,6 +113,31 @@ std::vector<int> StoredRoutingLayerIds(const PipelineLayers& pipeline) {
     }
   }
   return ids;
+}
+
+int64_t OwnedRouterRows(const RankMicrobatchLayout& rank, absl::Span<const int32_t> owner,
+                        int self) {
+  int64_t rows = 0;
+  for (const RowRun& run : rank.router_runs) {
+    if (!run.padding && owner[run.sequence] == self) rows += run.length;
+  }
+  return rows;
+}
+
+void SplitUploadByOwner(const RankMicrobatchLayout& rank, const UploadedRouting& upload,
+                        absl::Span<const int32_t> owner, int num_owners,
+                        std::vector<std::string>* shares) {
+  const int64_t row_bytes = upload.layers * upload.topk * upload.element_bytes;
+  shares->assign(static_cast<size_t>(num_owners), std::string());
+  for (int o = 0; o < num_owners; ++o) {
+    (*shares)[o].reserve(static_cast<size_t>(OwnedRouterRows(rank, owner, o) * row_bytes));
+  }
+  for (const RowRun& run : rank.router_runs) {
+    if (run.padding) continue;
+    (*shares)[owner[run.sequence]].append(
+        reinterpret_cast<const char*>(upload.data + run.output_row * row_bytes),
+        static_cast<size_t>(run.length * row_bytes));
+  }
 }
 
 int64_t RealRouterRows(const RankMicrobatchLayout& rank) {

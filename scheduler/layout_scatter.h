@@ -7,6 +7,7 @@
 #define ROLLPACK_SCHEDULER_LAYOUT_SCATTER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -27,6 +28,12 @@ struct UploadedRouting {
   int64_t rows = 0;
   int64_t layers = 0;
   int64_t topk = 0;
+  // Set: `data` holds only the real-token rows of the sequences `owner`
+  // gives to `owner_self`, in the order of the rank's row runs (one
+  // member's share of a rank's upload in a cluster: docs/cluster.md);
+  // `rows` stays the rank's router rows.
+  absl::Span<const int32_t> owner;
+  int owner_self = -1;
 };
 
 // One (token, layer) entry of an upload that belongs to a real token.
@@ -44,7 +51,8 @@ struct UploadedEntry {
 
 // INVALID_ARGUMENT naming the numbers unless `upload` has exactly the shape
 // of `rank`'s replay_experts ([router_rows, |replay_layers|, topk]), a
-// supported element size and size_bytes = rows * layers * topk * element.
+// supported element size and size_bytes = rows * layers * topk * element
+// (with an owner: rows of the owned sequences only).
 absl::Status CheckUploadShape(const RankMicrobatchLayout& rank, int topk,
                               const UploadedRouting& upload);
 
@@ -58,6 +66,18 @@ absl::Status ForEachUploadedEntry(const RankMicrobatchLayout& rank,
 
 // Real-token rows of the rank's router rows (the rows an upload places).
 int64_t RealRouterRows(const RankMicrobatchLayout& rank);
+
+// Real-token rows of the sequences `owner` gives to `self`.
+int64_t OwnedRouterRows(const RankMicrobatchLayout& rank, absl::Span<const int32_t> owner,
+                        int self);
+
+// Splits a whole upload (no owner set) by owner: (*shares)[o] holds the
+// real-token rows of owner o's sequences in the upload's dtype, as the
+// UploadedRouting with owner = `owner`, owner_self = o reads them; empty for
+// an owner with no rows. Requires CheckUploadShape to pass.
+void SplitUploadByOwner(const RankMicrobatchLayout& rank, const UploadedRouting& upload,
+                        absl::Span<const int32_t> owner, int num_owners,
+                        std::vector<std::string>* shares);
 
 // The global layer id of each layer of the store's compact routing layout
 // ([n, stored layers, K]: M, then the MTP layers with mtp_routing), from the

@@ -248,7 +248,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     auto cluster_steps = std::make_unique<ClusterSteps>(server->store_.get());
     server->cluster_steps_ = cluster_steps.get();
     server->steps_ = std::move(cluster_steps);
-    server->member_ = std::make_unique<MemberService>(server->store_.get());
+    server->member_ = std::make_unique<MemberService>(server->store_.get(), server->cluster_steps_);
   } else {
     server->steps_ = std::make_unique<LocalSteps>(server->store_.get());
   }

@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -65,6 +66,48 @@ bool Eventually(F condition, absl::Duration timeout) {
   return condition();
 }
 
+// Hybrid DP x CP over two pipeline stages, dynamic CP, 256 tokens per rank:
+// the layout the cluster tests compare with a single server's.
+inline v1::Topology HybridTopology() {
+  v1::Topology t;
+  t.set_dp(2);
+  t.set_cp(2);
+  t.set_tp(1);
+  t.set_pp(2);
+  t.set_max_tokens_per_rank(256);
+  t.set_scheduler(v1::DYNAMIC_CP);
+  return t;
+}
+
+// Every rank of `t`, dp outermost, pp innermost.
+inline std::vector<v1::RankCoords> AllRanks(const v1::Topology& t) {
+  std::vector<v1::RankCoords> ranks;
+  for (int d = 0; d < t.dp(); ++d) {
+    for (int c = 0; c < t.cp(); ++c) {
+      for (int x = 0; x < std::max(1, t.tp()); ++x) {
+        for (int p = 0; p < t.pp(); ++p) {
+          v1::RankCoords r;
+          r.set_dp(d);
+          r.set_cp(c);
+          r.set_tp(x);
+          r.set_pp(p);
+          ranks.push_back(r);
+        }
+      }
+    }
+  }
+  return ranks;
+}
+
+// Ids of StartThreeWithSamples' samples, interleaved over the three members.
+inline std::vector<std::string> InterleavedIds(int per_member) {
+  std::vector<std::string> ids;
+  for (int k = 0; k < per_member; ++k) {
+    for (int m = 0; m < 3; ++m) ids.push_back(absl::StrCat("m", m, "-rollout-", k));
+  }
+  return ids;
+}
+
 class ClusterFixture : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -111,6 +154,33 @@ class ClusterFixture : public ::testing::Test {
 
   RollpackClient Client(size_t i) { return RollpackClient(MakeChannel(members_[i]->address())); }
 
+  // Three members, each with 8 samples of its own in pool "pool" (put one
+  // member after the other, so the cluster-wide arrival order is m0's,
+  // m1's, m2's); all_samples_ holds them all.
+  void StartThreeWithSamples() {
+    for (size_t i = 0; i < 3; ++i) StartMember(i);
+    ASSERT_TRUE(Client(0).RegisterModel("pool", ClusterModel()).ok());
+    for (size_t i = 0; i < 3; ++i) {
+      std::vector<v1::Sample> samples = ClusterSamples(8, 10 + i, absl::StrCat("m", i, "-"));
+      absl::StatusOr<v1::PutSamplesResponse> put = Client(i).PutSamples("pool", samples);
+      ASSERT_TRUE(put.ok()) << put.status();
+      for (v1::Sample& s : samples) all_samples_.push_back(std::move(s));
+    }
+  }
+
+  // A single rollpackd (no cluster) holding all_samples_: the reference a
+  // cluster's bytes are compared with. Null when it did not start.
+  std::unique_ptr<DaemonProcess> StartReference() {
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> single =
+        DaemonProcess::Start(ROLLPACKD_PATH, {"--max-memory=200000000"}, dir_ + "/single-port");
+    EXPECT_TRUE(single.ok()) << single.status();
+    if (!single.ok()) return nullptr;
+    RollpackClient client(MakeChannel((*single)->address()));
+    EXPECT_TRUE(client.RegisterModel("pool", ClusterModel()).ok());
+    EXPECT_TRUE(client.PutSamples("pool", all_samples_).ok());
+    return *std::move(single);
+  }
+
   // Where member `i` writes its metrics port (GET /metrics on 127.0.0.1).
   std::string MetricsPortFile(size_t i) const { return absl::StrCat(dir_, "/metrics-port", i); }
 
@@ -133,6 +203,7 @@ class ClusterFixture : public ::testing::Test {
   std::string dir_;
   std::vector<std::unique_ptr<DaemonProcess>> members_;
   std::vector<int> ports_;
+  std::vector<v1::Sample> all_samples_;
 };
 
 }  // namespace rollpack

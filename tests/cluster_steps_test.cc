@@ -33,33 +33,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::Topology Topo() {
-  v1::Topology t;
-  t.set_dp(2);
-  t.set_cp(2);
-  t.set_tp(1);
-  t.set_pp(2);
-  t.set_max_tokens_per_rank(256);
-  t.set_scheduler(v1::DYNAMIC_CP);
-  return t;
-}
-
-std::vector<v1::RankCoords> Ranks(const v1::Topology& t) {
-  std::vector<v1::RankCoords> ranks;
-  for (int d = 0; d < t.dp(); ++d) {
-    for (int c = 0; c < t.cp(); ++c) {
-      for (int p = 0; p < t.pp(); ++p) {
-        v1::RankCoords r;
-        r.set_dp(d);
-        r.set_cp(c);
-        r.set_pp(p);
-        ranks.push_back(r);
-      }
-    }
-  }
-  return ranks;
-}
-
 // Every micro-batch one rank receives, as deterministic bytes.
 absl::StatusOr<std::vector<std::string>> FetchRank(const std::string& address,
                                                    const std::string& step_id,
@@ -85,36 +58,12 @@ v1::CreateStepRequest StepRequest(const std::string& step_id, const std::vector<
   request.set_pool("pool");
   for (const std::string& id : ids) request.add_sample_ids(id);
   request.set_num_samples(num_samples);
-  *request.mutable_topology() = Topo();
+  *request.mutable_topology() = HybridTopology();
   return request;
 }
 
 class ClusterStepsTest : public ClusterFixture {
  protected:
-  // Three members, each with 8 samples of its own (put one member after
-  // the other, so the cluster-wide arrival order is m0's, m1's, m2's).
-  void StartThree() {
-    for (size_t i = 0; i < 3; ++i) StartMember(i);
-    ASSERT_TRUE(Client(0).RegisterModel("pool", ClusterModel()).ok());
-    for (size_t i = 0; i < 3; ++i) {
-      std::vector<v1::Sample> samples = ClusterSamples(8, 10 + i, absl::StrCat("m", i, "-"));
-      absl::StatusOr<v1::PutSamplesResponse> put = Client(i).PutSamples("pool", samples);
-      ASSERT_TRUE(put.ok()) << put.status();
-      for (v1::Sample& s : samples) all_.push_back(std::move(s));
-    }
-  }
-
-  // A single rollpackd (no cluster) holding every sample: the reference.
-  std::unique_ptr<DaemonProcess> StartSingle() {
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> single =
-        DaemonProcess::Start(ROLLPACKD_PATH, {"--max-memory=200000000"}, dir_ + "/single-port");
-    EXPECT_TRUE(single.ok()) << single.status();
-    RollpackClient client(MakeChannel((*single)->address()));
-    EXPECT_TRUE(client.RegisterModel("pool", ClusterModel()).ok());
-    EXPECT_TRUE(client.PutSamples("pool", all_).ok());
-    return *std::move(single);
-  }
-
   // Bytes of samples member `i` pulled from other members to serve ranks.
   double PulledBytes(size_t i) {
     int port = 0;
@@ -135,23 +84,14 @@ class ClusterStepsTest : public ClusterFixture {
     return pool.ok() ? pool->num_free_samples() : -1;
   }
 
-  std::vector<v1::Sample> all_;
 };
 
-// Ids interleaved over the three members.
-std::vector<std::string> Interleaved(int per_member) {
-  std::vector<std::string> ids;
-  for (int k = 0; k < per_member; ++k) {
-    for (int m = 0; m < 3; ++m) ids.push_back(absl::StrCat("m", m, "-rollout-", k));
-  }
-  return ids;
-}
 
 TEST_F(ClusterStepsTest, EveryRankGetsTheSingleServerBytesFromEveryMember) {
-  StartThree();
-  std::unique_ptr<DaemonProcess> single = StartSingle();
-  const std::vector<std::string> ids = Interleaved(6);
-  ASSERT_EQ(all_.front().sample_id().rfind("m0-rollout-", 0), 0u) << all_.front().sample_id();
+  StartThreeWithSamples();
+  std::unique_ptr<DaemonProcess> single = StartReference();
+  const std::vector<std::string> ids = InterleavedIds(6);
+  ASSERT_EQ(all_samples_.front().sample_id().rfind("m0-rollout-", 0), 0u) << all_samples_.front().sample_id();
 
   absl::StatusOr<v1::StepInfo> info = Client(1).CreateStep(StepRequest("step-a", ids));
   ASSERT_TRUE(info.ok()) << info.status();
@@ -174,7 +114,7 @@ TEST_F(ClusterStepsTest, EveryRankGetsTheSingleServerBytesFromEveryMember) {
     plan->mutable_stats()->clear_plan_ms();
     EXPECT_EQ(DeterministicBytes(*plan), DeterministicBytes(*want_plan)) << "member " << m;
   }
-  for (const v1::RankCoords& rank : Ranks(Topo())) {
+  for (const v1::RankCoords& rank : AllRanks(HybridTopology())) {
     absl::StatusOr<std::vector<std::string>> want = FetchRank(single->address(), "step-a", rank);
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_FALSE(want->empty());
@@ -209,7 +149,7 @@ TEST_F(ClusterStepsTest, EveryRankGetsTheSingleServerBytesFromEveryMember) {
   for (size_t m = 0; m < 3; ++m) {
     EXPECT_EQ(Client(m).GetPlan("step-a").status().code(), absl::StatusCode::kNotFound);
     absl::StatusOr<std::vector<std::string>> gone =
-        FetchRank(members_[m]->address(), "step-a", Ranks(Topo())[0]);
+        FetchRank(members_[m]->address(), "step-a", AllRanks(HybridTopology())[0]);
     EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
   }
   absl::StatusOr<v1::PoolInfo> pool = Client(1).GetPool("pool");
@@ -223,14 +163,14 @@ TEST_F(ClusterStepsTest, EveryRankGetsTheSingleServerBytesFromEveryMember) {
 // server, through any member (one holding none of the samples too), and no
 // sample byte crosses between members.
 TEST_F(ClusterStepsTest, DirectPullsGiveTheSameBytesAndMoveEachByteOnce) {
-  StartThree();
+  StartThreeWithSamples();
   StartMember(3);  // holds nothing
-  std::unique_ptr<DaemonProcess> single = StartSingle();
-  const std::vector<std::string> ids = Interleaved(6);
+  std::unique_ptr<DaemonProcess> single = StartReference();
+  const std::vector<std::string> ids = InterleavedIds(6);
   ASSERT_TRUE(Client(1).CreateStep(StepRequest("step-d", ids)).ok());
   ASSERT_TRUE(RollpackClient(MakeChannel(single->address())).CreateStep(StepRequest("step-d", ids)).ok());
   int compared = 0;
-  for (const v1::RankCoords& rank : Ranks(Topo())) {
+  for (const v1::RankCoords& rank : AllRanks(HybridTopology())) {
     absl::StatusOr<std::vector<std::string>> want =
         FetchRank(single->address(), "step-d", rank, Delivery::kProxy);
     ASSERT_TRUE(want.ok()) << want.status();
@@ -248,12 +188,12 @@ TEST_F(ClusterStepsTest, DirectPullsGiveTheSameBytesAndMoveEachByteOnce) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 4 * static_cast<int>(Ranks(Topo()).size()));
+  EXPECT_EQ(compared, 4 * static_cast<int>(AllRanks(HybridTopology()).size()));
   for (size_t m = 0; m < 4; ++m) EXPECT_EQ(PulledBytes(m), 0) << "member " << m;
 
   // The same ranks proxied through the member holding nothing: it pulls
   // every byte it serves (so the metric above could have been non-zero).
-  for (const v1::RankCoords& rank : Ranks(Topo())) {
+  for (const v1::RankCoords& rank : AllRanks(HybridTopology())) {
     absl::StatusOr<std::vector<std::string>> want =
         FetchRank(single->address(), "step-d", rank, Delivery::kProxy);
     absl::StatusOr<std::vector<std::string>> got =
@@ -269,9 +209,9 @@ TEST_F(ClusterStepsTest, DirectPullsGiveTheSameBytesAndMoveEachByteOnce) {
 // resuming delivers the same bytes once the member is back.
 TEST_F(ClusterStepsTest, DirectPullsNameADownMemberAndResumeWhenItIsBack) {
   durable_ = true;
-  StartThree();
-  ASSERT_TRUE(Client(0).CreateStep(StepRequest("s", Interleaved(4))).ok());
-  const std::vector<v1::RankCoords> ranks = Ranks(Topo());
+  StartThreeWithSamples();
+  ASSERT_TRUE(Client(0).CreateStep(StepRequest("s", InterleavedIds(4))).ok());
+  const std::vector<v1::RankCoords> ranks = AllRanks(HybridTopology());
   std::vector<std::vector<std::string>> before;
   for (const v1::RankCoords& rank : ranks) {
     absl::StatusOr<std::vector<std::string>> got =
@@ -325,7 +265,7 @@ TEST_F(ClusterStepsTest, DirectPullsNameADownMemberAndResumeWhenItIsBack) {
 }
 
 TEST_F(ClusterStepsTest, RacingCreateStepsNeverBothTakeASample) {
-  StartThree();
+  StartThreeWithSamples();
   for (int round = 0; round < 4; ++round) {
     // Overlapping sets (m1's samples in both), created through two members.
     const std::string a = absl::StrCat("m0-rollout-", round), b = absl::StrCat("m2-rollout-", round),
@@ -356,7 +296,7 @@ TEST_F(ClusterStepsTest, RacingCreateStepsNeverBothTakeASample) {
 }
 
 TEST_F(ClusterStepsTest, AnIdOnTwoMembersOrNowhereIsRefusedByName) {
-  StartThree();
+  StartThreeWithSamples();
   // The same id stored by two members (a producer that sent it twice).
   std::vector<v1::Sample> twin = ClusterSamples(1, 99, "twin-");
   ASSERT_TRUE(Client(0).PutSamples("pool", twin).ok());
@@ -374,7 +314,7 @@ TEST_F(ClusterStepsTest, AnIdOnTwoMembersOrNowhereIsRefusedByName) {
 }
 
 TEST_F(ClusterStepsTest, AHoldThatIsNeverCommittedIsGivenBack) {
-  StartThree();
+  StartThreeWithSamples();
   // What a planner that died after holding leaves behind.
   auto stub = v1::Member::NewStub(MakeChannel(members_[1]->address()));
   v1::HoldSamplesRequest hold;
@@ -397,10 +337,10 @@ TEST_F(ClusterStepsTest, AHoldThatIsNeverCommittedIsGivenBack) {
 
 TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
   durable_ = true;
-  StartThree();
-  const std::vector<std::string> ids = Interleaved(4);
+  StartThreeWithSamples();
+  const std::vector<std::string> ids = InterleavedIds(4);
   ASSERT_TRUE(Client(0).CreateStep(StepRequest("s", ids)).ok());
-  const std::vector<v1::RankCoords> ranks = Ranks(Topo());
+  const std::vector<v1::RankCoords> ranks = AllRanks(HybridTopology());
   std::map<int, std::vector<std::string>> before;
   // Proxied: member 0 pulls (and keeps) every rank's samples.
   for (size_t r = 0; r < ranks.size(); ++r) {
@@ -473,10 +413,10 @@ TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
 }
 
 TEST_F(ClusterStepsTest, StepsKeepServingWhileEtcdIsAway) {
-  StartThree();
-  const std::vector<std::string> ids = Interleaved(2);
+  StartThreeWithSamples();
+  const std::vector<std::string> ids = InterleavedIds(2);
   ASSERT_TRUE(Client(0).CreateStep(StepRequest("s", ids)).ok());
-  const v1::RankCoords rank = Ranks(Topo())[0];
+  const v1::RankCoords rank = AllRanks(HybridTopology())[0];
   absl::StatusOr<std::vector<std::string>> before = FetchRank(members_[1]->address(), "s", rank);
   ASSERT_TRUE(before.ok()) << before.status();
 
@@ -493,14 +433,14 @@ TEST_F(ClusterStepsTest, StepsKeepServingWhileEtcdIsAway) {
 }
 
 TEST_F(ClusterStepsTest, AMemberJoiningMidRunTakesPartInTheNextStep) {
-  StartThree();
+  StartThreeWithSamples();
   ASSERT_TRUE(Client(0).CreateStep(StepRequest("before", {}, 20)).ok());
   StartMember(3);
   ASSERT_TRUE(Client(3).PutSamples("pool", ClusterSamples(6, 40, "m3-")).ok());
   // 4 free on the first three, 6 on the newcomer: a step of 10 needs all.
   absl::StatusOr<v1::StepInfo> step = Client(1).CreateStep(StepRequest("after", {}, 10));
   ASSERT_TRUE(step.ok()) << step.status();
-  const v1::RankCoords rank = Ranks(Topo())[0];
+  const v1::RankCoords rank = AllRanks(HybridTopology())[0];
   absl::StatusOr<std::vector<std::string>> via_old = FetchRank(members_[0]->address(), "after", rank);
   absl::StatusOr<std::vector<std::string>> via_new = FetchRank(members_[3]->address(), "after", rank);
   ASSERT_TRUE(via_old.ok()) << via_old.status();

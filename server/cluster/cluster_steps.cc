@@ -22,20 +22,6 @@
 #include "spdlog/spdlog.h"
 
 namespace rollpack {
-
-// A committed step as this member knows it: the plan rebuilt from the
-// record, and the samples pulled so far to serve ranks.
-struct ClusterSteps::CachedStep {
-  // Of the record's key: an id deleted and created again is another step.
-  std::atomic<int64_t> revision{0};
-  v1::ClusterStepRecord record;
-  std::shared_ptr<const Step> step;
-  // record.owner(), shared with the piece streams (GetPiecesForRank).
-  std::shared_ptr<const std::vector<int32_t>> owner;
-  absl::Mutex mu;
-  std::vector<std::shared_ptr<const StoredSample>> samples ABSL_GUARDED_BY(mu);
-};
-
 namespace {
 
 absl::Status Abandoned(const std::string& step_id, const std::string& by) {
@@ -66,7 +52,7 @@ absl::Status Prefixed(const std::string& step_id, const absl::Status& status) {
 }  // namespace
 
 ClusterSteps::ClusterSteps(SampleStore* store, ClusterStepsOptions options)
-    : store_(store), options_(options) {}
+    : store_(store), options_(options), uploads_(store) {}
 
 ClusterSteps::~ClusterSteps() { Detach(); }
 
@@ -103,32 +89,8 @@ std::string ClusterSteps::ReleaseKey(Cluster* cluster, const std::string& member
   return cluster->Key("releases", absl::StrCat(member, "/", step_id));
 }
 
-namespace {
-
-absl::Status RecomputeRoutingRefused(const std::string& step_id) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "step \"", step_id, "\": recompute routing (R2: UploadRouting, CommitRouting, "
-      "replay_source RECOMPUTE) is served by a single rollpackd, not yet by a cluster "
-      "(docs/cluster.md)"));
-}
-
-}  // namespace
-
-absl::StatusOr<RoutingUploadResult> ClusterSteps::UploadRouting(const std::string& step_id,
-                                                                const RankCoords&, int,
-                                                                const UploadedRouting&) {
-  return RecomputeRoutingRefused(step_id);
-}
-
-absl::StatusOr<RoutingCommitResult> ClusterSteps::CommitRouting(const std::string& step_id) {
-  return RecomputeRoutingRefused(step_id);
-}
-
 absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepRequest& request) {
   RETURN_IF_ERROR(ValidateCreateStep(request));
-  if (request.replay_source == ReplaySourceKind::kRecompute) {
-    return RecomputeRoutingRefused(request.step_id);
-  }
   const std::string& step_id = request.step_id;
   const std::string& pool = request.pool;
   const Topology& topology = request.topology;
@@ -153,7 +115,7 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
 
   absl::StatusOr<std::shared_ptr<const Step>> step =
       BuildStepFromMetadata(step_id, pool, model, topology, choice.sample_ids, choice.num_tokens,
-                            choice.num_groups, request.reuse_samples);
+                            choice.num_groups, request.reuse_samples, request.replay_source);
   if (!step.ok()) return Prefixed(step_id, step.status());
 
   v1::ClusterStepRecord record;
@@ -169,6 +131,9 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
   record.set_created_unix_nanos(absl::GetCurrentTimeNanos());
   record.set_reuse_samples(request.reuse_samples);
   record.set_num_groups(choice.num_groups);
+  if (request.replay_source == ReplaySourceKind::kRecompute) {
+    record.set_replay_source(v1::REPLAY_SOURCE_RECOMPUTE);
+  }
 
   const absl::Time holding = absl::Now();
   absl::Status held = HoldAll(cluster, record);
@@ -221,6 +186,7 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
   {
     absl::MutexLock lock(&cached->mu);
     cached->samples.resize(cached->record.sample_ids_size());
+    cached->routing.resize(cached->recompute() ? cached->record.sample_ids_size() : 0);
   }
   absl::MutexLock lock(&mu_);
   cache_[step_id] = std::move(cached);
@@ -238,7 +204,8 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
     if (ids[i].empty()) return;
     if (record.members(i) == cluster->self().id) {
       results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator(),
-                                record.created_unix_nanos(), record.reuse_samples());
+                                record.created_unix_nanos(), record.reuse_samples(),
+                                record.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE);
     } else {
       v1::HoldSamplesRequest request;
       request.set_step_id(record.step_id());
@@ -247,6 +214,7 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
       request.set_coordinator(record.coordinator());
       request.set_attempt(record.created_unix_nanos());
       request.set_reuse_samples(record.reuse_samples());
+      request.set_replay_source(record.replay_source());
       planning_bytes_.fetch_add(static_cast<int64_t>(request.ByteSizeLong()));
       v1::HoldSamplesResponse response;
       grpc::ClientContext context;
@@ -368,7 +336,10 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
   const std::vector<int64_t> lengths(record.num_tokens().begin(), record.num_tokens().end());
   absl::StatusOr<std::shared_ptr<const Step>> step =
       BuildStepFromMetadata(step_id, record.pool(), FromProto(record.model()), topology,
-                            std::move(ids), lengths, record.num_groups(), record.reuse_samples());
+                            std::move(ids), lengths, record.num_groups(), record.reuse_samples(),
+                            record.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE
+                                ? ReplaySourceKind::kRecompute
+                                : ReplaySourceKind::kRollout);
   if (!step.ok()) return Prefixed(step_id, step.status());
   cached = std::make_shared<CachedStep>();
   cached->revision = *revision;
@@ -379,6 +350,7 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
   {
     absl::MutexLock lock(&cached->mu);
     cached->samples.resize(cached->record.sample_ids_size());
+    cached->routing.resize(cached->recompute() ? cached->record.sample_ids_size() : 0);
   }
   absl::MutexLock lock(&mu_);
   cache_[step_id] = cached;
@@ -440,7 +412,7 @@ absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id
                                                       const RankCoords& coords) {
   if (absl::StatusOr<std::shared_ptr<const Step>> local = store_->GetStep(step_id); local.ok()) {
     RETURN_IF_ERROR((*local)->layout.ValidateCoords(coords));
-    return RankStep{*std::move(local), nullptr};
+    return RankStep{*std::move(local), nullptr, nullptr};
   }
   ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
   const Step& step = *cached->step;
@@ -478,11 +450,12 @@ absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id
     }
   }
   std::vector<std::vector<std::shared_ptr<const StoredSample>>> pulled(missing.size());
+  std::vector<std::vector<std::shared_ptr<const std::string>>> routing(missing.size());
   std::vector<absl::Status> results(missing.size());
   ForEachParallel(missing.size(), [&](size_t owner) {
     if (!missing[owner].empty()) {
       results[owner] = Pull(cluster, *cached, static_cast<int>(owner), missing[owner],
-                            &pulled[owner]);
+                            &pulled[owner], &routing[owner]);
     }
   });
   for (const absl::Status& s : results) {
@@ -490,21 +463,30 @@ absl::StatusOr<RankStep> ClusterSteps::GetStepForRank(const std::string& step_id
   }
   auto samples = std::make_shared<std::vector<std::shared_ptr<const StoredSample>>>(
       step.sample_ids.size());
+  std::shared_ptr<std::vector<std::shared_ptr<const std::string>>> rank_routing;
+  if (cached->recompute()) {
+    rank_routing =
+        std::make_shared<std::vector<std::shared_ptr<const std::string>>>(step.sample_ids.size());
+  }
   absl::MutexLock lock(&cached->mu);
   for (size_t owner = 0; owner < missing.size(); ++owner) {
     for (size_t k = 0; k < missing[owner].size(); ++k) {
       cached->samples[missing[owner][k]] = std::move(pulled[owner][k]);
+      if (rank_routing != nullptr) cached->routing[missing[owner][k]] = routing[owner][k];
     }
   }
-  for (int seq : sequences) (*samples)[seq] = cached->samples[seq];
-  return RankStep{cached->step, std::move(samples)};
+  for (int seq : sequences) {
+    (*samples)[seq] = cached->samples[seq];
+    if (rank_routing != nullptr) (*rank_routing)[seq] = cached->routing[seq];
+  }
+  return RankStep{cached->step, std::move(samples), std::move(rank_routing)};
 }
 
 absl::StatusOr<RankPieces> ClusterSteps::GetPiecesForRank(const std::string& step_id,
                                                         const RankCoords& coords) {
   if (absl::StatusOr<std::shared_ptr<const Step>> local = store_->GetStep(step_id); local.ok()) {
     RETURN_IF_ERROR((*local)->layout.ValidateCoords(coords));
-    return RankPieces{RankStep{*std::move(local), nullptr}, nullptr, {}, -1};
+    return RankPieces{RankStep{*std::move(local), nullptr, nullptr}, nullptr, {}, -1};
   }
   ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
   const Step& step = *cached->step;
@@ -518,7 +500,12 @@ absl::StatusOr<RankPieces> ClusterSteps::GetPiecesForRank(const std::string& ste
   }
   auto samples = std::make_shared<std::vector<std::shared_ptr<const StoredSample>>>(
       step.sample_ids.size());
-  pieces.rank = RankStep{cached->step, samples};
+  std::shared_ptr<std::vector<std::shared_ptr<const std::string>>> rank_routing;
+  if (cached->recompute()) {
+    rank_routing =
+        std::make_shared<std::vector<std::shared_ptr<const std::string>>>(step.sample_ids.size());
+  }
+  pieces.rank = RankStep{cached->step, samples, rank_routing};
   if (pieces.self < 0) return pieces;
   ASSIGN_OR_RETURN(std::vector<int> sequences, RankSequences(step, coords));
   std::vector<int> own;
@@ -536,25 +523,39 @@ absl::StatusOr<RankPieces> ClusterSteps::GetPiecesForRank(const std::string& ste
     }
   }
   std::vector<std::shared_ptr<const StoredSample>> held;
+  std::vector<std::shared_ptr<const std::string>> held_routing;
   if (!missing.empty()) {
     absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> found =
         store_->HeldSamples(step_id, missing_ids);
     if (!found.ok()) return Prefixed(step_id, found.status());
     held = *std::move(found);
+    if (rank_routing != nullptr) {
+      absl::StatusOr<std::vector<std::shared_ptr<const std::string>>> routing =
+          store_->HeldRecomputeRouting(step_id, missing_ids);
+      if (!routing.ok()) return Prefixed(step_id, routing.status());
+      held_routing = *std::move(routing);
+    }
   }
   absl::MutexLock lock(&cached->mu);
   // By sequence: another rank's lookup may have filled some meanwhile (with
   // the same sample: the store holds one per id).
   for (size_t k = 0; k < missing.size(); ++k) {
-    if (cached->samples[missing[k]] == nullptr) cached->samples[missing[k]] = std::move(held[k]);
+    if (cached->samples[missing[k]] == nullptr) {
+      cached->samples[missing[k]] = std::move(held[k]);
+      if (rank_routing != nullptr) cached->routing[missing[k]] = std::move(held_routing[k]);
+    }
   }
-  for (int seq : own) (*samples)[seq] = cached->samples[seq];
+  for (int seq : own) {
+    (*samples)[seq] = cached->samples[seq];
+    if (rank_routing != nullptr) (*rank_routing)[seq] = cached->routing[seq];
+  }
   return pieces;
 }
 
 absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int owner,
                                 const std::vector<int>& sequences,
-                                std::vector<std::shared_ptr<const StoredSample>>* out) {
+                                std::vector<std::shared_ptr<const StoredSample>>* out,
+                                std::vector<std::shared_ptr<const std::string>>* routing) {
   const v1::ClusterStepRecord& record = cached.record;
   std::vector<std::string> ids;
   ids.reserve(sequences.size());
@@ -562,6 +563,9 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
   const std::string& member = record.members(owner);
   if (member == cluster->self().id) {
     ASSIGN_OR_RETURN(*out, store_->HeldSamples(record.step_id(), ids));
+    if (cached.recompute()) {
+      ASSIGN_OR_RETURN(*routing, store_->HeldRecomputeRouting(record.step_id(), ids));
+    }
     return absl::OkStatus();
   }
   v1::ReadSamplesRequest request;
@@ -573,6 +577,7 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
   v1::SampleBatch batch;
   out->clear();
   out->reserve(ids.size());
+  routing->clear();
   int64_t bytes = 0;
   absl::Status decoded;
   while (reader->Read(&batch)) {
@@ -580,9 +585,22 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
     std::vector<StoredSample> samples;
     decoded = DecodeSamples(batch.encoded(), &pool, &samples);
     if (!decoded.ok()) break;
-    bytes += static_cast<int64_t>(batch.encoded().size());
+    if (cached.recompute() &&
+        batch.recompute_routing_size() != static_cast<int>(samples.size())) {
+      decoded = absl::DataLossError(absl::StrCat(
+          "member ", member, " sent ", samples.size(), " samples of a RECOMPUTE step with ",
+          batch.recompute_routing_size(), " recompute routings (every member must run the same "
+          "version: docs/cluster.md)"));
+      break;
+    }
+    bytes += static_cast<int64_t>(batch.ByteSizeLong());
     for (StoredSample& s : samples) {
       out->push_back(std::make_shared<const StoredSample>(std::move(s)));
+    }
+    if (cached.recompute()) {
+      for (std::string& r : *batch.mutable_recompute_routing()) {
+        routing->push_back(std::make_shared<const std::string>(std::move(r)));
+      }
     }
   }
   if (!decoded.ok()) context.TryCancel();
@@ -593,10 +611,20 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
     return absl::DataLossError(absl::StrCat("member ", member, " sent ", out->size(),
                                             " samples, ", ids.size(), " were asked"));
   }
+  const ModelSpec& model = cached.step->model;
   for (size_t i = 0; i < ids.size(); ++i) {
     if ((*out)[i]->sample_id != ids[i]) {
       return absl::DataLossError(absl::StrCat("member ", member, " sent sample \"",
                                               (*out)[i]->sample_id, "\" for \"", ids[i], "\""));
+    }
+    // The encoder reads [n, stored layers, K] ids of the store's width.
+    if (cached.recompute() &&
+        static_cast<int64_t>((*routing)[i]->size()) !=
+            (*out)[i]->num_tokens() * model.stored_layers() * model.topk *
+                model.stored_id_bytes()) {
+      return absl::DataLossError(absl::StrCat("member ", member, " sent ", (*routing)[i]->size(),
+                                              " bytes of recompute routing for sample \"",
+                                              ids[i], "\""));
     }
   }
   return absl::OkStatus();
@@ -604,7 +632,11 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
 
 absl::StatusOr<ReleaseResult> ClusterSteps::ReleaseStep(const std::string& step_id) {
   RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
-  if (store_->GetStep(step_id).ok()) return store_->ReleaseStep(step_id);
+  if (store_->GetStep(step_id).ok()) {
+    absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(step_id);
+    uploads_.DropStale();
+    return released;
+  }
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
   ASSIGN_OR_RETURN(v1::ClusterStepRecord record, ReadRecord(cluster, step_id));
   std::vector<bool> owns(record.members_size(), false);
@@ -651,6 +683,7 @@ absl::StatusOr<ReleaseResult> ClusterSteps::ReleaseStep(const std::string& step_
                    step_id, member, results[i].status().ToString());
     }
   });
+  uploads_.DropStale();  // this member's R2 stage of the step gives its memory back
   ReleaseResult total;
   for (const auto& r : results) {
     if (!r.ok()) continue;

@@ -87,11 +87,22 @@ class ClusterSteps final : public StepDirectory {
   absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version,
                                                 bool local_only) override;
   bool MayBlock() const override { return true; }
-  // R2 is not yet served over a cluster (docs/cluster.md): FAILED_PRECONDITION.
+  // R2 over the cluster (docs/cluster.md, "Recompute routing"; in
+  // cluster_steps_routing.cc): an upload is checked here, split by owner
+  // and staged on every owner of its rows; a commit checks every owner's
+  // stage complete, then has each store its samples' routing. UNAVAILABLE
+  // naming an owner that does not answer.
   absl::StatusOr<RoutingUploadResult> UploadRouting(const std::string& step_id,
                                                     const RankCoords& coords, int microbatch,
                                                     const UploadedRouting& upload) override;
   absl::StatusOr<RoutingCommitResult> CommitRouting(const std::string& step_id) override;
+  // The owner's side (member.proto StageRouting, CheckRouting, CommitRouting),
+  // against this member's hold of the step's `attempt`.
+  absl::StatusOr<RoutingUploadResult> StageHeldRouting(const v1::StageRoutingRequest& request);
+  absl::StatusOr<RoutingCommitResult> CheckHeldRouting(const std::string& step_id,
+                                                       int64_t attempt);
+  absl::StatusOr<RoutingCommitResult> CommitHeldRouting(const std::string& step_id,
+                                                        int64_t attempt);
 
   // Bytes this member exchanged with the others to plan steps (listings
   // received, holds sent: metadata only), and bytes of samples it pulled
@@ -100,7 +111,22 @@ class ClusterSteps final : public StepDirectory {
   int64_t pulled_bytes() const { return pulled_bytes_.load(); }
 
  private:
-  struct CachedStep;
+  // A committed step as this member knows it: the plan rebuilt from the
+  // record, and the samples pulled so far to serve ranks.
+  struct CachedStep {
+    // Of the record's key: an id deleted and created again is another step.
+    std::atomic<int64_t> revision{0};
+    v1::ClusterStepRecord record;
+    std::shared_ptr<const Step> step;
+    // record.owner(), shared with the piece streams (GetPiecesForRank).
+    std::shared_ptr<const std::vector<int32_t>> owner;
+    absl::Mutex mu;
+    std::vector<std::shared_ptr<const StoredSample>> samples ABSL_GUARDED_BY(mu);
+    // RECOMPUTE steps: the samples' recompute routing, pulled with them.
+    std::vector<std::shared_ptr<const std::string>> routing ABSL_GUARDED_BY(mu);
+    bool recompute() const { return step->replay.source == ReplaySourceKind::kRecompute; }
+  };
+
   // The samples a CreateStep takes, in the step's order (cluster_choice.cc).
   struct Choice {
     std::vector<std::string> members;
@@ -126,9 +152,19 @@ class ClusterSteps final : public StepDirectory {
   absl::Status HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record);
   void DropAll(Cluster* cluster, const v1::ClusterStepRecord& record);
   void ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record);
+  // The samples of `sequences` from their owner, and (RECOMPUTE steps)
+  // their recompute routing.
   absl::Status Pull(Cluster* cluster, const CachedStep& step, int owner,
                     const std::vector<int>& sequences,
-                    std::vector<std::shared_ptr<const StoredSample>>* out);
+                    std::vector<std::shared_ptr<const StoredSample>>* out,
+                    std::vector<std::shared_ptr<const std::string>>* routing);
+  // This member's share of a cluster step it holds samples of.
+  absl::StatusOr<HeldStep> HeldShare(const std::string& step_id, int64_t attempt);
+  // One phase of a commit (check, or with `commit` store) on every owner of
+  // the step's samples; `committed_on` lists the members that stored.
+  absl::StatusOr<RoutingCommitResult> CommitPhase(
+      Cluster* cluster, const CachedStep& step, bool commit,
+      std::vector<std::string>* committed_on);
 
   void BackgroundLoop();
   // False when etcd could not be read (the tick stops there).
@@ -143,6 +179,9 @@ class ClusterSteps final : public StepDirectory {
 
   SampleStore* const store_;
   const ClusterStepsOptions options_;
+  // R2 stages: of steps made here before joining, and of this member's
+  // shares of cluster steps.
+  RecomputeUploads uploads_;
   std::atomic<Cluster*> cluster_{nullptr};
   std::atomic<int64_t> planning_bytes_{0};
   std::atomic<int64_t> pulled_bytes_{0};

@@ -26,6 +26,8 @@ void ClusterSteps::BackgroundLoop() {
       PruneCache(cluster);
       DropExpiredGroups(cluster);
     }
+    // R2 stages of holds released or dropped meanwhile give their memory back.
+    uploads_.DropStale();
     absl::MutexLock lock(&mu_);
     if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.tick)) return;
   }

@@ -30,8 +30,10 @@ std::vector<std::string> Ids(const google::protobuf::RepeatedPtrField<std::strin
 // is done.
 class ReadSamplesReactor final : public grpc::ServerWriteReactor<v1::SampleBatch> {
  public:
-  ReadSamplesReactor(std::string pool, std::vector<std::shared_ptr<const StoredSample>> samples)
-      : pool_(std::move(pool)), samples_(std::move(samples)) {
+  // `routing`: empty, or each sample's recompute routing (a RECOMPUTE hold).
+  ReadSamplesReactor(std::string pool, std::vector<std::shared_ptr<const StoredSample>> samples,
+                     std::vector<std::shared_ptr<const std::string>> routing)
+      : pool_(std::move(pool)), samples_(std::move(samples)), routing_(std::move(routing)) {
     WriteNext();
   }
   void OnWriteDone(bool ok) override {
@@ -51,9 +53,14 @@ class ReadSamplesReactor final : public grpc::ServerWriteReactor<v1::SampleBatch
     }
     std::vector<const StoredSample*> batch;
     int64_t bytes = 0;
+    message_.clear_recompute_routing();
     while (next_ < samples_.size() && (batch.empty() || bytes < kReadBatchBytes)) {
       batch.push_back(samples_[next_].get());
       bytes += EncodedSampleBytes(*samples_[next_]);
+      if (!routing_.empty()) {
+        message_.add_recompute_routing(*routing_[next_]);
+        bytes += static_cast<int64_t>(routing_[next_]->size());
+      }
       ++next_;
     }
     message_.set_encoded(EncodeSamples(pool_, absl::MakeConstSpan(batch)));
@@ -62,6 +69,7 @@ class ReadSamplesReactor final : public grpc::ServerWriteReactor<v1::SampleBatch
 
   const std::string pool_;
   const std::vector<std::shared_ptr<const StoredSample>> samples_;
+  const std::vector<std::shared_ptr<const std::string>> routing_;
   size_t next_ = 0;
   v1::SampleBatch message_;
 };
@@ -103,7 +111,8 @@ grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext
   response->set_lifecycle(true);
   return Finish(context, store_->Hold(request->step_id(), request->pool(),
                                       Ids(request->sample_ids()), request->coordinator(),
-                                      request->attempt(), request->reuse_samples()));
+                                      request->attempt(), request->reuse_samples(),
+                                      request->replay_source() == v1::REPLAY_SOURCE_RECOMPUTE));
 }
 
 grpc::ServerUnaryReactor* MemberService::ConfirmHold(grpc::CallbackServerContext* context,
@@ -144,12 +153,61 @@ grpc::ServerUnaryReactor* MemberService::DropGroups(grpc::CallbackServerContext*
 
 grpc::ServerWriteReactor<v1::SampleBatch>* MemberService::ReadSamples(
     grpc::CallbackServerContext*, const v1::ReadSamplesRequest* request) {
+  const std::vector<std::string> ids = Ids(request->sample_ids());
   absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> samples =
-      store_->HeldSamples(request->step_id(), Ids(request->sample_ids()));
+      store_->HeldSamples(request->step_id(), ids);
   if (!samples.ok()) return new FailedRead(samples.status());
+  // R2: a RECOMPUTE hold sends the routing it took with its samples.
+  absl::StatusOr<std::vector<std::shared_ptr<const std::string>>> routing =
+      store_->HeldRecomputeRouting(request->step_id(), ids);
+  if (!routing.ok() && !absl::IsFailedPrecondition(routing.status())) {
+    return new FailedRead(routing.status());
+  }
   // The pool travels in every batch (the log encoding's framing); the
   // reader checks nothing of it.
-  return new ReadSamplesReactor(request->step_id(), *std::move(samples));
+  return new ReadSamplesReactor(
+      request->step_id(), *std::move(samples),
+      routing.ok() ? *std::move(routing) : std::vector<std::shared_ptr<const std::string>>());
+}
+
+grpc::ServerUnaryReactor* MemberService::StageRouting(grpc::CallbackServerContext* context,
+                                                      const v1::StageRoutingRequest* request,
+                                                      v1::UploadRoutingResponse* response) {
+  absl::StatusOr<RoutingUploadResult> staged = steps_->StageHeldRouting(*request);
+  if (staged.ok()) {
+    response->set_rows(staged->rows);
+    response->set_repeated_rows(staged->repeated_rows);
+    response->set_missing_entries(staged->missing_entries);
+  }
+  return Finish(context, staged.status());
+}
+
+namespace {
+
+void SetCommitResponse(const RoutingCommitResult& result, v1::CommitRoutingResponse* response) {
+  response->set_samples(result.samples);
+  response->set_tokens(result.tokens);
+  response->set_stored_bytes(result.stored_bytes);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* MemberService::CheckRouting(grpc::CallbackServerContext* context,
+                                                      const v1::MemberRoutingRequest* request,
+                                                      v1::CommitRoutingResponse* response) {
+  absl::StatusOr<RoutingCommitResult> checked =
+      steps_->CheckHeldRouting(request->step_id(), request->attempt());
+  if (checked.ok()) SetCommitResponse(*checked, response);
+  return Finish(context, checked.status());
+}
+
+grpc::ServerUnaryReactor* MemberService::CommitRouting(grpc::CallbackServerContext* context,
+                                                       const v1::MemberRoutingRequest* request,
+                                                       v1::CommitRoutingResponse* response) {
+  absl::StatusOr<RoutingCommitResult> committed =
+      steps_->CommitHeldRouting(request->step_id(), request->attempt());
+  if (committed.ok()) SetCommitResponse(*committed, response);
+  return Finish(context, committed.status());
 }
 
 }  // namespace rollpack

@@ -4,13 +4,15 @@
 #define ROLLPACK_SERVER_CLUSTER_MEMBER_SERVICE_H_
 
 #include "rollpack/v1/member.grpc.pb.h"
+#include "server/cluster/cluster_steps.h"
 #include "server/store/sample_store.h"
 
 namespace rollpack {
 
 class MemberService final : public v1::Member::CallbackService {
  public:
-  explicit MemberService(SampleStore* store) : store_(store) {}
+  // `steps`: this member's cluster steps (R2 stages of its holds).
+  MemberService(SampleStore* store, ClusterSteps* steps) : store_(store), steps_(steps) {}
 
   grpc::ServerUnaryReactor* ListFreeSamples(grpc::CallbackServerContext* context,
                                             const v1::ListFreeSamplesRequest* request,
@@ -32,9 +34,19 @@ class MemberService final : public v1::Member::CallbackService {
                                        v1::DropGroupsResponse* response) override;
   grpc::ServerWriteReactor<v1::SampleBatch>* ReadSamples(
       grpc::CallbackServerContext* context, const v1::ReadSamplesRequest* request) override;
+  grpc::ServerUnaryReactor* StageRouting(grpc::CallbackServerContext* context,
+                                         const v1::StageRoutingRequest* request,
+                                         v1::UploadRoutingResponse* response) override;
+  grpc::ServerUnaryReactor* CheckRouting(grpc::CallbackServerContext* context,
+                                         const v1::MemberRoutingRequest* request,
+                                         v1::CommitRoutingResponse* response) override;
+  grpc::ServerUnaryReactor* CommitRouting(grpc::CallbackServerContext* context,
+                                          const v1::MemberRoutingRequest* request,
+                                          v1::CommitRoutingResponse* response) override;
 
  private:
   SampleStore* const store_;
+  ClusterSteps* const steps_;
 };
 
 }  // namespace rollpack

@@ -43,6 +43,15 @@ absl::Status MicrobatchEncoder::Prepare(
     absl::Span<const std::shared_ptr<const StoredSample>> samples) {
   step_ = nullptr;
   samples_ = samples;
+  recompute_routing_ = request.recompute_routing.empty()
+                           ? absl::MakeConstSpan(step.replay.recompute_routing)
+                           : request.recompute_routing;
+  if (step.replay.source == ReplaySourceKind::kRecompute &&
+      recompute_routing_.size() != step.sample_ids.size()) {
+    return absl::InternalError(absl::StrCat("step \"", step.step_id, "\": recompute routing for ",
+                                            recompute_routing_.size(), " of ",
+                                            step.sample_ids.size(), " sequences"));
+  }
   encoded_size_ = 0;
   empty_piece_ = false;
   first_held_ = -1;
@@ -256,7 +265,7 @@ absl::Status MicrobatchEncoder::GatherPayload(const ArrayField& field, absl::Spa
             source.num_rows = sample.num_tokens();
             if (step.replay.source == ReplaySourceKind::kRecompute) {
               // R2 (layout.md section 11): every real token is replayable.
-              source.experts = step.replay.recompute_routing[group.sequences[ordinal]]->data();
+              source.experts = recompute_routing_[group.sequences[ordinal]]->data();
               source.valid = nullptr;
             } else {
               source.experts = sample.experts.data();

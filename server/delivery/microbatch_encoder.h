@@ -38,6 +38,10 @@ struct MicrobatchRequest {
   bool all_fields = false;
   // Null: the whole micro-batch (FetchMicrobatches). Must outlive Encode.
   const PieceSelection* piece = nullptr;
+  // A RECOMPUTE step whose plan holds no routing (a cluster step): [i] is
+  // the step's sequence i's, set for every sequence of the micro-batch.
+  // Empty: the step's own. Must outlive Encode.
+  absl::Span<const std::shared_ptr<const std::string>> recompute_routing;
 };
 
 // Two phases so the caller can allocate the output (a gRPC slice) at its
@@ -91,6 +95,7 @@ class MicrobatchEncoder {
 
   const Step* step_ = nullptr;
   absl::Span<const std::shared_ptr<const StoredSample>> samples_;
+  absl::Span<const std::shared_ptr<const std::string>> recompute_routing_;
   RankMicrobatchLayout rank_;
   // What the arrays carry: the rank's runs, or a piece's.
   absl::Span<const RowRun> token_runs_;

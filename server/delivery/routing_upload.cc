@@ -7,46 +7,19 @@
 #include "server/delivery/trainer_service.h"
 #include "server/ops/call_log.h"
 #include "server/store/convert.h"
-#include "server/store/ndarray.h"
 
 namespace rollpack {
-namespace {
 
-absl::StatusOr<UploadedRouting> ViewUpload(const v1::RecordedRouting& request) {
-  const std::string what = absl::StrCat("step \"", request.step_id(), "\" micro-batch ",
-                                        request.index(), ": recorded routing");
-  ASSIGN_OR_RETURN(ArrayView view, ViewArray(request.experts(), what));
-  bool is_signed = false;
-  switch (view.dtype) {
-    case v1::UINT8:
-    case v1::UINT16:
-      break;
-    case v1::INT16:
-    case v1::INT32:
-    case v1::INT64:
-      is_signed = true;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " has dtype ", DTypeName(view.dtype),
-          "; expected uint8, uint16, int16, int32 or int64 expert ids"));
+void TrainerService::RunRoutingCall(absl::AnyInvocable<void() &&> call) {
+  if (pulls_ == nullptr) {
+    std::move(call)();
+    return;
   }
-  if (view.rank() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " has ", view.rank(), " dimensions; expected [router_rows, replay layers, topk]"));
-  }
-  UploadedRouting upload;
-  upload.data = reinterpret_cast<const uint8_t*>(view.data.data());
-  upload.size_bytes = static_cast<int64_t>(view.data.size());
-  upload.element_bytes = DTypeSize(view.dtype);
-  upload.is_signed = is_signed;
-  upload.rows = view.dim(0);
-  upload.layers = view.dim(1);
-  upload.topk = view.dim(2);
-  return upload;
+  // A cluster member stages and commits on the other members: a wait that
+  // must not hold one of gRPC's callback threads (they serve those members'
+  // calls to this one).
+  pulls_->Schedule(std::move(call));
 }
-
-}  // namespace
 
 grpc::ServerUnaryReactor* TrainerService::UploadRouting(grpc::CallbackServerContext* context,
                                                         const v1::RecordedRouting* request,
@@ -58,24 +31,26 @@ grpc::ServerUnaryReactor* TrainerService::UploadRouting(grpc::CallbackServerCont
       return reactor;
     }
   }
-  const absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(UploadedRouting upload, ViewUpload(*request));
-    const RankCoords coords{request->rank().dp(), request->rank().cp(), request->rank().tp(),
-                            request->rank().pp()};
-    ASSIGN_OR_RETURN(RoutingUploadResult result,
-                     steps_->UploadRouting(request->step_id(), coords, request->index(), upload));
-    response->set_rows(result.rows);
-    response->set_repeated_rows(result.repeated_rows);
-    response->set_missing_entries(result.missing_entries);
-    AnnotateCall(context, absl::StrCat("step \"", request->step_id(), "\" micro-batch ",
-                                       request->index(), " rank dp", coords.dp, " cp", coords.cp,
-                                       " tp", coords.tp, " pp", coords.pp, ": ", result.rows,
-                                       " rows (", result.repeated_rows, " repeated), ",
-                                       result.missing_entries, " entries still missing"));
-    return absl::OkStatus();
-  }();
-  if (metrics_ != nullptr) metrics_->OnRoutingUpload(status.ok(), response->rows());
-  reactor->Finish(ToGrpcStatus(status));
+  RunRoutingCall([this, context, request, response, reactor] {
+    const absl::Status status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(UploadedRouting upload, ViewRecordedRouting(*request));
+      const RankCoords coords{request->rank().dp(), request->rank().cp(), request->rank().tp(),
+                              request->rank().pp()};
+      ASSIGN_OR_RETURN(RoutingUploadResult result,
+                       steps_->UploadRouting(request->step_id(), coords, request->index(), upload));
+      response->set_rows(result.rows);
+      response->set_repeated_rows(result.repeated_rows);
+      response->set_missing_entries(result.missing_entries);
+      AnnotateCall(context,
+                   absl::StrCat("step \"", request->step_id(), "\" micro-batch ", request->index(),
+                                " rank dp", coords.dp, " cp", coords.cp, " tp", coords.tp, " pp",
+                                coords.pp, ": ", result.rows, " rows (", result.repeated_rows,
+                                " repeated), ", result.missing_entries, " entries still missing"));
+      return absl::OkStatus();
+    }();
+    if (metrics_ != nullptr) metrics_->OnRoutingUpload(status.ok(), response->rows());
+    reactor->Finish(ToGrpcStatus(status));
+  });
   return reactor;
 }
 
@@ -89,18 +64,20 @@ grpc::ServerUnaryReactor* TrainerService::CommitRouting(grpc::CallbackServerCont
       return reactor;
     }
   }
-  const absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(RoutingCommitResult result, steps_->CommitRouting(request->step_id()));
-    response->set_samples(result.samples);
-    response->set_tokens(result.tokens);
-    response->set_stored_bytes(result.stored_bytes);
-    AnnotateCall(context, absl::StrCat("step \"", request->step_id(), "\": recompute routing of ",
-                                       result.samples, " samples, ", result.tokens, " tokens, ",
-                                       result.stored_bytes, " bytes committed"));
-    return absl::OkStatus();
-  }();
-  if (metrics_ != nullptr) metrics_->OnRoutingCommit(status.ok());
-  reactor->Finish(ToGrpcStatus(status));
+  RunRoutingCall([this, context, request, response, reactor] {
+    const absl::Status status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(RoutingCommitResult result, steps_->CommitRouting(request->step_id()));
+      response->set_samples(result.samples);
+      response->set_tokens(result.tokens);
+      response->set_stored_bytes(result.stored_bytes);
+      AnnotateCall(context, absl::StrCat("step \"", request->step_id(), "\": recompute routing of ",
+                                         result.samples, " samples, ", result.tokens, " tokens, ",
+                                         result.stored_bytes, " bytes committed"));
+      return absl::OkStatus();
+    }();
+    if (metrics_ != nullptr) metrics_->OnRoutingCommit(status.ok());
+    reactor->Finish(ToGrpcStatus(status));
+  });
   return reactor;
 }
 

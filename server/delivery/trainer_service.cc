@@ -80,6 +80,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     step_ = std::move(step->step);
     samples_ = std::move(step->samples);
+    recompute_routing_ = std::move(step->recompute_routing);
     started_ = true;
     if (metrics_ != nullptr) metrics_->OnStreamStart(request_.start_index() > 0);
     {
@@ -91,6 +92,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       first_write_pending_ = true;
     }
     WriteNext();
+  }
+
+  // What the encoder prepares next.
+  MicrobatchRequest Request() const {
+    MicrobatchRequest request;
+    request.rank = coords_;
+    request.index = next_;
+    request.all_fields = all_fields_;
+    request.piece = piece_ ? &*piece_ : nullptr;
+    if (recompute_routing_ != nullptr) request.recompute_routing = *recompute_routing_;
+    return request;
   }
 
   // FetchPieces: this member's pieces of the rank's micro-batches.
@@ -309,8 +321,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         return;
       }
       absl::Status s =
-          encoder_.Prepare(*step_, {coords_, next_, all_fields_, piece_ ? &*piece_ : nullptr},
-                           samples_ != nullptr ? absl::MakeConstSpan(*samples_)
+          encoder_.Prepare(*step_, Request(), samples_ != nullptr ? absl::MakeConstSpan(*samples_)
                                                : absl::MakeConstSpan(step_->samples));
       if (!s.ok()) {
         End(ToGrpcStatus(s));
@@ -414,8 +425,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     for (;;) {
       if (next_ >= step_->layout.num_microbatches()) return false;
       absl::Status s =
-          encoder_.Prepare(*step_, {coords_, next_, all_fields_, piece_ ? &*piece_ : nullptr},
-                           samples_ != nullptr ? absl::MakeConstSpan(*samples_)
+          encoder_.Prepare(*step_, Request(), samples_ != nullptr ? absl::MakeConstSpan(*samples_)
                                                : absl::MakeConstSpan(step_->samples));
       if (!s.ok()) {
         next_ = first;
@@ -451,6 +461,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::shared_ptr<const Step> step_;
   // The rank's samples when the step holds none itself (a cluster step).
   std::shared_ptr<const std::vector<std::shared_ptr<const StoredSample>>> samples_;
+  std::shared_ptr<const std::vector<std::shared_ptr<const std::string>>> recompute_routing_;
   bool started_ = false;  // counted in the stream metrics
   FirstDeliveryGate* const gate_;
   SendBudget* const budget_;

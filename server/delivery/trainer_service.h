@@ -78,6 +78,8 @@ class TrainerService final
   // (RESOURCE_EXHAUSTED, retryable): each queued one is an admitted stream.
   static constexpr int kMaxQueuedLookups = 1024;
   std::unique_ptr<WorkerPool> pulls_;
+  // Runs an R2 call's work here, or on pulls_ when the directory may block.
+  void RunRoutingCall(absl::AnyInvocable<void() &&> call);
   FirstDeliveryGate first_delivery_;
   std::atomic<int64_t> next_stream_id_{1};
   std::atomic<int> active_streams_{0};

@@ -70,6 +70,9 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Member/ReleaseHold", {Role::kAdmin}},
       {"/rollpack.v1.Member/DropGroups", {Role::kAdmin}},
       {"/rollpack.v1.Member/ReadSamples", {Role::kAdmin}},
+      {"/rollpack.v1.Member/StageRouting", {Role::kAdmin}},
+      {"/rollpack.v1.Member/CheckRouting", {Role::kAdmin}},
+      {"/rollpack.v1.Member/CommitRouting", {Role::kAdmin}},
   };
   return *kTable;
 }

@@ -303,4 +303,39 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+absl::StatusOr<UploadedRouting> ViewRecordedRouting(const v1::RecordedRouting& request) {
+  const std::string what = absl::StrCat("step \"", request.step_id(), "\" micro-batch ",
+                                        request.index(), ": recorded routing");
+  ASSIGN_OR_RETURN(ArrayView view, ViewArray(request.experts(), what));
+  bool is_signed = false;
+  switch (view.dtype) {
+    case v1::UINT8:
+    case v1::UINT16:
+      break;
+    case v1::INT16:
+    case v1::INT32:
+    case v1::INT64:
+      is_signed = true;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has dtype ", DTypeName(view.dtype),
+          "; expected uint8, uint16, int16, int32 or int64 expert ids"));
+  }
+  if (view.rank() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has ", view.rank(), " dimensions; expected [router_rows, replay layers, topk]"));
+  }
+  UploadedRouting upload;
+  upload.data = reinterpret_cast<const uint8_t*>(view.data.data());
+  upload.size_bytes = static_cast<int64_t>(view.data.size());
+  upload.element_bytes = DTypeSize(view.dtype);
+  upload.is_signed = is_signed;
+  upload.rows = view.dim(0);
+  upload.layers = view.dim(1);
+  upload.topk = view.dim(2);
+  return upload;
+}
+
+
 }  // namespace rollpack

@@ -8,6 +8,8 @@
 #include "grpcpp/support/status.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "rollpack/v1/scheduler.pb.h"
+#include "rollpack/v1/trainer.pb.h"
+#include "scheduler/layout_scatter.h"
 #include "scheduler/model_spec.h"
 #include "scheduler/plan.h"
 #include "scheduler/sample_selection.h"
@@ -42,6 +44,11 @@ v1::StepInfo StepInfoToProto(const Step& step);
 
 // absl and gRPC share their canonical codes.
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// An uploaded routing array (R2) read in place: INVALID_ARGUMENT naming the
+// step and micro-batch for a dtype other than uint8, uint16, int16, int32 or
+// int64 or a rank other than 3. Views `request`'s bytes.
+absl::StatusOr<UploadedRouting> ViewRecordedRouting(const v1::RecordedRouting& request);
 
 }  // namespace rollpack
 

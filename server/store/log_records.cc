@@ -290,7 +290,7 @@ std::string EncodeReleaseStep(const std::string& step_id) {
 std::string EncodeHoldSamples(const std::string& step_id, const std::string& pool,
                               absl::Span<const std::string> sample_ids,
                               const std::string& coordinator, int64_t attempt,
-                              bool reuse_samples) {
+                              bool reuse_samples, bool recompute) {
   v1::HoldSamplesRequest request;
   request.set_step_id(step_id);
   request.set_pool(pool);
@@ -298,6 +298,7 @@ std::string EncodeHoldSamples(const std::string& step_id, const std::string& poo
   request.set_coordinator(coordinator);
   request.set_attempt(attempt);
   request.set_reuse_samples(reuse_samples);
+  if (recompute) request.set_replay_source(v1::REPLAY_SOURCE_RECOMPUTE);
   return request.SerializeAsString();
 }
 

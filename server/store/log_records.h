@@ -50,7 +50,7 @@ std::string EncodeReleaseStep(const std::string& step_id);
 std::string EncodeHoldSamples(const std::string& step_id, const std::string& pool,
                               absl::Span<const std::string> sample_ids,
                               const std::string& coordinator, int64_t attempt,
-                              bool reuse_samples);
+                              bool reuse_samples, bool recompute = false);
 std::string EncodeDropHold(const std::string& step_id);
 
 }  // namespace rollpack

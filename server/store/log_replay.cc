@@ -88,7 +88,8 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
         // Replayed unconfirmed: the member checks it against the cluster's
         // record of steps once it has joined (cluster_steps.h).
         s = store->Hold(request.step_id(), request.pool(), ids, request.coordinator(),
-                        request.attempt(), request.reuse_samples());
+                        request.attempt(), request.reuse_samples(),
+                        request.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE);
         break;
       }
       case RecordType::kSetPolicyVersion: {

@@ -14,10 +14,51 @@ std::string IdsText(absl::Span<const int64_t> ids) {
   return absl::StrCat("[", absl::StrJoin(ids, ", "), "]");
 }
 
+// Sorts an entry's K ids into `sorted` (insertion sort: K is small).
+void SortIds(const UploadedEntry& e, std::vector<int64_t>& sorted) {
+  const int64_t k = static_cast<int64_t>(sorted.size());
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t v = e.ids[j];
+    int64_t i = j;
+    for (; i > 0 && sorted[i - 1] > v; --i) sorted[i] = sorted[i - 1];
+    sorted[i] = v;
+  }
+}
+
 }  // namespace
 
-RecomputeRoutingStage::RecomputeRoutingStage(std::shared_ptr<const Step> step)
+absl::Status RecomputeRoutingStage::CheckIds(const Step& step, const RankMicrobatchLayout& rank,
+                                             const UploadedRouting& upload) {
+  const int64_t topk = step.model.topk;
+  const int64_t num_experts = step.model.num_experts;
+  const std::vector<int> layer_ids = StoredRoutingLayerIds(step.layout.pipeline());
+  std::vector<int64_t> sorted(static_cast<size_t>(topk));
+  return ForEachUploadedEntry(rank, upload, [&](const UploadedEntry& e) -> absl::Status {
+    SortIds(e, sorted);
+    if (sorted[0] >= 0 && sorted[topk - 1] < num_experts &&
+        std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) {
+      return absl::OkStatus();
+    }
+    const std::string where = absl::StrCat("sample \"", step.sample_ids[e.sequence], "\" token ",
+                                           e.token, " layer ", layer_ids[e.stored_layer]);
+    if (sorted[0] < 0 || sorted[topk - 1] >= num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recorded routing of ", where, " has expert id ",
+          sorted[0] < 0 ? sorted[0] : sorted[topk - 1], ", outside [0, ", num_experts, ")"));
+    }
+    const int64_t repeated = *std::adjacent_find(sorted.begin(), sorted.end());
+    return absl::InvalidArgumentError(absl::StrCat("recorded routing of ", where,
+                                                   " repeats expert id ", repeated, ": ",
+                                                   IdsText(e.ids)));
+  });
+}
+
+RecomputeRoutingStage::RecomputeRoutingStage(std::shared_ptr<const Step> step,
+                                             std::shared_ptr<const std::vector<int32_t>> owner,
+                                             int self)
     : step_(std::move(step)),
+      owner_(std::move(owner)),
+      self_(self),
       topk_(step_->model.topk),
       num_experts_(step_->model.num_experts),
       id_bytes_(step_->model.stored_id_bytes()),
@@ -27,6 +68,7 @@ RecomputeRoutingStage::RecomputeRoutingStage(std::shared_ptr<const Step> step)
   ids_.resize(lengths.size());
   placed_.resize(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) {
+    if (!Owns(i)) continue;
     ids_[i].assign(static_cast<size_t>(lengths[i] * layers * topk_ * id_bytes_), '\0');
     placed_[i].assign(static_cast<size_t>(lengths[i] * layers), 0);
     memory_bytes_ += static_cast<int64_t>(ids_[i].size() + placed_[i].size());
@@ -38,6 +80,10 @@ absl::StatusOr<RoutingUploadResult> RecomputeRoutingStage::Place(const RankCoord
                                                                  int microbatch,
                                                                  const UploadedRouting& upload) {
   ASSIGN_OR_RETURN(RankMicrobatchLayout rank, step_->layout.Describe(coords, microbatch));
+  if (owner_ != nullptr &&
+      (upload.owner.data() != owner_->data() || upload.owner_self != self_)) {
+    return absl::InternalError("an owner's stage was given another owner's rows");
+  }
   RETURN_IF_ERROR(CheckUploadShape(rank, topk_, upload));
   const int64_t layers = static_cast<int64_t>(layer_ids_.size());
   const auto where = [&](const UploadedEntry& e) {
@@ -55,33 +101,10 @@ absl::StatusOr<RoutingUploadResult> RecomputeRoutingStage::Place(const RankCoord
   // which copy came first. Sorted, the range and distinctness checks are
   // two comparisons and one pass.
   std::vector<int64_t> sorted(static_cast<size_t>(topk_));
-  const auto sort_ids = [&](const UploadedEntry& e) {
-    for (int64_t j = 0; j < topk_; ++j) {  // insertion sort: K is small
-      const int64_t v = e.ids[j];
-      int64_t i = j;
-      for (; i > 0 && sorted[i - 1] > v; --i) sorted[i] = sorted[i - 1];
-      sorted[i] = v;
-    }
-  };
+  const auto sort_ids = [&](const UploadedEntry& e) { SortIds(e, sorted); };
 
-  // Pass 1, without the lock (uploads of other ranks go on): every entry's
-  // ids in range and distinct.
-  RETURN_IF_ERROR(ForEachUploadedEntry(rank, upload, [&](const UploadedEntry& e) -> absl::Status {
-    sort_ids(e);
-    if (sorted[0] < 0 || sorted[topk_ - 1] >= num_experts_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "recorded routing of ", where(e), " has expert id ",
-          sorted[0] < 0 ? sorted[0] : sorted[topk_ - 1], ", outside [0, ", num_experts_, ")"));
-    }
-    for (int64_t j = 1; j < topk_; ++j) {
-      if (sorted[j] == sorted[j - 1]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "recorded routing of ", where(e), " repeats expert id ", sorted[j], ": ",
-            IdsText(e.ids)));
-      }
-    }
-    return absl::OkStatus();
-  }));
+  // Pass 1, without the lock (uploads of other ranks go on).
+  RETURN_IF_ERROR(CheckIds(*step_, rank, upload));
 
   absl::MutexLock lock(&mu_);
   // Pass 2: entries placed before must hold the same sets. Changes nothing.

@@ -31,7 +31,12 @@ struct RoutingUploadResult {
 // store's compact form plus one coverage byte per (token, layer).
 class RecomputeRoutingStage {
  public:
-  explicit RecomputeRoutingStage(std::shared_ptr<const Step> step);
+  // With `owner` (a cluster member's stage: docs/cluster.md), only the
+  // step's sequences owner[i] == self: uploads carry only their rows
+  // (UploadedRouting::owner), and completeness is theirs.
+  explicit RecomputeRoutingStage(std::shared_ptr<const Step> step,
+                                 std::shared_ptr<const std::vector<int32_t>> owner = nullptr,
+                                 int self = -1);
 
   const Step& step() const { return *step_; }
   const std::shared_ptr<const Step>& shared_step() const { return step_; }
@@ -44,17 +49,28 @@ class RecomputeRoutingStage {
   // [0, E) or repeated within a (token, layer); FAILED_PRECONDITION naming
   // the sample, token, layer and both values when an entry was placed
   // before with other ids. Nothing changes on error.
+  // The checks of Place that need no stage: every entry's ids in [0, E) and
+  // distinct (INVALID_ARGUMENT naming the sample, token and layer).
+  // Requires CheckUploadShape to pass.
+  static absl::Status CheckIds(const Step& step, const RankMicrobatchLayout& rank,
+                               const UploadedRouting& upload);
+
   absl::StatusOr<RoutingUploadResult> Place(const RankCoords& coords, int microbatch,
                                             const UploadedRouting& upload);
 
   // Every sample's routing in the store's compact form [n, stored layers, K]
-  // (in the step's sample order), when every entry of every real token is
-  // placed; else FAILED_PRECONDITION naming the first missing sample, token
-  // and layer and how many entries are missing. Changes nothing.
+  // (in the step's sample order; empty for a sequence another member owns),
+  // when every entry of every real token is placed; else FAILED_PRECONDITION
+  // naming the first missing sample, token and layer and how many entries
+  // are missing. Changes nothing.
   absl::StatusOr<std::vector<std::string>> Routing() const;
+  // Whether the stage covers the step's sequence i.
+  bool Owns(size_t i) const { return owner_ == nullptr || (*owner_)[i] == self_; }
 
  private:
   const std::shared_ptr<const Step> step_;
+  const std::shared_ptr<const std::vector<int32_t>> owner_;
+  const int self_;
   const int topk_;
   const int num_experts_;
   const int id_bytes_;

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -22,6 +24,18 @@ struct RoutingCommitResult {
   int32_t samples = 0;
   int64_t tokens = 0;
   int64_t stored_bytes = 0;
+};
+
+// A cluster member's share of a step whose samples it holds
+// (docs/cluster.md, "Recompute routing").
+struct HeldStep {
+  // The plan, rebuilt from the step's record.
+  std::shared_ptr<const Step> step;
+  // Owner of each of the step's sequences; this member is `self`.
+  std::shared_ptr<const std::vector<int32_t>> owner;
+  int self = -1;
+  // The attempt of this member's hold (SampleStore::HoldAttempt).
+  int64_t attempt = 0;
 };
 
 class RecomputeUploads {
@@ -44,6 +58,16 @@ class RecomputeUploads {
   // commit of a step already committed answers as the first one did (a
   // retry whose answer was lost); uploads to it are then refused.
   absl::StatusOr<RoutingCommitResult> Commit(const std::string& step_id);
+  // The same for a cluster member's share of a step (its hold of the
+  // samples, not a step of its own): `upload` carries only the rows of
+  // held.self's sequences; stages live while the hold of that attempt does.
+  absl::StatusOr<RoutingUploadResult> UploadHeld(const HeldStep& held, const RankCoords& coords,
+                                                 int microbatch, const UploadedRouting& upload);
+  // The first phase of a cluster commit: what CommitHeld would store, or its
+  // FAILED_PRECONDITION naming the first gap. Changes nothing.
+  absl::StatusOr<RoutingCommitResult> CheckHeld(const HeldStep& held);
+  // The second: SampleStore::SetHeldRecomputeRouting with the stage.
+  absl::StatusOr<RoutingCommitResult> CommitHeld(const HeldStep& held);
   // Bytes the stages hold.
   int64_t staged_bytes() const;
   // Drops the stages of steps no longer live (released, expired, or a new
@@ -52,16 +76,34 @@ class RecomputeUploads {
   void DropStale();
 
  private:
+  struct Staged {
+    std::shared_ptr<RecomputeRoutingStage> stage;
+    // A cluster member's hold: its attempt (0: a step of this server's own).
+    int64_t attempt = 0;
+  };
+  // Whether the step (attempt 0) or hold (attempt) `step` stands for is live.
+  bool IsLive(const std::string& step_id, const Step* step, int64_t attempt) const;
+  // The step's stage, made (and its memory reserved) at its first upload;
+  // FAILED_PRECONDITION for a dense model or a step already committed.
+  absl::StatusOr<std::shared_ptr<RecomputeRoutingStage>> StageFor(
+      const std::shared_ptr<const Step>& step, const HeldStep* held)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The committed answer, or the complete stage's routing (not yet stored).
+  absl::StatusOr<std::shared_ptr<RecomputeRoutingStage>> CompleteStage(
+      const std::string& step_id, int64_t attempt, const HeldStep* held,
+      std::optional<RoutingCommitResult>* committed);
+  void MarkCommitted(const std::string& step_id, const std::shared_ptr<RecomputeRoutingStage>& stage,
+                     int64_t attempt, const RoutingCommitResult& result);
   void DropStaleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& step_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   SampleStore* const store_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<RecomputeRoutingStage>> stages_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Staged> stages_ ABSL_GUARDED_BY(mu_);
   // Steps whose routing was committed, while they live.
   struct Committed {
     std::weak_ptr<const Step> step;
+    int64_t attempt = 0;
     RoutingCommitResult result;
   };
   absl::flat_hash_map<std::string, Committed> committed_ ABSL_GUARDED_BY(mu_);

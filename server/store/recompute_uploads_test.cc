@@ -108,6 +108,18 @@ class RecomputeUploadsTest : public ::testing::Test {
     return u;
   }
 
+  // A recompute step over the 5 samples in one micro-batch per rank: a
+  // layout other than step "a"'s.
+  absl::StatusOr<std::shared_ptr<const Step>> CreateRecomputeStep(const std::string& step_id) {
+    StepRequest request;
+    request.step_id = step_id;
+    request.pool = "p";
+    request.selection.num_samples = 5;
+    request.topology.max_tokens_per_rank = 1024;
+    request.replay_source = ReplaySourceKind::kRecompute;
+    return store_.CreateStep(request);
+  }
+
   SampleStore store_{int64_t{1} << 24};
   RecomputeUploads uploads_{&store_};
   std::shared_ptr<const Step> step_;
@@ -159,13 +171,7 @@ TEST_F(RecomputeUploadsTest, EveryTpRankUploadsTheSameRowsAndTheCommitHoldsThem)
   ASSERT_TRUE(store_.ReleaseStep("a").ok());
 
   // A recompute step in another layout gathers exactly the made-up ids.
-  StepRequest request;
-  request.step_id = "b";
-  request.pool = "p";
-  request.selection.num_samples = 5;
-  request.topology.max_tokens_per_rank = 1024;
-  request.replay_source = ReplaySourceKind::kRecompute;
-  absl::StatusOr<std::shared_ptr<const Step>> b = store_.CreateStep(request);
+  absl::StatusOr<std::shared_ptr<const Step>> b = CreateRecomputeStep("b");
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_EQ((*b)->replay.recompute_routing.size(), 5u);
   for (size_t i = 0; i < 5; ++i) {
@@ -390,6 +396,166 @@ TEST_F(RecomputeUploadsTest, AStageThatDoesNotFitIsRefused) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(r.status().message(), HasSubstr("--max-memory"));
   EXPECT_EQ(uploads.staged_bytes(), 0);
+}
+
+
+// Member `self` of a two-member cluster: the samples of the step's
+// sequences i with i % 2 == self, held for step "a".
+struct Owner {
+  explicit Owner(const Step& step, int self) {
+    EXPECT_TRUE(store.RegisterModel("p", Model()).ok());
+    std::vector<StoredSample> samples;
+    for (size_t i = self; i < step.sample_ids.size(); i += 2) {
+      ids.push_back(step.sample_ids[i]);
+      samples.push_back(Sample(step.sample_ids[i], step.layout.lengths()[i]));
+    }
+    EXPECT_TRUE(store.Put("p", std::move(samples)).ok());
+    EXPECT_TRUE(store.Hold("a", "p", ids, "m0", /*attempt=*/7, /*reuse_samples=*/true).ok());
+  }
+  SampleStore store{int64_t{1} << 24};
+  RecomputeUploads uploads{&store};
+  std::vector<std::string> ids;
+};
+
+// A cluster member's side survives a restart and a compaction: routing
+// committed to held samples, and a RECOMPUTE hold with the routing it took.
+TEST(RecomputeRoutingDurableTest, HeldCommitsAndRecomputeHoldsReplay) {
+  TempDir dir;
+  const std::vector<std::string> ids = {"h1", "h2"};
+  const std::vector<std::string> routing = {std::string(5 * 2 * kTopk, '\3'),
+                                            std::string(3 * 2 * kTopk, '\4')};
+  {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    SampleStore& store = *d->store;
+    ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+    ASSERT_TRUE(store.Put("p", {Sample("h1", 5), Sample("h2", 3)}).ok());
+    ASSERT_TRUE(store.Hold("a", "p", ids, "m0", 3, /*reuse_samples=*/true).ok());
+    // Another attempt's commit goes nowhere.
+    EXPECT_EQ(store.SetHeldRecomputeRouting("a", 4, ids, routing).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(store.SetHeldRecomputeRouting("a", 3, ids, routing).ok());
+    ASSERT_TRUE(store.ReleaseStep("a").ok());  // reuse: back to the free ones
+    ASSERT_TRUE(store.Hold("b", "p", ids, "m0", 5, true, /*recompute=*/true).ok());
+  }
+  for (int round = 0; round < 2; ++round) {
+    absl::StatusOr<Durable> d = OpenDurable(dir.path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    absl::StatusOr<std::vector<std::shared_ptr<const std::string>>> held =
+        d->store->HeldRecomputeRouting("b", ids);
+    ASSERT_TRUE(held.ok()) << "round " << round << ": " << held.status();
+    EXPECT_EQ(*(*held)[0], routing[0]);
+    EXPECT_EQ(*(*held)[1], routing[1]);
+    // Round 0 compacts: round 1 reads the hold and routing from its records.
+    if (round == 0) ASSERT_TRUE(d->store->CompactLog().ok());
+  }
+}
+
+// A cluster's R2 (docs/cluster.md): each upload split by owner and staged on
+// each owner's hold commits, sample by sample, what one store commits.
+TEST_F(RecomputeUploadsTest, SharesSplitByOwnerCommitWhatOneStoreCommits) {
+  auto owner = std::make_shared<const std::vector<int32_t>>([&] {
+    std::vector<int32_t> o(step_->sample_ids.size());
+    for (size_t i = 0; i < o.size(); ++i) o[i] = static_cast<int32_t>(i % 2);
+    return o;
+  }());
+  Owner owners[2] = {Owner(*step_, 0), Owner(*step_, 1)};
+  const HeldStep held[2] = {{step_, owner, 0, 7}, {step_, owner, 1, 7}};
+  // Nothing uploaded yet: the first phase names a gap.
+  absl::StatusOr<RoutingCommitResult> early = owners[0].uploads.CheckHeld(held[0]);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(early.status().message(), HasSubstr("was not uploaded"));
+
+  const Topology& t = step_->topology;
+  int64_t share_rows = 0;
+  for (int m = 0; m < step_->layout.num_microbatches(); ++m) {
+    for (int cp = 0; cp < t.cp; ++cp) {
+      for (int tp = 0; tp < t.tp; ++tp) {
+        RankMicrobatchLayout rank;
+        const std::vector<int64_t> ids = Upload({0, cp, tp, 0}, m, &rank);
+        const UploadedRouting whole = View(ids, rank);
+        ASSERT_TRUE(uploads_.Upload("a", {0, cp, tp, 0}, m, whole).ok());
+        std::vector<std::string> shares;
+        SplitUploadByOwner(rank, whole, *owner, 2, &shares);
+        for (int o = 0; o < 2; ++o) {
+          if (shares[o].empty()) continue;
+          UploadedRouting share = whole;
+          share.data = reinterpret_cast<const uint8_t*>(shares[o].data());
+          share.size_bytes = static_cast<int64_t>(shares[o].size());
+          absl::StatusOr<RoutingUploadResult> r =
+              owners[o].uploads.UploadHeld(held[o], {0, cp, tp, 0}, m, share);
+          ASSERT_TRUE(r.ok()) << "owner " << o << " micro-batch " << m << ": " << r.status();
+          EXPECT_EQ(r->rows, OwnedRouterRows(rank, *owner, o));
+          share_rows += r->rows;
+        }
+        // The other owner's share is refused by this one (its size says so).
+        if (!shares[1].empty() && shares[0].size() != shares[1].size()) {
+          UploadedRouting wrong = whole;
+          wrong.data = reinterpret_cast<const uint8_t*>(shares[1].data());
+          wrong.size_bytes = static_cast<int64_t>(shares[1].size());
+          EXPECT_EQ(owners[0].uploads.UploadHeld(held[0], {0, cp, tp, 0}, m, wrong).status().code(),
+                    absl::StatusCode::kInvalidArgument);
+        }
+      }
+    }
+  }
+  int64_t tokens = 0;
+  for (int64_t n : step_->layout.lengths()) tokens += n;
+  EXPECT_EQ(share_rows, 2 * tokens);  // both TP ranks upload every row
+
+  absl::StatusOr<RoutingCommitResult> whole = uploads_.Commit("a");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  RoutingCommitResult sum;
+  for (int o = 0; o < 2; ++o) {
+    absl::StatusOr<RoutingCommitResult> checked = owners[o].uploads.CheckHeld(held[o]);
+    ASSERT_TRUE(checked.ok()) << checked.status();
+    absl::StatusOr<RoutingCommitResult> committed = owners[o].uploads.CommitHeld(held[o]);
+    ASSERT_TRUE(committed.ok()) << committed.status();
+    EXPECT_EQ(committed->samples, checked->samples);
+    sum.samples += committed->samples;
+    sum.tokens += committed->tokens;
+    sum.stored_bytes += committed->stored_bytes;
+  }
+  EXPECT_EQ(sum.samples, whole->samples);
+  EXPECT_EQ(sum.tokens, whole->tokens);
+  EXPECT_EQ(sum.stored_bytes, whole->stored_bytes);
+
+  // A RECOMPUTE hold on each owner takes the same bytes the one store's
+  // recompute step does.
+  ASSERT_TRUE(store_.ReleaseStep("a").ok());
+  absl::StatusOr<std::shared_ptr<const Step>> b = CreateRecomputeStep("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  int compared = 0;
+  for (int o = 0; o < 2; ++o) {
+    ASSERT_TRUE(owners[o].store.DropHold("a").ok());
+    ASSERT_TRUE(owners[o].store.Hold("b", "p", owners[o].ids, "m0", 8, true, /*recompute=*/true)
+                    .ok());
+    absl::StatusOr<std::vector<std::shared_ptr<const std::string>>> routing =
+        owners[o].store.HeldRecomputeRouting("b", owners[o].ids);
+    ASSERT_TRUE(routing.ok()) << routing.status();
+    for (size_t k = 0; k < owners[o].ids.size(); ++k) {
+      const auto at = std::find((*b)->sample_ids.begin(), (*b)->sample_ids.end(), owners[o].ids[k]);
+      ASSERT_NE(at, (*b)->sample_ids.end());
+      EXPECT_EQ(*(*routing)[k], *(*b)->replay.recompute_routing[at - (*b)->sample_ids.begin()])
+          << owners[o].ids[k];
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 5);
+}
+
+// A RECOMPUTE hold names the sample that has no committed routing.
+TEST_F(RecomputeUploadsTest, ARecomputeHoldNamesASampleWithoutRouting) {
+  SampleStore store{int64_t{1} << 24};
+  ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("x", 4)}).ok());
+  absl::Status held = store.Hold("h", "p", {"x"}, "m0", 1, false, /*recompute=*/true);
+  EXPECT_EQ(held.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(held.message(), HasSubstr("sample \"x\" holds no recompute routing"));
+  // Nothing was held.
+  ASSERT_TRUE(store.Hold("h", "p", {"x"}, "m0", 1).ok());
+  EXPECT_EQ(store.HeldRecomputeRouting("h", {"x"}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

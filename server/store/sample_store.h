@@ -233,9 +233,11 @@ class SampleStore {
   // naming a sample that is not stored here / is in a step already.
   // `attempt` names the planner's attempt at the step (its record's
   // created_unix_nanos), which alone may confirm the hold.
+  // With `recompute` (a RECOMPUTE step): FAILED_PRECONDITION naming the
+  // first sample without recompute routing; the hold keeps each one's.
   absl::Status Hold(const std::string& step_id, const std::string& pool,
                     absl::Span<const std::string> sample_ids, const std::string& coordinator,
-                    int64_t attempt, bool reuse_samples = false);
+                    int64_t attempt, bool reuse_samples = false, bool recompute = false);
   // The attempt of the hold of `step_id`, 0 when there is none.
   int64_t HoldAttempt(const std::string& step_id) const;
   // NOT_FOUND when there is no such hold.
@@ -278,6 +280,16 @@ class SampleStore {
   // it was released, or released and created again).
   absl::StatusOr<int64_t> SetRecomputeRouting(const std::shared_ptr<const Step>& step,
                                               std::vector<std::string> routing);
+  // The same for samples this member holds for a cluster step (the hold of
+  // `attempt`): `routing[i]` is `sample_ids[i]`'s, every id held by it.
+  absl::StatusOr<int64_t> SetHeldRecomputeRouting(const std::string& step_id, int64_t attempt,
+                                                  absl::Span<const std::string> sample_ids,
+                                                  std::vector<std::string> routing);
+  // The recompute routing a RECOMPUTE hold took with `sample_ids` (all held
+  // by it), in their order: NOT_FOUND naming the step or sample, or
+  // FAILED_PRECONDITION when the hold replays rollout routing.
+  absl::StatusOr<std::vector<std::shared_ptr<const std::string>>> HeldRecomputeRouting(
+      const std::string& step_id, absl::Span<const std::string> sample_ids) const;
   absl::Status ReplayRecomputeRouting(const v1::RecomputeRoutingRecord& record);
   // Memory held outside the samples on the store's behalf (R2 upload
   // stages), counted against --max-memory like samples: RESOURCE_EXHAUSTED
@@ -444,6 +456,13 @@ class SampleStore {
   void StoreRecomputeRouting(Pool& pool, absl::Span<const std::string> sample_ids,
                              std::vector<std::string> routing)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks sizes and limits, logs (*ticket: the last record's) and stores a
+  // commit's routing; nothing changes on error. The bytes now stored.
+  absl::StatusOr<int64_t> CommitRoutingLocked(const std::string& pool_name,
+                                              const std::string& step_id,
+                                              absl::Span<const std::string> sample_ids,
+                                              std::vector<std::string> routing, int64_t* ticket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replaying the log: parts of a multi-record commit seen so far, by step.
   absl::flat_hash_map<std::string, std::vector<v1::RecomputeRoutingRecord>> pending_routing_
       ABSL_GUARDED_BY(mu_);
@@ -471,6 +490,9 @@ class SampleStore {
     absl::Time held_at;
     bool confirmed = false;
     bool reuse_samples = false;
+    // RECOMPUTE holds: each sample's recompute routing when it was taken.
+    bool recompute = false;
+    std::vector<std::shared_ptr<const std::string>> recompute_routing;
   };
   absl::flat_hash_map<std::string, SampleHold> holds_ ABSL_GUARDED_BY(mu_);
   // Step ids being planned, reserved so two creates cannot race.

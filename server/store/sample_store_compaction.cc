@@ -120,7 +120,8 @@ absl::Status SampleStore::CompactLog() {
     for (const auto& [id, hold] : holds_) {
       RETURN_IF_ERROR(out->Add(RecordType::kHoldSamples,
                                EncodeHoldSamples(id, hold.pool, hold.sample_ids, hold.coordinator,
-                                                 hold.attempt, hold.reuse_samples)));
+                                                 hold.attempt, hold.reuse_samples,
+                                                 hold.recompute)));
     }
     return absl::OkStatus();
   });

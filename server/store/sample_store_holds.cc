@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -84,7 +85,7 @@ absl::Status SampleStore::CheckFree(const Pool& pool, const std::string& pool_na
 absl::Status SampleStore::Hold(const std::string& step_id, const std::string& pool_name,
                                absl::Span<const std::string> sample_ids,
                                const std::string& coordinator, int64_t attempt,
-                               bool reuse_samples) {
+                               bool reuse_samples, bool recompute) {
   RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
   RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
   int64_t ticket = 0;
@@ -99,18 +100,39 @@ absl::Status SampleStore::Hold(const std::string& step_id, const std::string& po
     }
     Pool& pool = pool_it->second;
     RETURN_IF_ERROR(CheckFree(pool, pool_name, step_id, sample_ids));
+    std::vector<std::shared_ptr<const std::string>> routing;
+    if (recompute) {
+      // R2: the routing each sample has now, shared (a later commit
+      // replaces the store's, never this hold's).
+      routing.reserve(sample_ids.size());
+      for (const std::string& id : sample_ids) {
+        auto it = pool.recompute_routing.find(id);
+        if (it == pool.recompute_routing.end()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "replay_source RECOMPUTE: sample \"", id,
+              "\" holds no recompute routing (upload and commit it from a step that contains "
+              "it first: Trainer.UploadRouting, Trainer.CommitRouting)"));
+        }
+        routing.push_back(it->second.ids);
+      }
+    }
     if (log_ != nullptr) {
       ASSIGN_OR_RETURN(ticket, log_->Append(RecordType::kHoldSamples,
                                             EncodeHoldSamples(step_id, pool_name, sample_ids,
                                                               coordinator, attempt,
-                                                              reuse_samples)));
+                                                              reuse_samples, recompute)));
     }
     for (const std::string& id : sample_ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
     pool.live_steps++;
-    holds_[step_id] = SampleHold{pool_name,
-                                 std::vector<std::string>(sample_ids.begin(), sample_ids.end()),
-                                 coordinator, attempt, absl::Now(), /*confirmed=*/false,
-                                 reuse_samples};
+    SampleHold& hold = holds_[step_id];
+    hold.pool = pool_name;
+    hold.sample_ids.assign(sample_ids.begin(), sample_ids.end());
+    hold.coordinator = coordinator;
+    hold.attempt = attempt;
+    hold.held_at = absl::Now();
+    hold.reuse_samples = reuse_samples;
+    hold.recompute = recompute;
+    hold.recompute_routing = std::move(routing);
   }
   if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
   return absl::OkStatus();
@@ -214,6 +236,35 @@ absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> SampleStore::He
     samples.push_back(pool.samples.at(id));
   }
   return samples;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const std::string>>>
+SampleStore::HeldRecomputeRouting(const std::string& step_id,
+                                  absl::Span<const std::string> sample_ids) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = holds_.find(step_id);
+  if (it == holds_.end()) {
+    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here"));
+  }
+  const SampleHold& hold = it->second;
+  if (!hold.recompute) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step \"", step_id, "\" replays rollout routing, not recompute routing"));
+  }
+  absl::flat_hash_map<absl::string_view, size_t> index;
+  index.reserve(hold.sample_ids.size());
+  for (size_t i = 0; i < hold.sample_ids.size(); ++i) index[hold.sample_ids[i]] = i;
+  std::vector<std::shared_ptr<const std::string>> routing;
+  routing.reserve(sample_ids.size());
+  for (const std::string& id : sample_ids) {
+    auto at = index.find(id);
+    if (at == index.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("sample \"", id, "\" is not held here for step \"", step_id, "\""));
+    }
+    routing.push_back(hold.recompute_routing[at->second]);
+  }
+  return routing;
 }
 
 std::vector<std::string> SampleStore::UnconfirmedHolds(absl::Duration age) const {

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "rollpack/v1/member.pb.h"
@@ -106,63 +107,100 @@ absl::StatusOr<int64_t> SampleStore::SetRecomputeRouting(const std::shared_ptr<c
           "step \"", step_id, "\" was released (or released and created again) before its "
           "recorded routing was committed"));
     }
-    Pool& pool = pools_.at(step->pool);
-    if (routing.size() != step->sample_ids.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("step \"", step_id, "\" has ",
-                                                     step->sample_ids.size(), " samples, ",
-                                                     routing.size(), " routings were given"));
-    }
-    const int64_t stored_layers =
-        static_cast<int64_t>(StoredRoutingLayerIds(step->layout.pipeline()).size());
-    int64_t growth = 0;
-    for (size_t i = 0; i < routing.size(); ++i) {
-      const int64_t n = step->layout.lengths()[i];
-      const int64_t expected = n * stored_layers * step->model.topk * step->model.stored_id_bytes();
-      if (static_cast<int64_t>(routing[i].size()) != expected) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "recompute routing of sample \"", step->sample_ids[i], "\" has ", routing[i].size(),
-            " bytes; ", n, " tokens x ", stored_layers, " layers x topk ", step->model.topk,
-            " need ", expected));
-      }
-      growth += expected;
-      if (auto it = pool.recompute_routing.find(step->sample_ids[i]);
-          it != pool.recompute_routing.end()) {
-        growth -= static_cast<int64_t>(it->second.ids->size());
-      }
-      total += expected;
-    }
-    if (growth > 0 && stored_bytes_ + growth > max_memory_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "recompute routing of step \"", step_id, "\" needs ", growth,
-          " more bytes; the store holds ", stored_bytes_, " of --max-memory ", max_memory_bytes_));
-    }
-    if (growth > 0 && max_pool_bytes_ > 0 && pool.stored_bytes + growth > max_pool_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "recompute routing of step \"", step_id, "\" needs ", growth, " more bytes; pool \"",
-          step->pool, "\" holds ", pool.stored_bytes, " of --max-pool-memory ", max_pool_bytes_));
-    }
-    if (log_ != nullptr) {
-      std::vector<const std::string*> parts;
-      parts.reserve(routing.size());
-      for (const std::string& r : routing) parts.push_back(&r);
-      // Numbered parts: replay applies them only when every one is there,
-      // so a failure between two appends leaves the log as if nothing was
-      // committed (the parts written are dead).
-      int64_t appended = 0;
-      for (const std::string& record :
-           EncodeRoutingRecords(step->pool, step_id, step->sample_ids, parts)) {
-        absl::StatusOr<int64_t> written = log_->Append(RecordType::kRecomputeRouting, record);
-        if (!written.ok()) {
-          log_->AddDeadBytes(appended);
-          return written.status();
-        }
-        appended += static_cast<int64_t>(record.size()) + kLogRecordHeaderBytes;
-        ticket = *written;
-      }
-    }
-    StoreRecomputeRouting(pool, step->sample_ids, std::move(routing));
+    ASSIGN_OR_RETURN(total, CommitRoutingLocked(step->pool, step_id, step->sample_ids,
+                                                std::move(routing), &ticket));
   }
   if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
+  return total;
+}
+
+absl::StatusOr<int64_t> SampleStore::SetHeldRecomputeRouting(
+    const std::string& step_id, int64_t attempt, absl::Span<const std::string> sample_ids,
+    std::vector<std::string> routing) {
+  int64_t ticket = 0;
+  int64_t total = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto hold = holds_.find(step_id);
+    if (hold == holds_.end() || hold->second.attempt != attempt) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step \"", step_id, "\" was released (or released and created again) before its "
+          "recorded routing was committed"));
+    }
+    const absl::flat_hash_set<absl::string_view> held(hold->second.sample_ids.begin(),
+                                                      hold->second.sample_ids.end());
+    for (const std::string& id : sample_ids) {
+      if (!held.contains(id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step \"", step_id, "\" holds no sample \"", id, "\" here"));
+      }
+    }
+    ASSIGN_OR_RETURN(total, CommitRoutingLocked(hold->second.pool, step_id, sample_ids,
+                                                std::move(routing), &ticket));
+  }
+  if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
+  return total;
+}
+
+absl::StatusOr<int64_t> SampleStore::CommitRoutingLocked(const std::string& pool_name,
+                                                         const std::string& step_id,
+                                                         absl::Span<const std::string> sample_ids,
+                                                         std::vector<std::string> routing,
+                                                         int64_t* ticket) {
+  Pool& pool = pools_.at(pool_name);
+  if (routing.size() != sample_ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step \"", step_id, "\" has ",
+                                                   sample_ids.size(), " samples, ",
+                                                   routing.size(), " routings were given"));
+  }
+  const ModelSpec& model = pool.model;
+  int64_t growth = 0;
+  int64_t total = 0;
+  for (size_t i = 0; i < routing.size(); ++i) {
+    const int64_t n = pool.samples.at(sample_ids[i])->num_tokens();
+    const int64_t expected =
+        n * model.stored_layers() * model.topk * model.stored_id_bytes();
+    if (static_cast<int64_t>(routing[i].size()) != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recompute routing of sample \"", sample_ids[i], "\" has ", routing[i].size(),
+          " bytes; ", n, " tokens x ", model.stored_layers(), " layers x topk ", model.topk,
+          " need ", expected));
+    }
+    growth += expected;
+    if (auto it = pool.recompute_routing.find(sample_ids[i]); it != pool.recompute_routing.end()) {
+      growth -= static_cast<int64_t>(it->second.ids->size());
+    }
+    total += expected;
+  }
+  if (growth > 0 && stored_bytes_ + growth > max_memory_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "recompute routing of step \"", step_id, "\" needs ", growth,
+        " more bytes; the store holds ", stored_bytes_, " of --max-memory ", max_memory_bytes_));
+  }
+  if (growth > 0 && max_pool_bytes_ > 0 && pool.stored_bytes + growth > max_pool_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "recompute routing of step \"", step_id, "\" needs ", growth, " more bytes; pool \"",
+        pool_name, "\" holds ", pool.stored_bytes, " of --max-pool-memory ", max_pool_bytes_));
+  }
+  if (log_ != nullptr) {
+    std::vector<const std::string*> parts;
+    parts.reserve(routing.size());
+    for (const std::string& r : routing) parts.push_back(&r);
+    // Numbered parts: replay applies them only when every one is there,
+    // so a failure between two appends leaves the log as if nothing was
+    // committed (the parts written are dead).
+    int64_t appended = 0;
+    for (const std::string& record : EncodeRoutingRecords(pool_name, step_id, sample_ids, parts)) {
+      absl::StatusOr<int64_t> written = log_->Append(RecordType::kRecomputeRouting, record);
+      if (!written.ok()) {
+        log_->AddDeadBytes(appended);
+        return written.status();
+      }
+      appended += static_cast<int64_t>(record.size()) + kLogRecordHeaderBytes;
+      *ticket = *written;
+    }
+  }
+  StoreRecomputeRouting(pool, sample_ids, std::move(routing));
   return total;
 }
 

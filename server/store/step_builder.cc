@@ -84,9 +84,14 @@ absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
 absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::string> sample_ids,
-    const std::vector<int64_t>& num_tokens, int32_t num_groups, bool reuse_samples) {
+    const std::vector<int64_t>& num_tokens, int32_t num_groups, bool reuse_samples,
+    ReplaySourceKind replay_source) {
+  // A cluster's RECOMPUTE step: the routing stays with the samples' owners
+  // (RankStep::recompute_routing).
+  StepReplay replay;
+  replay.source = replay_source;
   return Build(step_id, pool, model, topology, std::move(sample_ids), num_tokens, {}, num_groups,
-               reuse_samples, StepReplay{});
+               reuse_samples, std::move(replay));
 }
 
 }  // namespace rollpack

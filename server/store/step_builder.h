@@ -53,7 +53,8 @@ absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
 absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::string> sample_ids,
-    const std::vector<int64_t>& num_tokens, int32_t num_groups = 0, bool reuse_samples = false);
+    const std::vector<int64_t>& num_tokens, int32_t num_groups = 0, bool reuse_samples = false,
+    ReplaySourceKind replay_source = ReplaySourceKind::kRollout);
 
 }  // namespace rollpack
 

@@ -26,6 +26,10 @@ struct RankStep {
   // samples->at(i) is the step's sequence i wherever the rank receives it;
   // null when the step holds its samples itself (step->samples).
   std::shared_ptr<const std::vector<std::shared_ptr<const StoredSample>>> samples;
+  // R2: recompute_routing->at(i) is sequence i's routing wherever the rank
+  // receives it, for a RECOMPUTE step whose plan holds none (a cluster
+  // step); null: step->replay.recompute_routing.
+  std::shared_ptr<const std::vector<std::shared_ptr<const std::string>>> recompute_routing;
 
   absl::Span<const std::shared_ptr<const StoredSample>> sample_span() const {
     return samples != nullptr ? absl::MakeConstSpan(*samples) : absl::MakeConstSpan(step->samples);
@@ -102,7 +106,7 @@ class LocalSteps final : public StepDirectory {
     absl::StatusOr<std::shared_ptr<const Step>> step = store_->GetStep(step_id);
     if (!step.ok()) return step.status();
     if (absl::Status s = (*step)->layout.ValidateCoords(coords); !s.ok()) return s;
-    return RankStep{*std::move(step), nullptr};
+    return RankStep{*std::move(step), nullptr, nullptr};
   }
   absl::StatusOr<RankPieces> GetPiecesForRank(const std::string& step_id,
                                               const RankCoords& coords) override {
