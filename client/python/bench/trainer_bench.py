@@ -14,9 +14,7 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -30,6 +28,9 @@ from rollpack._proto import (scheduler_pb2, scheduler_pb2_grpc, trainer_pb2,  # 
                              trainer_pb2_grpc)
 from rollpack import _capi  # noqa: E402
 from rollpack.trainer import TrainerClient  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from procs import start_etcd, start_rollpackd  # noqa: E402
 
 
 def gpu_time(fn, iters=20, reps=15):
@@ -161,35 +162,6 @@ def compute_alone(compute_ms, n):
     return (time.perf_counter() - t0) / n * 1e3
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_etcd(exe):
-    d = tempfile.mkdtemp(prefix="tb-etcd-")
-    client, peer = free_port(), free_port()
-    url = "http://127.0.0.1:%d" % client
-    purl = "http://127.0.0.1:%d" % peer
-    proc = subprocess.Popen([exe, "--name", "tb", "--data-dir", d, "--listen-client-urls", url,
-                             "--advertise-client-urls", url, "--listen-peer-urls", purl,
-                             "--initial-advertise-peer-urls", purl,
-                             "--initial-cluster", "tb=" + purl],
-                            stdout=open(os.path.join(d, "log"), "wb"), stderr=subprocess.STDOUT)
-    import urllib.request
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            return proc, url
-        except Exception:
-            if proc.poll() is not None:
-                raise RuntimeError("etcd exited")
-            time.sleep(0.1)
-    raise RuntimeError("etcd did not start")
-
-
 def bench_members(rollpackd, etcd, tokens_per_mb, num_mb, layers, e, k, compute_ms):
     """One rank pulling from 1, 2 and 4 cluster members (docs/cluster.md):
     the samples spread round-robin, the rank dialing member 0; direct pulls
@@ -247,21 +219,6 @@ def bench_members(rollpackd, etcd, tokens_per_mb, num_mb, layers, e, k, compute_
             etcd_proc.send_signal(signal.SIGTERM)
             etcd_proc.wait(timeout=30)
     return rows
-
-
-def start_rollpackd(exe, extra=()):
-    d = tempfile.mkdtemp(prefix="tb-")
-    pf = os.path.join(d, "port")
-    proc = subprocess.Popen([exe, "--listen", "127.0.0.1:0", "--port-file", pf,
-                             "--max-memory", str(8 << 30)] + list(extra),
-                            stdout=open(os.path.join(d, "log"), "wb"), stderr=subprocess.STDOUT)
-    for _ in range(600):
-        if os.path.exists(pf) and open(pf).read().strip():
-            return proc, "127.0.0.1:%d" % int(open(pf).read())
-        if proc.poll() is not None:
-            raise RuntimeError("rollpackd exited")
-        time.sleep(0.05)
-    raise RuntimeError("rollpackd did not start")
 
 
 def make_samples(seed, tokens, layers, e, k, seq=4096):
