@@ -52,7 +52,7 @@ absl::Status CheckBytesOf(const Message& m, const Layout& l) {
 
 }  // namespace
 
-absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32) {
+absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32, bool replay_ids) {
   Layout l;
   auto add = [&](const std::string& name, const v1::NDArray& a) -> absl::Status {
     Slot s;
@@ -89,7 +89,8 @@ absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32) {
     }
   }
   l.ids_offset = l.arrays_bytes;
-  l.ids_bytes = l.rows * l.layers * l.k * (ids_int32 ? 4 : 8);
+  l.unpacked_ids = replay_ids;
+  l.ids_bytes = replay_ids ? l.rows * l.layers * l.k * (ids_int32 ? 4 : 8) : 0;
   l.total = l.ids_offset + AlignUp(l.ids_bytes);
   return l;
 }
@@ -124,6 +125,10 @@ void AssignViews(const Layout& l, char* base, void* ids, bool ids_int32, BatchSt
     else if (s.name == "replay_mask") b->replay_mask = r;
     else if (s.name == "replay_experts") b->replay_experts = r;
     else b->token_fields[s.name.substr(6)] = r;
+  }
+  if (!l.unpacked_ids) {
+    b->replay_ids = ArrayRef();  // absent
+    return;
   }
   b->replay_ids.dtype = ids_int32 ? v1::INT32 : v1::INT64;
   b->replay_ids.shape = {l.layers, l.rows, l.k};

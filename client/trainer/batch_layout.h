@@ -39,9 +39,14 @@ struct Layout {
   int64_t ids_bytes = 0;
   int64_t total = 0;
   int64_t rows = 0, layers = 0, k = 0;
+  // False: the batch carries no replay_ids (an absent array).
+  bool unpacked_ids = true;
 };
 
-absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32);
+// With `replay_ids` false, no room for unpacked ids (ids_bytes 0, unpacked_ids
+// false): the caller writes targets itself (DeviceStreamOptions::replay_ids).
+absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32,
+                                     bool replay_ids = true);
 const Slot* FindSlot(const Layout& l, const std::string& name);
 
 // A message whose byte fields disagree with their shapes is refused before

@@ -246,7 +246,7 @@ class LocalCudaSource final : public CudaSource {
   absl::Status Stage(ReceivedMicrobatch m, Item* item) {
     auto b = std::make_unique<BatchState>();
     b->meta = m.meta();
-    absl::StatusOr<Layout> l = ComputeLayout(b->meta, options_.ids_int32);
+    absl::StatusOr<Layout> l = ComputeLayout(b->meta, options_.ids_int32, options_.replay_ids);
     if (!l.ok()) return l.status();
     if (absl::Status s = CheckBytes(m, *l); !s.ok()) return s;
     absl::StatusOr<char*> base = AllocBatch(b.get(), l->total);

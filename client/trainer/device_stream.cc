@@ -58,7 +58,7 @@ class HostSource final : public BatchSource {
     if (!next->has_value()) return std::shared_ptr<DeviceBatch>();
     auto b = std::make_unique<BatchState>();
     b->meta = std::move(**next);
-    absl::StatusOr<Layout> l = ComputeLayout(b->meta, options_.ids_int32);
+    absl::StatusOr<Layout> l = ComputeLayout(b->meta, options_.ids_int32, options_.replay_ids);
     if (!l.ok()) return l.status();
     if (absl::Status s = CheckBytes(b->meta, *l); !s.ok()) return s;
     b->host_ids.assign((l->ids_bytes + 7) / 8, 0);

@@ -28,6 +28,11 @@ struct DeviceStreamOptions {
   // client/cpp/stream_resume.h).
   absl::Duration resume_timeout = absl::Seconds(60);
   int max_resumes = -1;
+  // Unpack replay_experts into each batch's replay_ids. Off: replay_ids is
+  // absent, and neither its device memory nor the unpack kernel is spent
+  // per micro-batch, for callers that write targets themselves into a
+  // static buffer (StaticReplayTargets, docs/trainer.md).
+  bool replay_ids = true;
   // Unpacked replay ids as int32 instead of int64.
   bool ids_int32 = false;
   // Unpack writes -1 on rows with mask 0 instead of the filler ids.

@@ -208,7 +208,7 @@ class TpLeaderSource final : public CudaSource {
     std::string header;
     if (ended == 0) {
       for (int t = 0; t < size; ++t) {
-        absl::StatusOr<Layout> l = ComputeLayout(msgs[t], options_.ids_int32);
+        absl::StatusOr<Layout> l = ComputeLayout(msgs[t], options_.ids_int32, options_.replay_ids);
         if (!l.ok()) error = l.status();
         else if (absl::Status s = CheckBytes(msgs[t], *l); !s.ok()) error = s;
         if (!error.ok()) break;
@@ -309,7 +309,7 @@ class TpLeaderSource final : public CudaSource {
     }
     auto b = std::make_unique<BatchState>();
     b->meta = std::move(meta);
-    absl::StatusOr<Layout> l = ComputeLayout(b->meta, options_.ids_int32);
+    absl::StatusOr<Layout> l = ComputeLayout(b->meta, options_.ids_int32, options_.replay_ids);
     if (!l.ok()) return l.status();
     absl::StatusOr<char*> base = AllocBatch(b.get(), l->total);
     if (!base.ok()) return base.status();

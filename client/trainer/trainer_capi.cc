@@ -171,6 +171,7 @@ absl::StatusOr<rollpack::DeviceStreamOptions> StreamOptions(const rpt_stream_opt
   o.all_fields = in.all_fields != 0;
   o.start_index = in.start_index;
   o.ids_int32 = in.ids_int32 != 0;
+  o.replay_ids = in.skip_replay_ids == 0;
   o.masked_fill_minus_one = in.masked_fill_minus_one != 0;
   o.tp_leader_size = in.tp_leader_size;
   if (in.rendezvous_timeout_s > 0) o.rendezvous_timeout_s = in.rendezvous_timeout_s;

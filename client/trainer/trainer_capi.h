@@ -116,6 +116,11 @@ typedef struct rpt_stream_options {
    * proxied; RPT_DELIVERY_DIRECT (1) = direct pulls only; RPT_DELIVERY_PROXY
    * (2) = the member dialled sends whole micro-batches. */
   int32_t delivery;
+  /* Appended later: non-zero = no replay_ids per batch (an absent array; no
+   * device memory or unpack kernel spent on it), for callers that write
+   * targets into a static buffer (rpt_stage_static). 0, also what an older
+   * caller's shorter struct reads as, unpacks them as before. */
+  int32_t skip_replay_ids;
 } rpt_stream_options;
 
 #define RPT_DELIVERY_AUTO 0

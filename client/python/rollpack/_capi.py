@@ -45,7 +45,8 @@ class StreamOptions(ctypes.Structure):
                                   "start_index", "ids_int32", "masked_fill_minus_one",
                                   "tp_leader_size", "rendezvous_timeout_s")
     ] + [("rendezvous_tag", _c.c_char_p), ("resume_timeout_ms", _c.c_int32),
-         ("max_resumes", _c.c_int32), ("delivery", _c.c_int32)]
+         ("max_resumes", _c.c_int32), ("delivery", _c.c_int32),
+         ("skip_replay_ids", _c.c_int32)]
 
 # rpt_stream_options.delivery (RPT_DELIVERY_*).
 DELIVERY = {"auto": 0, "direct": 1, "proxy": 2}
@@ -196,7 +197,8 @@ def _connect(connect):
 
 def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_index=0,
                    ids_int32=False, fill=False, tp_leader_size=0, rendezvous_timeout_s=300,
-                   rendezvous_tag="", resume_timeout_ms=0, max_resumes=0, delivery=0):
+                   rendezvous_tag="", resume_timeout_ms=0, max_resumes=0, delivery=0,
+                   replay_ids=True):
     """A StreamOptions (its tag bytes are kept alive by the structure).
     resume_timeout_ms: 0 = the library's default (60 s), < 0 = no limit;
     max_resumes: 0 = no cap, < 0 = never resume; delivery: a DELIVERY value
@@ -210,6 +212,7 @@ def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_i
     o.rendezvous_tag = _bytes(rendezvous_tag)
     o.resume_timeout_ms, o.max_resumes = resume_timeout_ms, max_resumes
     o.delivery = delivery
+    o.skip_replay_ids = 0 if replay_ids else 1
     return o
 
 

@@ -184,7 +184,7 @@ class Microbatch:
         return list(self.replay_indices.unbind(0))
 
 
-def _from_batch(b, device):
+def _from_batch(b, device, replay_ids=True):
     mb = Microbatch()
     mb.step_id = _capi.batch_step_id(b)
     for k in ("index", "num_microbatches", "local_cp_size", "local_cp_rank", "max_seqlen"):
@@ -202,7 +202,7 @@ def _from_batch(b, device):
     mb.cu_seqlens_padded = t("cu_seqlens_padded")
     mb.replay_experts = t("replay_experts")
     mb.replay_mask = t("replay_mask")
-    mb.replay_indices = t("replay_ids")
+    mb.replay_indices = t("replay_ids") if replay_ids else None
     mb.token_fields = {n: t("field:" + n) for n in _capi.batch_fields(b)}
     return mb
 
@@ -241,6 +241,11 @@ class TrainerClient:
     takes whole micro-batches from ``address``; "direct" only the former,
     "proxy" only the latter. The micro-batches are the same either way.
 
+    ``replay_ids=False``: micro-batches carry no ``replay_indices`` (None),
+    and no device memory or unpack kernel is spent on them: for ranks that
+    write targets into a static buffer from ``replay_experts``
+    (``rollpack.static_targets``, CUDA graphs).
+
     Tensors handed out stay valid while referenced; on a GPU they are
     ordered on the current CUDA stream at the time of ``next`` (use
     ``Tensor.record_stream`` before using them on another stream).
@@ -251,7 +256,7 @@ class TrainerClient:
                  tp_leader=False, tp_size=None, rendezvous_timeout_s=300, rendezvous_tag="",
                  token=None, tls=False, root_certificates=None, client_certificate=None,
                  client_key=None, server_name=None, resume_timeout=60.0, max_resumes=None,
-                 delivery="auto"):
+                 delivery="auto", replay_ids=True):
         _capi.abi_version()  # loads the library, or raises ImportError
         self._stream = 0
         self._client = 0
@@ -283,7 +288,8 @@ class TrainerClient:
             fill=masked_fill_minus_one, tp_leader_size=tp_leader_size,
             rendezvous_timeout_s=int(rendezvous_timeout_s), rendezvous_tag=str(rendezvous_tag),
             resume_timeout_ms=resume_timeout_ms, max_resumes=max_resumes,
-            delivery=_capi.DELIVERY[delivery])
+            delivery=_capi.DELIVERY[delivery], replay_ids=bool(replay_ids))
+        self._replay_ids = bool(replay_ids)
         self._stream = call(_capi.open, "open %s rank %s" % (step_id, self.rank), address,
                             step_id, options, self._connect)
 
@@ -302,7 +308,7 @@ class TrainerClient:
             self._close_stream()
             raise StopIteration
         try:
-            mb = _from_batch(b, self.device)
+            mb = _from_batch(b, self.device, self._replay_ids)
         finally:
             _capi.batch_free(b)  # the tensors keep the memory alive
         self._replay_layers = mb.replay_layers

@@ -93,6 +93,29 @@ class GpuStaticTargets(unittest.TestCase):
                                 n += 1
         self.assertGreater(n, 16)
 
+    def test_without_replay_ids_on_the_gpu(self):
+        # replay_ids=False: staged without ids or the unpack kernel; the static
+        # targets are the same.
+        from rollpack.static_targets import write_replay_targets
+        n = 0
+        for step in ("u8", "u16"):
+            rank = (0, 1, 0, 1)
+            with_ids = self.fetch(step, rank, "cuda:0")
+            without = self.fetch(step, rank, "cuda:0", replay_ids=False)
+            self.assertEqual(len(with_ids), len(without))
+            for a, b in zip(with_ids, without):
+                self.assertIsNone(b.replay_indices)
+                layers, k = a.replay_experts.shape[1], a.replay_experts.shape[2]
+                want = torch.full((a.replay_experts.shape[0], layers, k), -7, dtype=torch.int64,
+                                  device="cuda")
+                got = torch.full_like(want, -7)
+                write_replay_targets(a, want, num_experts=E[step])
+                write_replay_targets(b, got, num_experts=E[step])
+                torch.cuda.synchronize()
+                self.assertTrue(torch.equal(got, want), "%s mb %d" % (step, b.index))
+                n += 1
+        self.assertGreater(n, 2)
+
     def test_captured_graph_replayed_for_several_microbatches(self):
         from rollpack.static_targets import StaticReplayTargets, install_static_buffer
         for step in ("u8", "u16"):

@@ -128,6 +128,29 @@ class StaticTargetsCpu(unittest.TestCase):
                     n += 1
         self.assertGreater(n, 16)
 
+    def test_without_replay_ids_the_static_targets_are_the_same(self):
+        # replay_ids=False: no per-micro-batch ids, the same static targets
+        # from the received replay_experts.
+        n = 0
+        for rank in self.ranks():
+            with_ids = self.fetch(rank)
+            without = self.fetch(rank, replay_ids=False)
+            self.assertEqual(len(with_ids), len(without))
+            max_rows = max(mb.replay_experts.shape[0] for mb in with_ids)
+            layers = with_ids[0].replay_experts.shape[1]
+            for a, b in zip(with_ids, without):
+                self.assertIsNone(b.replay_indices)
+                self.assertIsNotNone(a.replay_indices)
+                self.assertTrue(torch.equal(a.replay_experts, b.replay_experts))
+                self.assertTrue(torch.equal(a.replay_mask, b.replay_mask))
+                want = torch.full((max_rows, layers, self.K), 999, dtype=torch.int64)
+                got = torch.full_like(want, 999)
+                self.st.write_replay_targets(a, want, num_experts=self.E)
+                self.st.write_replay_targets(b, got, num_experts=self.E)
+                self.assertTrue(torch.equal(got, want), "rank %s mb %d" % (rank, b.index))
+                n += 1
+        self.assertGreater(n, 8)
+
     def test_slice_of_a_larger_buffer_and_layer_major(self):
         mb = self.fetch((0, 1, 1, 0))[0]
         rows, layers, k = mb.replay_experts.shape
