@@ -366,6 +366,46 @@ TEST_F(ClusterRecomputeTest, APartialOrConflictingUploadChangesNothing) {
   EXPECT_EQ(rows, 2 * committed->tokens()) << "every real token once per stage";
 }
 
+// A dense model has no routing to record: uploads and commits through any
+// member are refused by name, and the members keep serving.
+TEST_F(ClusterRecomputeTest, ADenseStepIsRefusedByName) {
+  for (size_t i = 0; i < 2; ++i) StartMember(i);
+  v1::ModelSpec dense;
+  dense.set_name("dense");
+  dense.set_num_layers(4);
+  ASSERT_TRUE(Client(0).RegisterModel("dense", dense).ok());
+  std::vector<std::string> ids;
+  for (size_t m = 0; m < 2; ++m) {
+    std::vector<v1::Sample> samples(3);
+    for (size_t k = 0; k < samples.size(); ++k) {
+      samples[k].set_sample_id(absl::StrCat("d", m, "-", k));
+      ids.push_back(samples[k].sample_id());
+      v1::NDArray* tokens = samples[k].mutable_tokens();
+      tokens->set_dtype(v1::INT32);
+      tokens->add_shape(40);
+      tokens->set_data(std::string(40 * 4, '\1'));
+    }
+    ASSERT_TRUE(Client(m).PutSamples("dense", samples).ok());
+  }
+  v1::CreateStepRequest request = StepRequest("dense-step", ids, HybridTopology());
+  request.set_pool("dense");
+  ASSERT_TRUE(Client(0).CreateStep(request).ok());
+  v1::Microbatch mb;
+  mb.set_step_id("dense-step");
+  mb.mutable_replay_experts()->set_dtype(v1::UINT8);
+  for (int64_t d : {1, 1, 2}) mb.mutable_replay_experts()->add_shape(d);
+  mb.mutable_replay_experts()->set_data(std::string(2, '\0'));
+  for (size_t m = 0; m < 2; ++m) {
+    absl::StatusOr<v1::UploadRoutingResponse> up = Upload(Address(m), AllRanks(HybridTopology())[0], mb);
+    EXPECT_EQ(up.status().code(), absl::StatusCode::kFailedPrecondition) << up.status();
+    EXPECT_THAT(std::string(up.status().message()), HasSubstr("dense model"));
+    absl::StatusOr<v1::CommitRoutingResponse> commit = Commit(Address(m), "dense-step");
+    EXPECT_EQ(commit.status().code(), absl::StatusCode::kFailedPrecondition) << commit.status();
+    EXPECT_THAT(std::string(commit.status().message()), HasSubstr("dense model"));
+  }
+  for (size_t m = 0; m < 2; ++m) EXPECT_TRUE(Client(m).GetPool("dense").ok()) << "member " << m;
+}
+
 TEST_F(ClusterRecomputeTest, ADownOwnerIsNamed) {
   StartThreeWithSamples();
   ASSERT_TRUE(Client(0).CreateStep(StepRequest("d", InterleavedIds(2), HybridTopology())).ok());

@@ -331,6 +331,19 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
     }
   }
   ASSIGN_OR_RETURN(v1::ClusterStepRecord record, ReadRecord(cluster, step_id));
+  // Every owner is an index into the members: the layout's owner lookups
+  // (pieces, R2's split) index with it.
+  if (record.owner_size() != record.sample_ids_size()) {
+    return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record has ",
+                                            record.owner_size(), " owners for ",
+                                            record.sample_ids_size(), " samples"));
+  }
+  for (int32_t o : record.owner()) {
+    if (o < 0 || o >= record.members_size()) {
+      return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record names owner ",
+                                              o, " of ", record.members_size(), " members"));
+    }
+  }
   ASSIGN_OR_RETURN(Topology topology, NormalizeTopology(record.topology()));
   std::vector<std::string> ids(record.sample_ids().begin(), record.sample_ids().end());
   const std::vector<int64_t> lengths(record.num_tokens().begin(), record.num_tokens().end());
@@ -353,7 +366,11 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
     cached->routing.resize(cached->recompute() ? cached->record.sample_ids_size() : 0);
   }
   absl::MutexLock lock(&mu_);
-  cache_[step_id] = cached;
+  // Two first lookups racing: both get the one cached, so every caller of
+  // a step shares its owner vector and samples.
+  std::shared_ptr<CachedStep>& slot = cache_[step_id];
+  if (slot != nullptr && slot->revision.load() == *revision) return slot;
+  slot = cached;
   return cached;
 }
 

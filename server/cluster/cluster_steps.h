@@ -87,7 +87,7 @@ class ClusterSteps final : public StepDirectory {
   absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool, int64_t policy_version,
                                                 bool local_only) override;
   bool MayBlock() const override { return true; }
-  // R2 over the cluster (docs/cluster.md, "Recompute routing"; in
+  // R2 over the cluster (docs/recompute.md, "In a cluster"; in
   // cluster_steps_routing.cc): an upload is checked here, split by owner
   // and staged on every owner of its rows; a commit checks every owner's
   // stage complete, then has each store its samples' routing. UNAVAILABLE
@@ -103,6 +103,9 @@ class ClusterSteps final : public StepDirectory {
                                                        int64_t attempt);
   absl::StatusOr<RoutingCommitResult> CommitHeldRouting(const std::string& step_id,
                                                         int64_t attempt);
+  // Gives back the memory of R2 stages whose holds were released or dropped
+  // (also done every tick).
+  void DropStaleRoutingStages();
 
   // Bytes this member exchanged with the others to plan steps (listings
   // received, holds sent: metadata only), and bytes of samples it pulled

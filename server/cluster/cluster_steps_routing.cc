@@ -1,4 +1,4 @@
-// ClusterSteps' side of R2 (docs/cluster.md, "Recompute routing"): a rank
+// ClusterSteps' side of R2 (docs/recompute.md, "In a cluster"): a rank
 // uploads to any member, which splits the rows by owner and stages each
 // share on the member that holds those samples; a commit is two phases
 // over the owners, so a gap anywhere stores nothing anywhere.
@@ -41,11 +41,31 @@ RoutingCommitResult CommitResultFrom(const v1::CommitRoutingResponse& response) 
   return result;
 }
 
+absl::Status DenseStep(const Step& step) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step \"", step.step_id, "\": pool \"", step.pool,
+      "\" holds a dense model (num_experts 0): there is no routing to record"));
+}
+
 }  // namespace
+
+void ClusterSteps::DropStaleRoutingStages() { uploads_.DropStale(); }
 
 absl::StatusOr<HeldStep> ClusterSteps::HeldShare(const std::string& step_id, int64_t attempt) {
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
-  ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
+  // This member's hold of that attempt proves the step live (a release
+  // drops it), so a step known here needs no etcd read per upload.
+  std::shared_ptr<CachedStep> cached;
+  if (store_->HoldAttempt(step_id) == attempt) {
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(step_id);
+    if (it != cache_.end() && it->second->record.created_unix_nanos() == attempt) {
+      cached = it->second;
+    }
+  }
+  if (cached == nullptr) {
+    ASSIGN_OR_RETURN(cached, Find(step_id));
+  }
   if (cached->record.created_unix_nanos() != attempt) {
     return absl::FailedPreconditionError(absl::StrCat(
         "step \"", step_id, "\" was released and created again meanwhile (another attempt)"));
@@ -98,11 +118,7 @@ absl::StatusOr<RoutingUploadResult> ClusterSteps::UploadRouting(const std::strin
   ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
   const Step& step = *cached->step;
-  if (step.model.is_dense()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step \"", step_id, "\": pool \"", step.pool,
-                     "\" holds a dense model (num_experts 0): there is no routing to record"));
-  }
+  if (step.model.is_dense()) return DenseStep(step);
   ASSIGN_OR_RETURN(RankMicrobatchLayout rank, step.layout.Describe(coords, microbatch));
   RETURN_IF_ERROR(CheckUploadShape(rank, step.model.topk, upload));
   // Everything an owner could refuse without its stage is refused here,
@@ -216,6 +232,7 @@ absl::StatusOr<RoutingCommitResult> ClusterSteps::CommitRouting(const std::strin
   if (store_->GetStep(step_id).ok()) return uploads_.Commit(step_id);
   ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  if (cached->step->model.is_dense()) return DenseStep(*cached->step);
   // Phase 1 changes nothing: every owner's share is complete, or the first
   // gap is the answer and nothing is stored anywhere.
   RETURN_IF_ERROR(CommitPhase(cluster, *cached, /*commit=*/false, nullptr).status());

@@ -134,6 +134,7 @@ grpc::ServerUnaryReactor* MemberService::ReleaseHold(grpc::CallbackServerContext
                                                      const v1::StepHoldRequest* request,
                                                      v1::DropHoldResponse* response) {
   absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(request->step_id());
+  steps_->DropStaleRoutingStages();  // this member's R2 stage of the step, if any
   if (released.ok()) {
     response->set_released_samples(released->released_samples);
     response->set_returned_samples(released->returned_samples);
@@ -173,21 +174,25 @@ grpc::ServerWriteReactor<v1::SampleBatch>* MemberService::ReadSamples(
 grpc::ServerUnaryReactor* MemberService::StageRouting(grpc::CallbackServerContext* context,
                                                       const v1::StageRoutingRequest* request,
                                                       v1::UploadRoutingResponse* response) {
-  absl::StatusOr<RoutingUploadResult> staged = steps_->StageHeldRouting(*request);
-  if (staged.ok()) {
+  return OffThread(context, [this, request, response] {
+    absl::StatusOr<RoutingUploadResult> staged = steps_->StageHeldRouting(*request);
+    if (!staged.ok()) return staged.status();
     response->set_rows(staged->rows);
     response->set_repeated_rows(staged->repeated_rows);
     response->set_missing_entries(staged->missing_entries);
-  }
-  return Finish(context, staged.status());
+    return absl::OkStatus();
+  });
 }
 
 namespace {
 
-void SetCommitResponse(const RoutingCommitResult& result, v1::CommitRoutingResponse* response) {
-  response->set_samples(result.samples);
-  response->set_tokens(result.tokens);
-  response->set_stored_bytes(result.stored_bytes);
+absl::Status SetCommitResponse(const absl::StatusOr<RoutingCommitResult>& result,
+                               v1::CommitRoutingResponse* response) {
+  if (!result.ok()) return result.status();
+  response->set_samples(result->samples);
+  response->set_tokens(result->tokens);
+  response->set_stored_bytes(result->stored_bytes);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -195,19 +200,30 @@ void SetCommitResponse(const RoutingCommitResult& result, v1::CommitRoutingRespo
 grpc::ServerUnaryReactor* MemberService::CheckRouting(grpc::CallbackServerContext* context,
                                                       const v1::MemberRoutingRequest* request,
                                                       v1::CommitRoutingResponse* response) {
-  absl::StatusOr<RoutingCommitResult> checked =
-      steps_->CheckHeldRouting(request->step_id(), request->attempt());
-  if (checked.ok()) SetCommitResponse(*checked, response);
-  return Finish(context, checked.status());
+  return OffThread(context, [this, request, response] {
+    return SetCommitResponse(steps_->CheckHeldRouting(request->step_id(), request->attempt()),
+                             response);
+  });
 }
 
 grpc::ServerUnaryReactor* MemberService::CommitRouting(grpc::CallbackServerContext* context,
                                                        const v1::MemberRoutingRequest* request,
                                                        v1::CommitRoutingResponse* response) {
-  absl::StatusOr<RoutingCommitResult> committed =
-      steps_->CommitHeldRouting(request->step_id(), request->attempt());
-  if (committed.ok()) SetCommitResponse(*committed, response);
-  return Finish(context, committed.status());
+  return OffThread(context, [this, request, response] {
+    return SetCommitResponse(steps_->CommitHeldRouting(request->step_id(), request->attempt()),
+                             response);
+  });
+}
+
+grpc::ServerUnaryReactor* MemberService::OffThread(grpc::CallbackServerContext* context,
+                                                   absl::AnyInvocable<absl::Status() &&> work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // An owner's R2 work may read etcd and writes the log: never on one of
+  // gRPC's callback threads.
+  routing_calls_.Schedule([reactor, work = std::move(work)]() mutable {
+    reactor->Finish(ToGrpcStatus(std::move(work)()));
+  });
+  return reactor;
 }
 
 }  // namespace rollpack

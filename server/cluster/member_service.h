@@ -3,6 +3,8 @@
 #ifndef ROLLPACK_SERVER_CLUSTER_MEMBER_SERVICE_H_
 #define ROLLPACK_SERVER_CLUSTER_MEMBER_SERVICE_H_
 
+#include "absl/functional/any_invocable.h"
+#include "base/worker_pool.h"
 #include "rollpack/v1/member.grpc.pb.h"
 #include "server/cluster/cluster_steps.h"
 #include "server/store/sample_store.h"
@@ -45,8 +47,13 @@ class MemberService final : public v1::Member::CallbackService {
                                           v1::CommitRoutingResponse* response) override;
 
  private:
+  // Runs `work` on routing_calls_ and finishes the call with its status.
+  grpc::ServerUnaryReactor* OffThread(grpc::CallbackServerContext* context,
+                                      absl::AnyInvocable<absl::Status() &&> work);
+
   SampleStore* const store_;
   ClusterSteps* const steps_;
+  WorkerPool routing_calls_{4};
 };
 
 }  // namespace rollpack

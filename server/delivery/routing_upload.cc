@@ -10,15 +10,29 @@
 
 namespace rollpack {
 
-void TrainerService::RunRoutingCall(absl::AnyInvocable<void() &&> call) {
-  if (pulls_ == nullptr) {
+void TrainerService::RunRoutingCall(grpc::CallbackServerContext* context,
+                                    grpc::ServerUnaryReactor* reactor,
+                                    absl::AnyInvocable<void() &&> call) {
+  if (routing_calls_ == nullptr) {
     std::move(call)();
     return;
   }
   // A cluster member stages and commits on the other members: a wait that
   // must not hold one of gRPC's callback threads (they serve those members'
-  // calls to this one).
-  pulls_->Schedule(std::move(call));
+  // calls to this one). Queued calls hold their uploads: bounded.
+  if (routing_calls_->queued() >= kMaxQueuedRoutingCalls) {
+    reactor->Finish(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        kMaxQueuedRoutingCalls, " UploadRouting / CommitRouting calls wait on this member; "
+        "retry later"))));
+    return;
+  }
+  routing_calls_->Schedule([context, reactor, call = std::move(call)]() mutable {
+    if (context->IsCancelled()) {  // the rank gave up while queued
+      reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled by the client"));
+      return;
+    }
+    std::move(call)();
+  });
 }
 
 grpc::ServerUnaryReactor* TrainerService::UploadRouting(grpc::CallbackServerContext* context,
@@ -31,7 +45,7 @@ grpc::ServerUnaryReactor* TrainerService::UploadRouting(grpc::CallbackServerCont
       return reactor;
     }
   }
-  RunRoutingCall([this, context, request, response, reactor] {
+  RunRoutingCall(context, reactor, [this, context, request, response, reactor] {
     const absl::Status status = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(UploadedRouting upload, ViewRecordedRouting(*request));
       const RankCoords coords{request->rank().dp(), request->rank().cp(), request->rank().tp(),
@@ -64,7 +78,7 @@ grpc::ServerUnaryReactor* TrainerService::CommitRouting(grpc::CallbackServerCont
       return reactor;
     }
   }
-  RunRoutingCall([this, context, request, response, reactor] {
+  RunRoutingCall(context, reactor, [this, context, request, response, reactor] {
     const absl::Status status = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(RoutingCommitResult result, steps_->CommitRouting(request->step_id()));
       response->set_samples(result.samples);

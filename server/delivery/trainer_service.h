@@ -37,7 +37,9 @@ class TrainerService final
         auth_(auth),
         activity_(activity),
         options_(options),
-        pulls_(steps->MayBlock() ? std::make_unique<WorkerPool>(kPullThreads) : nullptr) {}
+        pulls_(steps->MayBlock() ? std::make_unique<WorkerPool>(kPullThreads) : nullptr),
+        routing_calls_(steps->MayBlock() ? std::make_unique<WorkerPool>(kRoutingCallThreads)
+                                         : nullptr) {}
 
   int active_streams() const { return active_streams_.load(); }
   // Micro-batch bytes the streams hold (FetchOptions::stream_buffer_bytes).
@@ -78,8 +80,15 @@ class TrainerService final
   // (RESOURCE_EXHAUSTED, retryable): each queued one is an admitted stream.
   static constexpr int kMaxQueuedLookups = 1024;
   std::unique_ptr<WorkerPool> pulls_;
-  // Runs an R2 call's work here, or on pulls_ when the directory may block.
-  void RunRoutingCall(absl::AnyInvocable<void() &&> call);
+  // R2 calls of a directory that may block (a cluster member) run on a pool
+  // of their own, at most kMaxQueuedRoutingCalls waiting.
+  static constexpr int kRoutingCallThreads = 8;
+  static constexpr int kMaxQueuedRoutingCalls = 256;
+  std::unique_ptr<WorkerPool> routing_calls_;
+  // Runs an R2 call's work here, or on routing_calls_ (RESOURCE_EXHAUSTED
+  // when too many wait; CANCELLED when the caller left while queued).
+  void RunRoutingCall(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+                      absl::AnyInvocable<void() &&> call);
   FirstDeliveryGate first_delivery_;
   std::atomic<int64_t> next_stream_id_{1};
   std::atomic<int> active_streams_{0};

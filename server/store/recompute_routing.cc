@@ -80,10 +80,17 @@ absl::StatusOr<RoutingUploadResult> RecomputeRoutingStage::Place(const RankCoord
                                                                  int microbatch,
                                                                  const UploadedRouting& upload) {
   ASSIGN_OR_RETURN(RankMicrobatchLayout rank, step_->layout.Describe(coords, microbatch));
-  if (owner_ != nullptr &&
-      (upload.owner.data() != owner_->data() || upload.owner_self != self_)) {
-    return absl::InternalError("an owner's stage was given another owner's rows");
+  if (owner_ != nullptr) {
+    UploadedRouting share = upload;
+    share.owner = *owner_;
+    share.owner_self = self_;
+    return PlaceChecked(rank, share);
   }
+  return PlaceChecked(rank, upload);
+}
+
+absl::StatusOr<RoutingUploadResult> RecomputeRoutingStage::PlaceChecked(
+    const RankMicrobatchLayout& rank, const UploadedRouting& upload) {
   RETURN_IF_ERROR(CheckUploadShape(rank, topk_, upload));
   const int64_t layers = static_cast<int64_t>(layer_ids_.size());
   const auto where = [&](const UploadedEntry& e) {
@@ -160,6 +167,16 @@ absl::StatusOr<RoutingUploadResult> RecomputeRoutingStage::Place(const RankCoord
 
 absl::StatusOr<std::vector<std::string>> RecomputeRoutingStage::Routing() const {
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckCompleteLocked());
+  return ids_;
+}
+
+absl::Status RecomputeRoutingStage::CheckComplete() const {
+  absl::MutexLock lock(&mu_);
+  return CheckCompleteLocked();
+}
+
+absl::Status RecomputeRoutingStage::CheckCompleteLocked() const {
   if (missing_ > 0) {
     const int64_t layers = static_cast<int64_t>(layer_ids_.size());
     for (size_t i = 0; i < placed_.size(); ++i) {
@@ -173,7 +190,7 @@ absl::StatusOr<std::vector<std::string>> RecomputeRoutingStage::Routing() const 
           " (token, layer) entries missing; every rank uploads every micro-batch it received)"));
     }
   }
-  return ids_;
+  return absl::OkStatus();
 }
 
 }  // namespace rollpack

@@ -43,18 +43,19 @@ class RecomputeRoutingStage {
   // Bytes this stage holds (fixed at construction).
   int64_t MemoryBytes() const { return memory_bytes_; }
 
-  // Places rank `coords`' upload for micro-batch `microbatch`, all or
-  // nothing: INVALID_ARGUMENT for coordinates or a micro-batch outside the
-  // step, a shape other than the rank's replay_experts, an id outside
-  // [0, E) or repeated within a (token, layer); FAILED_PRECONDITION naming
-  // the sample, token, layer and both values when an entry was placed
-  // before with other ids. Nothing changes on error.
   // The checks of Place that need no stage: every entry's ids in [0, E) and
   // distinct (INVALID_ARGUMENT naming the sample, token and layer).
   // Requires CheckUploadShape to pass.
   static absl::Status CheckIds(const Step& step, const RankMicrobatchLayout& rank,
                                const UploadedRouting& upload);
 
+  // Places rank `coords`' upload for micro-batch `microbatch`, all or
+  // nothing: INVALID_ARGUMENT for coordinates or a micro-batch outside the
+  // step, a shape other than the rank's replay_experts, an id outside
+  // [0, E) or repeated within a (token, layer); FAILED_PRECONDITION naming
+  // the sample, token, layer and both values when an entry was placed
+  // before with other ids. Nothing changes on error. An owner's stage reads
+  // `upload` as carrying only its sequences' rows (whatever upload.owner).
   absl::StatusOr<RoutingUploadResult> Place(const RankCoords& coords, int microbatch,
                                             const UploadedRouting& upload);
 
@@ -64,10 +65,16 @@ class RecomputeRoutingStage {
   // naming the first missing sample, token and layer and how many entries
   // are missing. Changes nothing.
   absl::StatusOr<std::vector<std::string>> Routing() const;
+  // Routing()'s verdict without the copy.
+  absl::Status CheckComplete() const;
   // Whether the stage covers the step's sequence i.
   bool Owns(size_t i) const { return owner_ == nullptr || (*owner_)[i] == self_; }
 
  private:
+  absl::StatusOr<RoutingUploadResult> PlaceChecked(const RankMicrobatchLayout& rank,
+                                                   const UploadedRouting& upload);
+  absl::Status CheckCompleteLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::shared_ptr<const Step> step_;
   const std::shared_ptr<const std::vector<int32_t>> owner_;
   const int self_;

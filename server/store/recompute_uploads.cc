@@ -32,6 +32,14 @@ void RecomputeUploads::DropStale() {
   DropStaleLocked();
 }
 
+absl::Status RecomputeUploads::HeldLive(const std::string& step_id, int64_t attempt) const {
+  const int64_t held = store_->HoldAttempt(step_id);
+  if (held == attempt) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(
+      "step \"", step_id, "\" holds no samples here for attempt ", attempt,
+      held == 0 ? " (no hold: released, or never taken)" : absl::StrCat(" (held for attempt ", held, ")")));
+}
+
 bool RecomputeUploads::IsLive(const std::string& step_id, const Step* step,
                               int64_t attempt) const {
   if (attempt != 0) return store_->HoldAttempt(step_id) == attempt;
@@ -112,16 +120,10 @@ absl::StatusOr<RoutingUploadResult> RecomputeUploads::UploadHeld(const HeldStep&
   {
     absl::MutexLock lock(&mu_);
     DropStaleLocked();
-    if (!IsLive(step_id, nullptr, held.attempt)) {
-      return absl::NotFoundError(absl::StrCat("step \"", step_id,
-                                              "\" holds no samples here for this attempt"));
-    }
+    RETURN_IF_ERROR(HeldLive(step_id, held.attempt));
     ASSIGN_OR_RETURN(stage, StageFor(held.step, &held));
   }
-  UploadedRouting share = upload;
-  share.owner = *held.owner;
-  share.owner_self = held.self;
-  return stage->Place(coords, microbatch, share);
+  return stage->Place(coords, microbatch, upload);
 }
 
 absl::StatusOr<std::shared_ptr<RecomputeRoutingStage>> RecomputeUploads::CompleteStage(
@@ -131,19 +133,17 @@ absl::StatusOr<std::shared_ptr<RecomputeRoutingStage>> RecomputeUploads::Complet
   {
     absl::MutexLock lock(&mu_);
     DropStaleLocked();
-    if (held != nullptr && !IsLive(step_id, nullptr, attempt)) {
-      return absl::NotFoundError(absl::StrCat("step \"", step_id,
-                                              "\" holds no samples here for this attempt"));
-    }
+    if (held != nullptr) RETURN_IF_ERROR(HeldLive(step_id, attempt));
     if (auto done = committed_.find(step_id); done != committed_.end()) {
       *committed = done->second.result;  // a retried commit (its answer was lost)
       return nullptr;
     }
     auto it = stages_.find(step_id);
     if (it == stages_.end()) {
-      if (held != nullptr) {
+      const Step* step_of_held = held != nullptr ? held->step.get() : nullptr;
+      if (step_of_held != nullptr && !step_of_held->model.is_dense()) {
         // Name a gap as a stage would: this member's first sample.
-        const Step& step = *held->step;
+        const Step& step = *step_of_held;
         for (size_t i = 0; i < step.sample_ids.size(); ++i) {
           if ((*held->owner)[i] != held->self) continue;
           return absl::FailedPreconditionError(absl::StrCat(
@@ -224,8 +224,19 @@ absl::StatusOr<RoutingCommitResult> RecomputeUploads::CheckHeld(const HeldStep& 
   ASSIGN_OR_RETURN(std::shared_ptr<RecomputeRoutingStage> stage,
                    CompleteStage(held.step->step_id, held.attempt, &held, &committed));
   if (committed.has_value()) return *committed;
-  ASSIGN_OR_RETURN(OwnedRouting owned, Owned(*stage));
-  return owned.result;
+  RETURN_IF_ERROR(stage->CheckComplete());
+  // What the commit would store, counted without copying the stage.
+  RoutingCommitResult result;
+  const Step& step = stage->step();
+  const ModelSpec& model = step.model;
+  for (size_t i = 0; i < step.sample_ids.size(); ++i) {
+    if (!stage->Owns(i)) continue;
+    ++result.samples;
+    result.tokens += step.layout.lengths()[i];
+  }
+  result.stored_bytes =
+      result.tokens * model.stored_layers() * model.topk * model.stored_id_bytes();
+  return result;
 }
 
 absl::StatusOr<RoutingCommitResult> RecomputeUploads::CommitHeld(const HeldStep& held) {

@@ -27,7 +27,7 @@ struct RoutingCommitResult {
 };
 
 // A cluster member's share of a step whose samples it holds
-// (docs/cluster.md, "Recompute routing").
+// (docs/recompute.md, "In a cluster").
 struct HeldStep {
   // The plan, rebuilt from the step's record.
   std::shared_ptr<const Step> step;
@@ -81,6 +81,9 @@ class RecomputeUploads {
     // A cluster member's hold: its attempt (0: a step of this server's own).
     int64_t attempt = 0;
   };
+  // NOT_FOUND naming both attempts unless this member holds `step_id`'s
+  // samples for `attempt`.
+  absl::Status HeldLive(const std::string& step_id, int64_t attempt) const;
   // Whether the step (attempt 0) or hold (attempt) `step` stands for is live.
   bool IsLive(const std::string& step_id, const Step* step, int64_t attempt) const;
   // The step's stage, made (and its memory reserved) at its first upload;

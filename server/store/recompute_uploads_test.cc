@@ -468,6 +468,7 @@ TEST_F(RecomputeUploadsTest, SharesSplitByOwnerCommitWhatOneStoreCommits) {
 
   const Topology& t = step_->topology;
   int64_t share_rows = 0;
+  int wrong_shares = 0;
   for (int m = 0; m < step_->layout.num_microbatches(); ++m) {
     for (int cp = 0; cp < t.cp; ++cp) {
       for (int tp = 0; tp < t.tp; ++tp) {
@@ -490,6 +491,7 @@ TEST_F(RecomputeUploadsTest, SharesSplitByOwnerCommitWhatOneStoreCommits) {
         }
         // The other owner's share is refused by this one (its size says so).
         if (!shares[1].empty() && shares[0].size() != shares[1].size()) {
+          ++wrong_shares;
           UploadedRouting wrong = whole;
           wrong.data = reinterpret_cast<const uint8_t*>(shares[1].data());
           wrong.size_bytes = static_cast<int64_t>(shares[1].size());
@@ -502,6 +504,7 @@ TEST_F(RecomputeUploadsTest, SharesSplitByOwnerCommitWhatOneStoreCommits) {
   int64_t tokens = 0;
   for (int64_t n : step_->layout.lengths()) tokens += n;
   EXPECT_EQ(share_rows, 2 * tokens);  // both TP ranks upload every row
+  EXPECT_GT(wrong_shares, 0);
 
   absl::StatusOr<RoutingCommitResult> whole = uploads_.Commit("a");
   ASSERT_TRUE(whole.ok()) << whole.status();

@@ -172,7 +172,7 @@ absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id,
       log_->AddDeadBytes(LogRecordBytes(record.size()) +
                          LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
                                                           hold.coordinator, hold.attempt,
-                                                          hold.reuse_samples)
+                                                          hold.reuse_samples, hold.recompute)
                                             .size()));
     }
     Pool& pool = pools_.at(it->second.pool);
@@ -198,7 +198,7 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseHoldLocked(const std::string& 
     int64_t dead = LogRecordBytes(record.size()) +
                    LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
                                                     hold.coordinator, hold.attempt,
-                                                    hold.reuse_samples)
+                                                    hold.reuse_samples, hold.recompute)
                                       .size());
     const Pool& pool = pools_.at(hold.pool);
     if (!hold.reuse_samples) {
