@@ -300,7 +300,9 @@ TEST_F(ClusterRecomputeTest, APartialOrConflictingUploadChangesNothing) {
       Client(2).CreateStep(StepRequest("p2", m0_ids, HybridTopology(), v1::REPLAY_SOURCE_RECOMPUTE));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("holds no recompute routing"));
-  if (refused.ok()) ASSERT_TRUE(Client(2).ReleaseStep("p2").ok());  // so the rest still runs
+  if (refused.ok()) {
+    ASSERT_TRUE(Client(2).ReleaseStep("p2").ok());  // so the rest still runs
+  }
 
   // Everything uploaded, and one conflicting copy after the right one.
   ASSERT_TRUE(Client(2).CreateStep(StepRequest("q", ids, HybridTopology())).ok());

@@ -132,8 +132,14 @@ absl::StatusOr<RoutingUploadResult> ClusterSteps::UploadRouting(const std::strin
   const int64_t attempt = cached->record.created_unix_nanos();
 
   std::vector<absl::StatusOr<RoutingUploadResult>> results(num_owners, RoutingUploadResult{});
-  ForEachParallel(num_owners, [&](size_t o) {
-    if (shares[o].empty()) return;
+  // A thread per owner this upload reaches (a micro-batch's samples sit on
+  // few members), none for the others.
+  std::vector<int> reached;
+  for (int o = 0; o < num_owners; ++o) {
+    if (!shares[o].empty()) reached.push_back(o);
+  }
+  ForEachParallel(reached.size(), [&](size_t r) {
+    const int o = reached[r];
     const std::string& member = cached->record.members(o);
     v1::StageRoutingRequest request;
     v1::RecordedRouting* routing = request.mutable_routing();

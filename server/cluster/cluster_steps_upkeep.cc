@@ -1,6 +1,7 @@
-// ClusterSteps' upkeep on each member (cluster_steps.h): releases decided
-// while this member was away, holds whose planner never committed, and
-// cached plans of steps released elsewhere. One thread, every tick.
+// ClusterSteps' releases and upkeep on each member (cluster_steps.h):
+// ReleaseStep, releases decided while this member was away, holds whose
+// planner never committed, and cached plans of steps released elsewhere
+// (one thread, every tick).
 #include <optional>
 #include <string>
 #include <utility>
@@ -9,12 +10,78 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/cluster/cluster_steps.h"
 #include "server/cluster/peer_calls.h"
+#include "server/store/names.h"
 #include "spdlog/spdlog.h"
 
 namespace rollpack {
+
+absl::StatusOr<ReleaseResult> ClusterSteps::ReleaseStep(const std::string& step_id) {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
+  if (store_->GetStep(step_id).ok()) {
+    absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(step_id);
+    uploads_.DropStale();
+    return released;
+  }
+  ASSIGN_OR_RETURN(Cluster * cluster, Joined());
+  ASSIGN_OR_RETURN(v1::ClusterStepRecord record, ReadRecord(cluster, step_id));
+  std::vector<bool> owns(record.members_size(), false);
+  for (int32_t o : record.owner()) owns[o] = true;
+  // Pending releases first: whatever happens next, every owner finds out.
+  for (int i = 0; i < record.members_size(); ++i) {
+    if (owns[i]) {
+      RETURN_IF_ERROR(cluster->etcd()->Put(ReleaseKey(cluster, record.members(i), step_id), ""));
+    }
+  }
+  RETURN_IF_ERROR(cluster->etcd()->Delete(StepKey(cluster, step_id)));
+  {
+    absl::MutexLock lock(&mu_);
+    cache_.erase(step_id);
+  }
+  std::vector<absl::StatusOr<ReleaseResult>> results(record.members_size(), ReleaseResult{});
+  ForEachParallel(owns.size(), [&](size_t i) {
+    if (!owns[i]) return;
+    const std::string& member = record.members(i);
+    if (member == cluster->self().id) {
+      results[i] = store_->ReleaseStep(step_id);
+    } else {
+      v1::StepHoldRequest request;
+      request.set_step_id(step_id);
+      v1::DropHoldResponse response;
+      grpc::ClientContext context;
+      SetDeadline(&context, options_.member_timeout);
+      absl::Status s = FromPeer(
+          cluster->MemberStub({member, member})->ReleaseHold(&context, request, &response),
+          member, "ReleaseHold");
+      if (s.ok()) {
+        results[i] = ReleaseResult{response.released_samples(), response.freed_bytes(),
+                                   response.returned_samples()};
+      } else {
+        results[i] = s;
+      }
+    }
+    // Released, or not held there (released already): the pending release
+    // is done. Otherwise the owner finishes it when it is back.
+    if (results[i].ok() || absl::IsNotFound(results[i].status())) {
+      cluster->etcd()->Delete(ReleaseKey(cluster, member, step_id)).IgnoreError();
+    } else {
+      spdlog::warn("rollpackd: step \"{}\": member {} will release its samples when it is back: {}",
+                   step_id, member, results[i].status().ToString());
+    }
+  });
+  uploads_.DropStale();  // this member's R2 stage of the step gives its memory back
+  ReleaseResult total;
+  for (const auto& r : results) {
+    if (!r.ok()) continue;
+    total.released_samples += r->released_samples;
+    total.freed_bytes += r->freed_bytes;
+    total.returned_samples += r->returned_samples;
+  }
+  return total;
+}
 
 void ClusterSteps::BackgroundLoop() {
   while (true) {
