@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace rollpack {
 namespace {
@@ -38,6 +39,15 @@ std::string StalenessNote(const SelectionRequest& request, int64_t stale) {
   if (stale == 0) return "";
   return absl::StrCat(" (", stale, " more are stale: policy_version ", request.policy_version,
                       ", max_staleness ", *request.max_staleness, ")");
+}
+
+// RESOURCE_EXHAUSTED when a step of `samples` samples is over the limit.
+absl::Status CheckStepSize(int64_t samples, const SelectionRequest& request,
+                           absl::string_view what) {
+  if (request.max_samples <= 0 || samples <= request.max_samples) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": the step would take ", samples, " samples; the server plans at most ",
+      request.max_samples, " per step (--max-samples-per-step): ask for fewer"));
 }
 
 }  // namespace
@@ -80,6 +90,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": give exactly one of sample_ids, num_samples, num_groups, num_tokens (> 0)"));
   }
+  RETURN_IF_ERROR(CheckStepSize(request.num_samples, request, what));
   if (candidates.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::ResourceExhaustedError(absl::StrCat(what, ": too many free samples to select from"));
   }
@@ -204,6 +215,9 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
     }
   }
 
+  int64_t chosen_samples = 0;
+  for (size_t k = 0; k < taken; ++k) chosen_samples += items[k].count;
+  RETURN_IF_ERROR(CheckStepSize(chosen_samples, request, what));
   Selection selection;
   for (size_t k = 0; k < taken; ++k) {
     for (int32_t m = items[k].begin; m < items[k].begin + items[k].count; ++m) {
@@ -225,6 +239,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
 absl::StatusOr<int32_t> CheckExplicitSelection(absl::Span<const SampleCandidate> chosen,
                                                const SelectionRequest& request,
                                                absl::string_view what) {
+  RETURN_IF_ERROR(CheckStepSize(static_cast<int64_t>(chosen.size()), request, what));
   for (const SampleCandidate& c : chosen) {
     if (IsStale(request, c.policy_version)) {
       return absl::FailedPreconditionError(absl::StrCat(

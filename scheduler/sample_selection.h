@@ -40,6 +40,10 @@ struct SelectionRequest {
   int64_t policy_version = 0;
   std::optional<int64_t> max_staleness;
   SelectionOrder order = SelectionOrder::kOldest;
+  // The most samples a step may take (the server's --max-samples-per-step);
+  // 0 = no limit. A selection past it is refused, never cut short: a
+  // smaller step than asked would change the run silently.
+  int64_t max_samples = 0;
 
   bool selects_groups() const { return whole_groups || num_groups > 0; }
 };
@@ -61,7 +65,8 @@ struct Selection {
 // Selects from `free_candidates`: the pool's free, sealed samples in ingest
 // order (index = ingest rank). FAILED_PRECONDITION, naming what is
 // available, when the request cannot be met; INVALID_ARGUMENT when it
-// selects nothing. `what` prefixes errors (e.g. `step "s1": pool "p"`).
+// selects nothing; RESOURCE_EXHAUSTED when it selects more than
+// request.max_samples. `what` prefixes errors (e.g. `step "s1": pool "p"`).
 //
 // `prefix`: the candidates are only the oldest free samples (OLDEST order
 // only). Items that complete within a prefix come first in the whole order
@@ -73,7 +78,8 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> free_c
                                         bool prefix = false);
 
 // Explicit ids, already known to be free and stored (`chosen`, in the
-// order given): FAILED_PRECONDITION naming a stale sample and its version,
+// order given): RESOURCE_EXHAUSTED past request.max_samples;
+// FAILED_PRECONDITION naming a stale sample and its version,
 // or, with whole_groups, a group not covered whole and how many of its
 // samples are missing. Returns the count of complete groups among them.
 absl::StatusOr<int32_t> CheckExplicitSelection(absl::Span<const SampleCandidate> chosen,

@@ -291,6 +291,46 @@ TEST(SampleSelection, APrefixDecidesOnlyWhatTheWholePoolWouldChoose) {
             absl::StatusCode::kInternal);
 }
 
+TEST(SampleSelection, AStepOverTheServersSampleLimitIsRefusedNotCut) {
+  Pool p;
+  for (int i = 0; i < 10; ++i) p.Add("s" + std::to_string(i), 5, 0, "g" + std::to_string(i / 2), 2);
+  SelectionRequest r;
+  r.max_samples = 4;
+  // Exactly at the limit: taken.
+  r.num_samples = 4;
+  auto s = SelectSamples(p.Span(), r, "step \"s1\"");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->chosen.size(), 4u);
+  // A count over it is refused before anything is selected.
+  r.num_samples = 5;
+  s = SelectSamples(p.Span(), r, "step \"s1\"");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.status().message(), HasSubstr("step \"s1\": the step would take 5 samples"));
+  EXPECT_THAT(s.status().message(), HasSubstr("at most 4 per step (--max-samples-per-step)"));
+  // Token budgets and whole groups are refused by what they would take.
+  r.num_samples = 0;
+  r.num_tokens = 25;
+  s = SelectSamples(p.Span(), r, "step");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.status().message(), HasSubstr("would take 5 samples"));
+  r.num_tokens = 0;
+  r.num_groups = 3;
+  s = SelectSamples(p.Span(), r, "step");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.status().message(), HasSubstr("would take 6 samples"));
+  r.num_groups = 2;
+  EXPECT_TRUE(SelectSamples(p.Span(), r, "step").ok());
+  // Explicit ids alike.
+  std::vector<SampleCandidate> all = p.Span();
+  EXPECT_EQ(CheckExplicitSelection(absl::MakeSpan(all).subspan(0, 5), r, "step").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(CheckExplicitSelection(absl::MakeSpan(all).subspan(0, 4), r, "step").ok());
+  // 0 = no limit.
+  r.max_samples = 0;
+  r.num_groups = 5;
+  EXPECT_TRUE(SelectSamples(p.Span(), r, "step").ok());
+}
+
 TEST(SampleSelection, SameInputsSameSelection) {
   Pool p;
   for (int i = 0; i < 200; ++i) {

@@ -106,6 +106,12 @@ ABSL_FLAG(int, ingest_threads, 0, "ingest worker threads; 0 = one per core, at m
 ABSL_FLAG(int64_t, max_pool_memory, 0,
           "bytes one pool may hold before its PutSamples get RESOURCE_EXHAUSTED; 0 = only "
           "--max-memory applies");
+ABSL_FLAG(int, max_samples_per_message, 65536,
+          "samples one PutSamples message may carry (RESOURCE_EXHAUSTED past it; the Python "
+          "and C++ producers split at 65536 by default); 0 = only --max-message-bytes");
+ABSL_FLAG(int64_t, max_samples_per_step, 1 << 20,
+          "samples one step may take (CreateStep answers RESOURCE_EXHAUSTED past it; planning "
+          "10^6 samples takes about 0.5 s on 2 cores); 0 = no limit");
 ABSL_FLAG(int64_t, max_pools, 64,
           "pools the server may hold (0 = no limit); each has its own metric series");
 ABSL_FLAG(absl::Duration, step_ttl, absl::ZeroDuration(),
@@ -219,6 +225,8 @@ int main(int argc, char** argv) {
       std::clamp(absl::GetFlag(FLAGS_ingest_messages_in_flight), 1, 64);
   options.ingest.threads = std::max(0, absl::GetFlag(FLAGS_ingest_threads));
   options.max_pools = absl::GetFlag(FLAGS_max_pools);
+  options.ingest.max_samples_per_message = absl::GetFlag(FLAGS_max_samples_per_message);
+  options.max_samples_per_step = absl::GetFlag(FLAGS_max_samples_per_step);
   options.step_ttl = absl::GetFlag(FLAGS_step_ttl);
   options.cluster_etcd = absl::GetFlag(FLAGS_cluster_etcd);
   options.cluster_advertise = absl::GetFlag(FLAGS_cluster_advertise);

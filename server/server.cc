@@ -168,6 +168,15 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-pools is ", options.max_pools, ": >= 0 (0 = no limit)"));
   }
+  if (options.max_samples_per_step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-samples-per-step is ", options.max_samples_per_step, ": >= 0 (0 = no limit)"));
+  }
+  if (options.ingest.max_samples_per_message < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-samples-per-message is ", options.ingest.max_samples_per_message,
+                     ": >= 0 (0 = no limit)"));
+  }
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-message-bytes is ", options.max_message_bytes, ": must be > 0"));
@@ -255,7 +264,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->step_activity_ = std::make_unique<StepActivity>();
   server->scheduler_ = std::make_unique<SchedulerService>(
       server->steps_.get(), server->metrics_.get(), server->auth_.get(),
-      server->step_activity_.get());
+      server->step_activity_.get(), options.max_samples_per_step);
   server->trainer_ = std::make_unique<TrainerService>(server->steps_.get(), server->metrics_.get(),
                                                       server->auth_.get(), options.fetch,
                                                       server->step_activity_.get());

@@ -82,6 +82,9 @@ struct ServerOptions {
   int64_t max_pool_memory_bytes = 0;
   // Pools the server may hold (0 = no limit): each has its own metric series.
   int64_t max_pools = 64;
+  // Samples one step may take (0 = no limit): CreateStep refuses a larger
+  // selection with RESOURCE_EXHAUSTED before planning it.
+  int64_t max_samples_per_step = int64_t{1} << 20;
   // A live step with no open trainer stream and no stream started or ended
   // for this long (nor created) is released as abandoned, counted in
   // rollpack_steps_expired_total; zero = never (docs/operations.md).

@@ -139,6 +139,67 @@ TEST(PoolMemoryTest, OnePoolCannotTakeTheWholeStore) {
   (*server)->Shutdown(absl::Seconds(1));
 }
 
+// ------------------------------------------- samples per message and step
+
+TEST(SampleCountTest, MessagesAndStepsOverTheirSampleLimitsAreRefusedWhole) {
+  ServerOptions options;
+  options.ingest.max_samples_per_message = 3;
+  options.max_samples_per_step = 4;
+  absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<v1::Sample> samples = Samples(5, 64, 9);
+  ClientOptions unsplit;
+  unsplit.batch_samples = 0;  // one message of five
+  RollpackClient whole(MakeChannel((*server)->address()), unsplit);
+  ASSERT_TRUE(whole.RegisterModel("p", Model()).ok());
+  absl::StatusOr<v1::PutSamplesResponse> refused = whole.PutSamples("p", samples);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("PutSamplesRequest has 5 samples; the server takes at most 3 per message "
+                        "(--max-samples-per-message)"));
+  absl::StatusOr<v1::PoolInfo> pool = whole.GetPool("p");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(pool->num_samples(), 0);
+
+  // A producer that splits at the server's count stores them all.
+  ClientOptions split;
+  split.batch_samples = 3;
+  RollpackClient client(MakeChannel((*server)->address()), split);
+  absl::StatusOr<v1::PutSamplesResponse> put = client.PutSamples("p", samples);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->accepted(), 5);
+
+  // A step over the limit is refused, whatever selects it, and takes nothing.
+  v1::CreateStepRequest by_count = StepRequest("s1", "p", 5, 1, 1 << 16);
+  v1::CreateStepRequest by_ids = StepRequest("s1", "p", 0, 1, 1 << 16);
+  for (const v1::Sample& s : samples) by_ids.add_sample_ids(s.sample_id());
+  v1::CreateStepRequest by_tokens = StepRequest("s1", "p", 0, 1, 1 << 16);
+  int64_t tokens = 0;
+  for (const v1::Sample& s : samples) tokens += s.tokens().shape(0);
+  by_tokens.set_num_tokens(tokens);
+  for (const v1::CreateStepRequest& request : {by_count, by_ids, by_tokens}) {
+    absl::StatusOr<v1::StepInfo> step = client.CreateStep(request);
+    EXPECT_EQ(step.status().code(), absl::StatusCode::kResourceExhausted) << request.DebugString();
+    EXPECT_THAT(step.status().message(), HasSubstr("step \"s1\""));
+    EXPECT_THAT(step.status().message(),
+                HasSubstr("would take 5 samples; the server plans at most 4 per step "
+                          "(--max-samples-per-step)"));
+  }
+  absl::StatusOr<v1::StepInfo> step = client.CreateStep(StepRequest("s1", "p", 4, 1, 1 << 16));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->num_samples(), 4);
+
+  options = ServerOptions();
+  options.max_samples_per_step = -1;
+  EXPECT_THAT(RollpackServer::Start(options).status().message(),
+              HasSubstr("--max-samples-per-step is -1"));
+  options = ServerOptions();
+  options.ingest.max_samples_per_message = -2;
+  EXPECT_THAT(RollpackServer::Start(options).status().message(),
+              HasSubstr("--max-samples-per-message is -2"));
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
 // ------------------------------------------------------------- stream limit
 
 TEST(StreamLimitTest, RefusesStreamsPastTheLimitAndRecovers) {

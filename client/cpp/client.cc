@@ -57,13 +57,16 @@ int CauseRank(const absl::Status& status) {
 }
 
 // Where each request message starts in `samples` (and, last, the end):
-// messages of about `batch_bytes`, at least one sample each.
-std::vector<size_t> MessageStarts(absl::Span<const v1::Sample> samples, int64_t batch_bytes) {
+// messages of about `batch_bytes` and at most `batch_samples` samples (0 =
+// any number), at least one sample each.
+std::vector<size_t> MessageStarts(absl::Span<const v1::Sample> samples, int64_t batch_bytes,
+                                  int batch_samples) {
   std::vector<size_t> starts = {0};
   int64_t bytes = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
     const int64_t size = static_cast<int64_t>(samples[i].ByteSizeLong());
-    if (i > starts.back() && bytes + size > batch_bytes) {
+    const bool full = batch_samples > 0 && i - starts.back() >= static_cast<size_t>(batch_samples);
+    if (i > starts.back() && (bytes + size > batch_bytes || full)) {
       starts.push_back(i);
       bytes = 0;
     }
@@ -170,7 +173,7 @@ absl::StatusOr<v1::RegisterModelResponse> RollpackClient::RegisterModel(
 
 absl::StatusOr<v1::PutSamplesResponse> RollpackClient::PutSamples(
     const std::string& pool, absl::Span<const v1::Sample> samples) {
-  const std::vector<size_t> starts = MessageStarts(samples, options_.batch_bytes);
+  const std::vector<size_t> starts = MessageStarts(samples, options_.batch_bytes, options_.batch_samples);
   const int messages = static_cast<int>(starts.size()) - 1;
   const int streams = std::min<int>(static_cast<int>(put_channels_.size()), messages);
   if (streams > 1) return PutSamplesStriped(pool, samples, starts, streams);

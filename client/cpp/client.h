@@ -39,6 +39,9 @@ struct ClientOptions {
   absl::Duration keepalive_timeout = absl::Seconds(10);
   // Samples are streamed in request messages of about this many bytes.
   int64_t batch_bytes = 8 << 20;
+  // ... and at most this many samples (0 = any number): keep it at or under
+  // rollpackd's --max-samples-per-message (65536 by default).
+  int batch_samples = 65536;
   // PutSamples spreads a call's request messages over up to this many
   // streams, each on a connection of its own (1 to 64; 0 = one per core of
   // this host, at most 4: more streams than cores cost more than they carry);

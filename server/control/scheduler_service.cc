@@ -52,6 +52,7 @@ grpc::ServerUnaryReactor* SchedulerService::CreateStep(grpc::CallbackServerConte
   step_request.pool = request->pool();
   step_request.sample_ids.assign(request->sample_ids().begin(), request->sample_ids().end());
   step_request.selection = *selection;
+  step_request.selection.max_samples = max_samples_per_step_;
   step_request.topology = *topology;
   step_request.reuse_samples = request->reuse_samples();
   switch (request->replay_source()) {

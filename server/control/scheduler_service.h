@@ -2,6 +2,8 @@
 #ifndef ROLLPACK_SERVER_CONTROL_SCHEDULER_SERVICE_H_
 #define ROLLPACK_SERVER_CONTROL_SCHEDULER_SERVICE_H_
 
+#include <cstdint>
+
 #include "rollpack/v1/scheduler.grpc.pb.h"
 #include "server/ops/auth.h"
 #include "server/store/step_activity.h"
@@ -14,10 +16,15 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
  public:
   // `steps`: the store's own (LocalSteps) or the cluster's. `metrics`,
   // `auth` and `activity` may be null (no metrics, no auth, no stream
-  // counts in ListSteps).
+  // counts in ListSteps). `max_samples_per_step`: 0 = no limit.
   explicit SchedulerService(StepDirectory* steps, ServerMetrics* metrics = nullptr,
-                           const Authorizer* auth = nullptr, StepActivity* activity = nullptr)
-      : steps_(steps), metrics_(metrics), auth_(auth), activity_(activity) {}
+                           const Authorizer* auth = nullptr, StepActivity* activity = nullptr,
+                           int64_t max_samples_per_step = 0)
+      : steps_(steps),
+        metrics_(metrics),
+        auth_(auth),
+        activity_(activity),
+        max_samples_per_step_(max_samples_per_step) {}
 
   grpc::ServerUnaryReactor* CreateStep(grpc::CallbackServerContext* context,
                                        const v1::CreateStepRequest* request,
@@ -48,6 +55,7 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
   ServerMetrics* const metrics_;
   const Authorizer* const auth_;
   StepActivity* const activity_;
+  const int64_t max_samples_per_step_;
 };
 
 }  // namespace rollpack

@@ -58,12 +58,13 @@ absl::Status ValidateAll(SampleStore* store, const std::string& pool,
 class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PutSamplesReactor(SampleStore* store, ServerMetrics* metrics, WorkerPool* workers,
-                    int messages_in_flight, std::shared_ptr<CommitSequencer> sequencer,
+                    const IngestOptions& ingest, std::shared_ptr<CommitSequencer> sequencer,
                     int stripe, grpc::ByteBuffer* response)
       : store_(store),
         metrics_(metrics),
-        workers_(messages_in_flight > 1 ? workers : nullptr),
-        messages_in_flight_(workers_ != nullptr ? messages_in_flight : 1),
+        workers_(ingest.messages_in_flight > 1 ? workers : nullptr),
+        messages_in_flight_(workers_ != nullptr ? ingest.messages_in_flight : 1),
+        max_samples_per_message_(ingest.max_samples_per_message),
         sequencer_(std::move(sequencer)),
         stripe_(stripe),
         response_(response) {
@@ -119,6 +120,13 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
     message.status = wire::ParseFromByteBuffer(*bytes, "PutSamplesRequest message", &request);
     bytes->Clear();  // gRPC's received slices go back before validation
     if (!message.status.ok()) return message;
+    if (max_samples_per_message_ > 0 && request.samples_size() > max_samples_per_message_) {
+      message.status = absl::ResourceExhaustedError(absl::StrCat(
+          "PutSamplesRequest has ", request.samples_size(), " samples; the server takes at most ",
+          max_samples_per_message_, " per message (--max-samples-per-message): send smaller "
+          "messages"));
+      return message;
+    }
     if (request.pool().empty()) {
       message.unvalidated = std::move(request);
       return message;
@@ -225,6 +233,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   ServerMetrics* const metrics_;
   WorkerPool* const workers_;
   const int messages_in_flight_;
+  const int max_samples_per_message_;  // 0 = no limit
   const std::shared_ptr<CommitSequencer> sequencer_;
   const int stripe_;
   grpc::ByteBuffer* const response_;
@@ -253,12 +262,12 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutSamplesReactor(SampleStore* store,
                                                                 ServerMetrics* metrics,
                                                                 WorkerPool* workers,
-                                                                int messages_in_flight,
+                                                                const IngestOptions& ingest,
                                                                 std::shared_ptr<CommitSequencer> sequencer,
                                                                 int stripe,
                                                                 grpc::ByteBuffer* response) {
-  return new PutSamplesReactor(store, metrics, workers, messages_in_flight, std::move(sequencer),
-                               stripe, response);
+  return new PutSamplesReactor(store, metrics, workers, ingest, std::move(sequencer), stripe,
+                               response);
 }
 
 }  // namespace rollpack

@@ -26,12 +26,12 @@ namespace rollpack {
 // The reactor of one PutSamples stream; it deletes itself when the stream is
 // done. Its messages are committed through `sequencer`, as stream `stripe`
 // of the call (server/ingest/commit_sequencer.h; a call of one stream has a
-// sequencer of its own). `workers` may be null (then messages_in_flight is
-// 1); `metrics` too.
+// sequencer of its own). `workers` may be null (then
+// ingest.messages_in_flight is taken as 1); `metrics` too.
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutSamplesReactor(SampleStore* store,
                                                                 ServerMetrics* metrics,
                                                                 WorkerPool* workers,
-                                                                int messages_in_flight,
+                                                                const IngestOptions& ingest,
                                                                 std::shared_ptr<CommitSequencer> sequencer,
                                                                 int stripe,
                                                                 grpc::ByteBuffer* response);

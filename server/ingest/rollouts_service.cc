@@ -113,8 +113,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RolloutsService::PutSamples(
   } else {
     sequencer = CommitSequencer::Create();
   }
-  return NewPutSamplesReactor(store_, metrics_, workers_.get(), ingest_.messages_in_flight,
-                              std::move(sequencer), stripe, response);
+  return NewPutSamplesReactor(store_, metrics_, workers_.get(), ingest_, std::move(sequencer),
+                              stripe, response);
 }
 
 grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* context,

@@ -105,9 +105,19 @@ def _target(address):
     return address
 
 
+def _details(err):
+    return (err.details() or "").lower() if callable(getattr(err, "details", None)) else ""
+
+
 def _is_size_error(err):
-    d = (err.details() or "").lower() if callable(getattr(err, "details", None)) else ""
+    d = _details(err)
     return "larger than max" in d or "message larger" in d or "max message size" in d
+
+
+def _is_count_error(err):
+    # RESOURCE_EXHAUSTED that waiting does not cure: a message over
+    # rollpackd's --max-samples-per-message.
+    return "--max-samples-per-message" in _details(err)
 
 
 class _Feed:
@@ -117,11 +127,13 @@ class _Feed:
     samples before it are sent and committed, and the caller re-raises it
     after the server's answer."""
 
-    def __init__(self, samples, pool, spec, max_message_bytes, max_unacked_bytes, result):
+    def __init__(self, samples, pool, spec, max_message_bytes, max_samples_per_message,
+                 max_unacked_bytes, result):
         if isinstance(samples, Sample):
             samples = [samples]
         self.pool, self.spec = pool, spec
         self.max_message_bytes, self.max_unacked_bytes = max_message_bytes, max_unacked_bytes
+        self.max_samples_per_message = max_samples_per_message
         self.result = result
         self.unacked, self.unacked_bytes = [], 0
         self.error = None
@@ -139,7 +151,9 @@ class _Feed:
             raise TypeError("put() takes rollpack.Sample objects, got %s" % type(s).__name__)
         hint = s.wire_size_hint()
         out = None
-        if self._cur is not None and self._cur_size + hint > self.max_message_bytes:
+        if self._cur is not None and (
+                self._cur_size + hint > self.max_message_bytes
+                or len(self._cur.samples) >= self.max_samples_per_message):
             out = self._flush()
         if self._cur is None:
             self._cur, self._cur_size = rollouts_pb2.PutSamplesRequest(pool=self.pool), 0
@@ -299,6 +313,7 @@ class _Base:
                  client_certificate: Optional[PemSource] = None,
                  client_key: Optional[PemSource] = None, server_name: Optional[str] = None,
                  timeout: Optional[float] = 60.0, max_message_bytes: int = 16 << 20,
+                 max_samples_per_message: int = 65536,
                  max_unacked_bytes: int = 64 << 20, retry_for: Optional[float] = 600.0,
                  max_attempts: Optional[int] = None, warn_every: Optional[float] = 30.0,
                  initial_backoff: float = 0.1, max_backoff: float = 5.0,
@@ -321,6 +336,9 @@ class _Base:
           each method's ``timeout`` argument overrides it.
         - ``max_message_bytes``: target size of one PutSamplesRequest (a
           larger single sample goes alone).
+        - ``max_samples_per_message``: at most this many samples in one
+          PutSamplesRequest; keep it at or under rollpackd's
+          ``--max-samples-per-message`` (65536 by default).
         - ``max_unacked_bytes``: bytes sent on one stream before it is closed
           and acknowledged: the client's memory bound during ``put``.
         - ``retry_for``: seconds a call keeps retrying RESOURCE_EXHAUSTED and
@@ -339,6 +357,7 @@ class _Base:
         self.address, self.pool = _target(address), pool
         self.timeout = timeout
         self.max_message_bytes = int(max_message_bytes)
+        self.max_samples_per_message = max(1, int(max_samples_per_message))
         self.max_unacked_bytes = int(max_unacked_bytes)
         self.backoff = _Backoff(initial_backoff, max_backoff, backoff_multiplier, None)
         self.retry_for = None if retry_for is None else float(retry_for)
@@ -386,7 +405,7 @@ class _Base:
         return spec
 
     def _retryable(self, err):
-        return err.code() in RETRYABLE and not _is_size_error(err)
+        return err.code() in RETRYABLE and not _is_size_error(err) and not _is_count_error(err)
 
     def _fail(self, err, what, attempts):
         e = errors.from_rpc_error(err, what, attempts)
@@ -394,6 +413,9 @@ class _Base:
             e.args = (e.args[0] + " (a request message exceeds the server's message size "
                       "limit: lower max_message_bytes, now %d, or raise the server's limit)"
                       % self.max_message_bytes,)
+        elif _is_count_error(err):
+            e.args = (e.args[0] + " (lower max_samples_per_message, now %d, to the server's "
+                      "--max-samples-per-message)" % self.max_samples_per_message,)
         return e
 
 
@@ -485,7 +507,8 @@ class Producer(_Base):
         it were committed."""
         spec = self.model(timeout)
         result = PutResult()
-        feed = _Feed(samples, self.pool, spec, self.max_message_bytes, self.max_unacked_bytes,
+        feed = _Feed(samples, self.pool, spec, self.max_message_bytes,
+                     self.max_samples_per_message, self.max_unacked_bytes,
                      result)
         what = "PutSamples to pool %r" % self.pool
         while True:
@@ -667,7 +690,8 @@ class AsyncProducer(_Base):
         """As :meth:`Producer.put`; ``samples`` may also be an async iterable."""
         spec = await self.model(timeout)
         result = PutResult()
-        feed = _Feed(samples, self.pool, spec, self.max_message_bytes, self.max_unacked_bytes,
+        feed = _Feed(samples, self.pool, spec, self.max_message_bytes,
+                     self.max_samples_per_message, self.max_unacked_bytes,
                      result)
         feed._alock = asyncio.Lock()
         what = "PutSamples to pool %r" % self.pool

@@ -130,7 +130,8 @@ class PublicApi(unittest.TestCase):
     """Options are explicit keywords with type hints, and documented."""
 
     PRODUCER_OPTIONS = {"token", "tls", "root_certificates", "client_certificate", "client_key",
-                        "server_name", "timeout", "max_message_bytes", "max_unacked_bytes",
+                        "server_name", "timeout", "max_message_bytes", "max_samples_per_message",
+                        "max_unacked_bytes",
                         "retry_for", "max_attempts", "warn_every", "initial_backoff",
                         "max_backoff", "backoff_multiplier", "channel_options"}
 

@@ -192,6 +192,24 @@ class Sync(unittest.TestCase):
         self.assertEqual(srv.servicer.put_calls, 1)  # one attempt, no retry
 
 
+    def test_messages_are_split_by_sample_count_too(self):
+        p = self.producer(max_samples_per_message=3)
+        p.register_model(S)
+        r = p.put(samples(7))
+        self.assertEqual((r.accepted, r.messages), (7, 3))  # 3 + 3 + 1, bytes far below 16 MiB
+        self.assertEqual(self.fake.messages, 3)
+
+    def test_a_message_over_the_servers_sample_count_is_not_retried(self):
+        p = self.producer(max_attempts=5)
+        p.register_model(S)
+        self.fake.faults = [(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             "PutSamplesRequest has 9 samples; the server takes at most 4 per "
+                             "message (--max-samples-per-message): send smaller messages", 0)]
+        with self.assertRaises(rollpack.ResourceExhausted) as cm:
+            p.put(samples(9))
+        self.assertIn("lower max_samples_per_message, now 65536", str(cm.exception))
+        self.assertEqual(self.fake.put_calls, 1)  # one attempt, no retry
+
 class Unreachable(unittest.TestCase):
     def test_unavailable_after_backoff(self):
         p = Producer("127.0.0.1:%d" % free_port(), "pool", max_attempts=3, **FAST)
