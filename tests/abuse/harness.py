@@ -1,8 +1,9 @@
 """Starts a rollpackd to attack and measures what it holds.
 
 Used by rollpack_abuse.py (the program) and test_abuse.py (its bounds under
-CTest). Everything runs on 127.0.0.1 with ephemeral ports; every process
-started here is stopped here.
+CTest). Everything runs on 127.0.0.1 with ephemeral ports (host_probes:
+on an address of namespaces it makes); every process started here is
+stopped here.
 """
 
 import os
@@ -11,6 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 
 import grpc
 
@@ -49,19 +51,27 @@ def rss_bytes(pid):
 
 
 class Server:
-    """``with Server(binary, args) as s``: a rollpackd on 127.0.0.1:0.
+    """``with Server(binary, args) as s``: a rollpackd on 127.0.0.1:0
+    (``host``: another local address, e.g. one host_probes.TwoHosts made).
 
     ``s.address``, ``s.pid``; ``s.rss()`` now; ``s.peak`` the highest RSS
     sampled (every 20 ms) since start or ``reset_peak()``. ``auth=True``
-    writes a token file (producer/trainer/admin tokens above)."""
+    writes a token file (producer/trainer/admin tokens above).
+    ``metrics=True`` serves /metrics on 127.0.0.1:0: ``s.metrics()``."""
 
-    def __init__(self, binary, args=(), auth=False, mutual_tls=False, start_timeout=30.0):
+    def __init__(self, binary, args=(), auth=False, mutual_tls=False, start_timeout=30.0,
+                 host="127.0.0.1", metrics=False):
         self.binary = binary
+        self.host = host
         self.dir = tempfile.TemporaryDirectory(prefix="rollpack-abuse-")
         self.port_file = os.path.join(self.dir.name, "port")
+        self.metrics_port_file = os.path.join(self.dir.name, "metrics-port")
         self.log_path = os.path.join(self.dir.name, "rollpackd.log")
-        self.args = [binary, "--listen", "127.0.0.1:0", "--port-file", self.port_file,
+        self.args = [binary, "--listen", "%s:0" % host, "--port-file", self.port_file,
                      "--log-level", "warning"] + list(args)
+        if metrics:
+            self.args += ["--metrics-listen", "127.0.0.1:0",
+                          "--metrics-port-file", self.metrics_port_file]
         if auth:
             tokens = os.path.join(self.dir.name, "tokens")
             with open(tokens, "w") as f:
@@ -94,7 +104,7 @@ class Server:
                 with open(self.port_file) as f:
                     text = f.read().strip()
                 if text:
-                    self.address = "127.0.0.1:%d" % int(text)
+                    self.address = "%s:%d" % (self.host, int(text))
                     break
             except FileNotFoundError:
                 pass
@@ -122,6 +132,27 @@ class Server:
 
     def rss(self):
         return rss_bytes(self.pid)
+
+    def metrics(self, timeout=5.0):
+        """GET /metrics (``metrics=True``): {name: value}, a name's labelled
+        series summed."""
+        with open(self.metrics_port_file) as f:
+            port = int(f.read().strip())
+        # No proxy, whatever the environment says: the endpoint is on loopback.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open("http://127.0.0.1:%d/metrics" % port, timeout=timeout) as response:
+            text = response.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            name = series.split("{", 1)[0]
+            try:
+                values[name] = values.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+        return values
 
     def reset_peak(self):
         self.peak = self.rss()

@@ -9,9 +9,12 @@ its mitigation, side by side in one run.
 "before" is the same binary with the mitigation's flags turned off, or
 --baseline's binary; "after" is --rollpackd with its defaults and the
 experiment's own flags (its table row shows them); "mtls" the same behind
-mutual TLS. stalled_fetch loads its step with client/python's producer:
-it needs numpy and the stubs a build generates. Prints a table and one JSON document (also to --json). Each
-experiment starts its own servers on 127.0.0.1 and stops them. The full
+mutual TLS. stalled_fetch and per_client_streams load their step with
+client/python's producer: they need numpy and the stubs a build generates.
+Prints a table and one JSON document (also to --json). Each experiment
+starts its own servers on 127.0.0.1 and stops them, but per_client_streams:
+it needs root for two network namespaces (host_probes.py; its row says so
+when they cannot be made) and adds a "loopback" row. The full
 scale reproduces the figures of the issue: an unprotected server may take
 most of the machine's memory (the oversized experiment reached 18 GB and
 was killed by the kernel on a 24 GB host); run it on a machine with
@@ -28,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fetch_probes  # noqa: E402
 import harness  # noqa: E402
+import host_probes  # noqa: E402
 import message_probes  # noqa: E402
 
 try:
@@ -116,7 +120,29 @@ EXPERIMENTS["stalled_fetch"] = {
 }
 
 
+EXPERIMENTS["per_client_streams"] = {
+    "what": "60 FetchMicrobatches streams that never read from one client host (4 raw "
+            "connections) while a trainer on another host makes 30 whole fetches, one after "
+            "the other, --max-concurrent-streams 50 (two network namespaces, root only)",
+    "mitigation": "--max-streams-per-client 8: streams in flight per client IP; the other "
+                  "host keeps the rest of --max-concurrent-streams (on one host the trainer "
+                  "shares the attacker's 8: row loopback)",
+    # Makes its own namespaces and servers: before (--max-streams-per-client
+    # 0, or --baseline), after, loopback.
+    "rows": lambda binary, baseline, scale: host_probes.per_client_streams(
+        binary, baseline, streams=max(12, int(60 * scale)), fetches=max(5, int(30 * scale)),
+        max_concurrent=max(10, int(50 * scale)), per_client=8 if scale >= 0.5 else 4),
+    "headline": ["attacker_admitted", "attacker_refused", "trainer_ok", "trainer_refused",
+                 "clients"],
+}
+
+
 def run_one(name, spec, binary, baseline, scale):
+    if "rows" in spec:
+        try:
+            return spec["rows"](binary, baseline, scale)
+        except host_probes.HostsUnavailable as e:
+            return {"skipped": {"error": "no network namespaces here: %s" % e}}
     rows = {}
     configs = []  # (label, binary, flags, mutual TLS)
     if baseline:
@@ -144,6 +170,8 @@ def run_one(name, spec, binary, baseline, scale):
 
 def _short(value):
     if isinstance(value, dict):
+        if not value:
+            return "none"
         if "failed" in value and "calls" in value:
             return "%d/%d failed, worst %.2fs" % (value["failed"], value["calls"], value["worst_s"])
         return ",".join("%s=%s" % (k, _short(v)) for k, v in value.items())
@@ -151,13 +179,13 @@ def _short(value):
 
 
 def print_table(results):
-    print("%-26s %-7s %s" % ("experiment", "server", "figures"))
+    print("%-26s %-8s %s" % ("experiment", "server", "figures"))
     for name, rows in results.items():
         for label, figures in rows.items():
             keys = EXPERIMENTS[name]["headline"]
             shown = figures.get("error") or "  ".join(
                 "%s=%s" % (k, _short(figures.get(k))) for k in keys)
-            print("%-26s %-7s %s" % (name, label, shown))
+            print("%-26s %-8s %s" % (name, label, shown))
 
 
 def main(argv=None):

@@ -13,6 +13,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402
+import host_probes  # noqa: E402
 import message_probes  # noqa: E402
 import transport_probes  # noqa: E402
 
@@ -80,6 +81,45 @@ class AbuseTest(unittest.TestCase):
         self.assertGreater(figures["streams_opened"], 0, figures)
         self.assertIsNotNone(figures["sigterm_seconds"], figures)
         self.assertLess(figures["sigterm_seconds"], 1 + 10 + 2, figures)
+
+
+class PerClientStreamsTest(unittest.TestCase):
+    """Two client hosts (network namespaces, host_probes.py): root only."""
+
+    def test_one_client_host_cannot_take_the_streams_of_another(self):
+        # 16 non-reading streams from the attacker's host, 5 whole fetches
+        # from the trainer's, 10 streams in all; each stream is ~140 KB of
+        # micro-batches, more than the attacker's 64 KiB window: it holds.
+        try:
+            rows = host_probes.per_client_streams(binary(), streams=16, connections=2,
+                                                  fetches=5, max_concurrent=10, per_client=4)
+        except host_probes.HostsUnavailable as e:
+            raise unittest.SkipTest("needs network namespaces: %s" % e)
+        for label, row in rows.items():
+            self.assertNotIn("error", row, (label, rows))
+            self.assertTrue(row["server_alive"], (label, rows))
+            self.assertEqual(row["attacker"]["undecided"], 0, (label, rows))
+        before, after, loopback = rows["before"], rows["after"], rows["loopback"]
+        # No per-client limit: the attacker takes every slot, the trainer
+        # on the other host is refused each time.
+        self.assertEqual(before["attacker_admitted"], 10, rows)
+        self.assertEqual(before["attacker"]["server"]["active"], 10, rows)
+        self.assertEqual(before["trainer"]["ok"], 0, rows)
+        self.assertEqual(before["trainer"]["codes"], {"RESOURCE_EXHAUSTED": 5}, rows)
+        # --max-streams-per-client 4: the attacker holds at most 4 (still
+        # held at the end), the other host's trainer gets every fetch.
+        self.assertGreater(after["attacker_admitted"], 0, rows)
+        self.assertLessEqual(after["attacker_admitted"], 4, rows)
+        self.assertEqual(after["attacker_admitted"] + after["attacker_refused"], 16, rows)
+        self.assertEqual(after["attacker_at_end"]["admitted"], after["attacker_admitted"], rows)
+        self.assertEqual(after["trainer"]["ok"], 5, rows)
+        self.assertGreater(after["trainer"]["microbatches"], 1, rows)
+        self.assertEqual(after["server_after"]["refused_per_client"],
+                         after["attacker_refused"], rows)
+        # One host: the quota keys on the IP, so a trainer beside the
+        # attacker shares its 4 (documented).
+        self.assertEqual(loopback["trainer"]["ok"], 0, rows)
+        self.assertEqual(loopback["trainer"]["codes"], {"RESOURCE_EXHAUSTED": 5}, rows)
 
 
 if __name__ == "__main__":
