@@ -2,19 +2,15 @@
 
 #include <stdlib.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "cli/bench_cleanup.h"
+#include "cli/bench_cluster_members.h"
 #include "cli/bench_links.h"
 #include "cli/bench_support.h"
 #include "cli/flags.h"
@@ -33,11 +30,8 @@
 #include "client/cpp/delivery_mode.h"
 #include "client/cpp/received_microbatch.h"
 #include "client/cpp/trainer_stream.h"
-#include "httplib.h"
 #include "proto/wire/deterministic_bytes.h"
-#include "testing/daemon_process.h"
 #include "testing/etcd_process.h"
-#include "testing/exposition.h"
 #include "testing/synthetic_rollouts.h"
 
 namespace rollpack {
@@ -63,6 +57,10 @@ struct FetchBenchConfig {
   int64_t max_length = 16384;
   int64_t max_tokens_per_rank = 32768;
   int rounds = 3;
+  // How producers spread samples over the members: "round-robin" by count,
+  // or "least-tokens" (each to the member holding the fewest tokens so far,
+  // as a least-loaded request router spreads rollouts over engines).
+  std::string placement = "round-robin";
   double link_gbps = 0;
   std::string rollpackd;
 };
@@ -76,40 +74,6 @@ v1::ModelSpec FetchModel() {
   return m;
 }
 
-std::string SelfDir() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  const std::string path(buf, static_cast<size_t>(n));
-  return path.substr(0, path.rfind('/'));
-}
-
-// utime + stime of `pid` in seconds: its CPU clock (nanoseconds, where
-// /proc/<pid>/stat counts 10 ms ticks, coarse next to a fetch of tenths of a
-// second), else /proc/<pid>/stat's fields 14 and 15.
-absl::StatusOr<double> CpuSeconds(pid_t pid) {
-  clockid_t clock;
-  timespec ts{};
-  if (clock_getcpuclockid(pid, &clock) == 0 && clock_gettime(clock, &ts) == 0) {
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-  }
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // The command name (field 2) may hold spaces: count from its ')'.
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) {
-    return absl::NotFoundError(absl::StrCat("/proc/", pid, "/stat: no such process"));
-  }
-  std::istringstream fields(stat.substr(paren + 1));
-  std::string field;
-  int64_t utime = 0, stime = 0;
-  for (int k = 3; k <= 15 && fields >> field; ++k) {
-    if (k == 14 && !absl::SimpleAtoi(field, &utime)) break;
-    if (k == 15 && !absl::SimpleAtoi(field, &stime)) break;
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 double SelfCpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -117,132 +81,36 @@ double SelfCpuSeconds() {
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
-// One rollpackd member, a child process (in its namespace with links).
-struct Member {
-  std::unique_ptr<DaemonProcess> process;
-  std::string host;  // where it listens, gRPC and metrics
-  std::string address;
-  int metrics_port = 0;
-  // Kills the process on a signal; after `process`, so removed first.
-  std::unique_ptr<ScopedCleanupAction> cleanup;
-};
-
-// What a member has done so far, from its metrics and /proc.
-struct MemberCounters {
-  double streamed_bytes = 0;  // micro-batches (or pieces) written to trainer streams
-  double pulled_bytes = 0;    // samples it pulled from the other members
-  double cpu_seconds = 0;
-};
-
-absl::StatusOr<MemberCounters> ReadCounters(const Member& member) {
-  httplib::Client http(member.host, member.metrics_port);
-  http.set_connection_timeout(5);
-  http.set_read_timeout(10);
-  httplib::Result res = http.Get("/metrics");
-  if (!res || res->status != 200) {
-    return absl::UnavailableError(absl::StrCat("GET http://", member.host, ":",
-                                               member.metrics_port, "/metrics failed"));
-  }
-  const std::map<std::string, double> series = ParseExposition(res->body);
-  // A renamed series must fail the run, not read as 0.
-  auto value = [&](const std::string& name) -> absl::StatusOr<double> {
-    auto it = series.find(name);
-    if (it == series.end()) {
-      return absl::NotFoundError(absl::StrCat("member ", member.address, "'s /metrics has no ",
-                                              name));
+// The member each sample goes to: i % M (round-robin), or the member with
+// the fewest tokens so far, the lowest index on ties (least-tokens).
+std::vector<int> Placement(const std::string& placement, int members,
+                           const std::vector<v1::Sample>& samples) {
+  std::vector<int> owner(samples.size());
+  std::vector<int64_t> tokens(static_cast<size_t>(members), 0);
+  for (size_t k = 0; k < samples.size(); ++k) {
+    int to = static_cast<int>(k % static_cast<size_t>(members));
+    if (placement == "least-tokens") {
+      to = static_cast<int>(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
     }
-    return it->second;
-  };
-  MemberCounters out;
-  ASSIGN_OR_RETURN(out.streamed_bytes, value("rollpack_streamed_bytes_total"));
-  ASSIGN_OR_RETURN(out.pulled_bytes, value("rollpack_cluster_pulled_bytes_total"));
-  ASSIGN_OR_RETURN(out.cpu_seconds, CpuSeconds(member.process->pid()));
-  return out;
+    owner[k] = to;
+    tokens[static_cast<size_t>(to)] += samples[k].tokens().shape(0);
+  }
+  return owner;
 }
 
-// An etcd-coordinated cluster of M members for one row set. The destructor
-// stops the members with SIGTERM, so each revokes its lease.
-class BenchCluster {
- public:
-  static absl::StatusOr<std::unique_ptr<BenchCluster>> Start(int size, const MemberLinks* links,
-                                                             const std::string& etcd_url,
-                                                             const std::string& rollpackd,
-                                                             const std::string& dir) {
-    std::unique_ptr<BenchCluster> cluster(new BenchCluster());
-    for (int i = 0; i < size; ++i) {
-      Member member;
-      member.host = links != nullptr ? links->member_ip(i) : "127.0.0.1";
-      const std::string metrics_file = absl::StrCat(dir, "/m", size, "-", i, ".metrics");
-      std::remove(metrics_file.c_str());
-      std::vector<std::string> args = {
-          "--listen=" + member.host + ":0",
-          // The advertised address defaults to the listen address with the
-          // port bound: the namespace's address with links.
-          "--cluster-etcd=" + etcd_url,
-          // A cluster name per M: members of the previous row set are gone
-          // (SIGTERM revokes their leases), but a name of its own is certain.
-          absl::StrCat("--cluster-name=fetch", size),
-          "--metrics-listen=" + member.host + ":0",
-          "--metrics-port-file=" + metrics_file,
-          "--log-level=error",
-          "--max-memory=17179869184",
-      };
-      std::string binary = rollpackd;
-      if (links != nullptr) {
-        // `ip netns exec` execs rollpackd in the namespace: same pid, so
-        // /proc/<pid>/stat and kill reach rollpackd itself.
-        args.insert(args.begin(), {"netns", "exec", links->netns(i), rollpackd});
-        binary = access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip";
-      }
-      absl::StatusOr<std::unique_ptr<DaemonProcess>> process =
-          DaemonProcess::Start(binary, args, absl::StrCat(dir, "/m", size, "-", i, ".port"));
-      if (!process.ok()) {
-        return absl::Status(process.status().code(),
-                            absl::StrCat("member ", i, " (", binary, " ", absl::StrJoin(args, " "),
-                                         "): ", process.status().message()));
-      }
-      member.process = *std::move(process);
-      member.address = absl::StrCat(member.host, ":", member.process->port());
-      const pid_t pid = member.process->pid();
-      member.cleanup = std::make_unique<ScopedCleanupAction>([pid] { kill(pid, SIGKILL); });
-      // The metrics port file is written right after the gRPC one.
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      while (member.metrics_port <= 0 && absl::Now() < deadline) {
-        std::ifstream(metrics_file) >> member.metrics_port;
-        if (member.metrics_port <= 0) absl::SleepFor(absl::Milliseconds(10));
-      }
-      if (member.metrics_port <= 0) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("member ", i, " wrote no metrics port to ", metrics_file, " in 10 s"));
-      }
-      cluster->members_.push_back(std::move(member));
-    }
-    return cluster;
-  }
-
-  ~BenchCluster() {
-    for (Member& m : members_) {
-      m.cleanup.reset();  // before the pid can be reaped and reused
-      m.process->Kill(SIGTERM);
-    }
-  }
-
-  std::vector<Member>& members() { return members_; }
-
- private:
-  BenchCluster() = default;
-  std::vector<Member> members_;
-};
-
-// Samples i, i + M, i + 2M, ... to member i, all members at once.
-absl::Status PutSpread(const std::vector<Member>& members, const std::vector<v1::Sample>& samples) {
+// Each member's samples (owner[k] == i) to member i, all members at once.
+absl::Status PutSpread(const std::vector<Member>& members, const std::vector<v1::Sample>& samples,
+                       const std::vector<int>& owner) {
   const size_t m = members.size();
   std::vector<absl::Status> errors(m);
   std::vector<std::thread> threads;
   for (size_t i = 0; i < m; ++i) {
     threads.emplace_back([&, i] {
       std::vector<v1::Sample> own;
-      for (size_t k = i; k < samples.size(); k += m) own.push_back(samples[k]);
+      for (size_t k = 0; k < samples.size(); ++k) {
+        if (owner[k] == static_cast<int>(i)) own.push_back(samples[k]);
+      }
+      if (own.empty()) return;
       RollpackClient client(members[i].address);
       absl::StatusOr<v1::PutSamplesResponse> put = client.PutSamples(kPool, own);
       if (!put.ok()) {
@@ -414,10 +282,11 @@ double MedianOf(const std::vector<Measurement>& v, Field field) {
 // Put, step, fetch, release: one measurement.
 absl::StatusOr<Measurement> MeasureOnce(Delivery delivery, BenchCluster& cluster,
                                         const std::vector<v1::Sample>& samples,
+                                        const std::vector<int>& owner,
                                         const v1::Topology& topology, const std::string& step_id,
                                         std::vector<uint64_t>* reference, bool* identical) {
   std::vector<Member>& members = cluster.members();
-  RETURN_IF_ERROR(PutSpread(members, samples));
+  RETURN_IF_ERROR(PutSpread(members, samples, owner));
   RollpackClient coordinator(members[0].address);
   v1::CreateStepRequest request;
   request.set_step_id(step_id);
@@ -527,6 +396,7 @@ absl::StatusOr<std::vector<Row>> Run(const FetchBenchConfig& config,
                           absl::StrCat("RegisterModel: ", r.status().message()));
     }
     RETURN_IF_ERROR(AwaitMembers(cluster->members()));
+    const std::vector<int> owner = Placement(config.placement, m, samples);
     const size_t first = rows.size();
     for (Delivery d : deliveries) rows.push_back({m, d, {}, true});
     for (int round = 0; round < config.rounds; ++round) {
@@ -537,7 +407,7 @@ absl::StatusOr<std::vector<Row>> Run(const FetchBenchConfig& config,
         const std::string step_id =
             absl::StrCat("fetch-m", m, "-r", round, "-", DeliveryName(row.delivery));
         ASSIGN_OR_RETURN(Measurement one,
-                         MeasureOnce(row.delivery, *cluster, samples, topology, step_id,
+                         MeasureOnce(row.delivery, *cluster, samples, owner, topology, step_id,
                                      &reference, &row.identical));
         std::fprintf(stderr, "  M=%d %-6s round %d: %.3f GB in %.3f s, %.3f GB/s\n", m,
                      DeliveryName(row.delivery), round, one.gbytes, one.wall_seconds,
@@ -557,7 +427,7 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
       "rollpack bench cluster --mode fetch",
       "Direct pulls against proxy delivery (issue 19): for each M of --members, an etcd and M "
       "rollpackd members as child processes, each holding its share of the samples "
-      "(round-robin), a step over all of them, and every rank (dp x cp, one thread each) "
+      "(--placement), a step over all of them, and every rank (dp x cp, one thread each) "
       "fetching at once through member rank % M: direct (pieces from every owner) and proxy "
       "(that member pulls the others' samples and streams whole micro-batches). Reports "
       "aggregate GB/s, bytes pulled between members and member CPU per GB served; exit 1 when "
@@ -569,7 +439,11 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
   flags.Int("ranks", &config.ranks, "Data-parallel ranks (dp) of the step.").Min(1);
   flags.Int("cp", &config.cp, "Context-parallel ranks of the step (dynamic CP when > 1).")
       .Min(1);
-  flags.Int("samples", &config.samples, "Samples in the step, spread round-robin.").Min(1);
+  flags.Int("samples", &config.samples, "Samples in the step, spread by --placement.").Min(1);
+  flags.String("placement", &config.placement,
+               "round-robin (sample k on member k % M) or least-tokens (each sample on the "
+               "member holding the fewest tokens so far, as a least-loaded router places "
+               "rollouts).");
   flags.Double("median-length", &config.median_length, "Median rollout length, tokens.");
   flags.Int64("max-length", &config.max_length, "Longest rollout, tokens.").Min(1);
   flags.Int64("max-tokens-per-rank", &config.max_tokens_per_rank, "Per-rank token budget.")
@@ -603,6 +477,10 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
   if (member_counts.empty() || deliveries.empty()) {
     return flags.UsageError("--members and --delivery need at least one value");
   }
+  if (config.placement != "round-robin" && config.placement != "least-tokens") {
+    return flags.UsageError(absl::StrCat("--placement \"", config.placement,
+                                         "\": want round-robin or least-tokens"));
+  }
   if (config.link_gbps < 0) {
     return flags.UsageError(absl::StrCat("--link-gbps ", config.link_gbps, ": want >= 0"));
   }
@@ -630,9 +508,10 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
   }
 
   const bool links = config.link_gbps > 0;
-  std::printf("rollpack bench cluster --mode fetch: %d samples (median %.0f tokens), dp=%d "
-              "cp=%d, %s, %d rounds (medians)\n\n",
-              config.samples, config.median_length, config.ranks, config.cp,
+  std::printf("rollpack bench cluster --mode fetch: %d samples (median %.0f tokens) placed "
+              "%s, dp=%d cp=%d, %s, %d rounds (medians)\n\n",
+              config.samples, config.median_length, config.placement.c_str(), config.ranks,
+              config.cp,
               links ? absl::StrFormat("each member behind a %.3g GB/s link", config.link_gbps)
                           .c_str()
                     : "all on 127.0.0.1, no link limit",
@@ -678,9 +557,11 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
   }
   std::printf(
       "\nJSON:\n%s\n",
-      absl::StrFormat("{\"mode\": \"fetch\", \"samples\": %d, \"dp\": %d, \"cp\": %d, "
+      absl::StrFormat("{\"mode\": \"fetch\", \"samples\": %d, \"placement\": \"%s\", "
+                      "\"dp\": %d, \"cp\": %d, "
                       "\"rounds\": %d, \"link_gbps\": %.4f, \"cores\": %d, \"rows\": [%s]}",
-                      config.samples, config.ranks, config.cp, config.rounds, config.link_gbps,
+                      config.samples, config.placement.c_str(), config.ranks, config.cp,
+                      config.rounds, config.link_gbps,
                       static_cast<int>(std::thread::hardware_concurrency()),
                       absl::StrJoin(json_rows, ", "))
           .c_str());
