@@ -207,8 +207,11 @@ int64_t WireBytes(const std::vector<v1::Sample>& samples) {
   return bytes;
 }
 
-std::shared_ptr<grpc::Channel> DistinctChannel(const std::string& address, int id) {
-  grpc::ChannelArguments args = BulkChannelArguments();
+// A trainer rank's connection, with the flow-control window a rank grants
+// (ClientOptions::stream_window_bytes; 0 = gRPC's own auto-tuning).
+std::shared_ptr<grpc::Channel> DistinctChannel(const std::string& address, int id,
+                                               const ClientOptions& options) {
+  grpc::ChannelArguments args = BulkChannelArguments(options);
   args.SetInt("rollpack.connection", id);  // a connection of its own
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
@@ -306,7 +309,8 @@ struct FetchResult {
 };
 
 FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::string& pool,
-                  int num_samples, const v1::Topology& topology, bool first_only) {
+                  int num_samples, const v1::Topology& topology, bool first_only,
+                  const ClientOptions& trainer_options) {
   FetchResult r;
   v1::CreateStepRequest create;
   create.set_step_id(absl::StrCat(pool, "-step"));
@@ -329,7 +333,8 @@ FetchResult Fetch(const Daemon& daemon, RollpackClient& control, const std::stri
   // Each trainer rank is its own process in real life: its own connection.
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    channels.push_back(DistinctChannel(daemon.address(), 1000 + static_cast<int>(i)));
+    channels.push_back(
+        DistinctChannel(daemon.address(), 1000 + static_cast<int>(i), trainer_options));
     channels.back()->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   }
   std::vector<double> first_ms(ranks.size(), 0);
@@ -420,6 +425,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::vector<std::string> server_args;
   std::string rollpackd;  // default: next to this binary
   ClientOptions producer_options;
+  ClientOptions trainer_options;
   FlagSet flags("rollpack bench transport",
                 "Loopback limits (TCP, memcpy, gRPC alone into a sink process) against "
                 "rollpackd's ingest and fetch throughput and the time from CreateStep to the "
@@ -442,6 +448,10 @@ int RunBenchTransportCommand(int argc, char** argv) {
             "Connections each producer stripes PutSamples over, 1 to 64; the default 0 "
             "means one per core, at most 4.")
       .Range(1, 64);
+  flags.Int("stream-window-bytes", &trainer_options.stream_window_bytes,
+            "HTTP/2 stream window each trainer rank grants the server, fixed (the trainer "
+            "client's default); 0 = gRPC's auto-tuning (BDP probing), as gRPC alone runs.")
+      .Min(0);
   if (ParseResult r = flags.Parse(argc, argv); r.should_exit()) return r.exit_code();
   for (const std::string& phase : phases) {
     // An empty list ("--phases=") measures the limits alone, as it always did.
@@ -494,7 +504,8 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::printf("%-44s %12s\n", "limit", "GB/s");
   std::printf("%-44s %12.2f\n", "loopback TCP, one stream", tcp);
   std::printf("%-44s %12.2f\n", "memcpy (bytes copied)", memcpy_gbps);
-  std::string json = absl::StrCat("{\"loopback_tcp_gbps\": ", tcp, ", \"memcpy_gbps\": ", memcpy_gbps);
+  std::string json = absl::StrCat("{\"loopback_tcp_gbps\": ", tcp, ", \"memcpy_gbps\": ", memcpy_gbps,
+                                  ", \"stream_window_bytes\": ", trainer_options.stream_window_bytes);
   // gRPC alone, in a process of its own with rollpackd's channel arguments:
   // what the producers' streams could carry if rollpack cost nothing.
   std::unique_ptr<Daemon> sink;
@@ -593,7 +604,8 @@ int RunBenchTransportCommand(int argc, char** argv) {
     if (!control.PutSamples(pool, Replicate(base, samples_per_case, pool)).ok()) return 1;
     peak_payload = std::max(peak_payload, control.GetPool(pool)->stored_bytes());
     const FetchResult r =
-        Fetch(*daemon, control, pool, samples_per_case, MakeTopology(c.dp, c.cp, c.tp, c.pp, 32768), false);
+        Fetch(*daemon, control, pool, samples_per_case, MakeTopology(c.dp, c.cp, c.tp, c.pp, 32768),
+              false, trainer_options);
     if (!r.error.empty()) {
       std::fprintf(stderr, "bench transport: fetch failed: %s\n", r.error.c_str());
       return 1;
@@ -645,7 +657,8 @@ int RunBenchTransportCommand(int argc, char** argv) {
     }
     peak_payload = std::max(peak_payload, control.GetPool(pool)->stored_bytes());
     const FetchResult r = Fetch(*daemon, control, pool, first_mb_samples,
-                                MakeTopology(8, 2, 2, 2, 16384), /*first_only=*/true);
+                                MakeTopology(8, 2, 2, 2, 16384), /*first_only=*/true,
+                                trainer_options);
     if (!r.error.empty()) {
       std::fprintf(stderr, "bench transport: fetch failed: %s\n", r.error.c_str());
       return 1;
