@@ -78,6 +78,7 @@ void Fail(const std::string& what, const absl::Status& status) {
 int RunStepScaling(const StepScalingConfig& config) {
   ServerOptions options;
   options.max_memory_bytes = int64_t{16} << 30;
+  options.max_samples_per_step = 0;  // the point is steps of any size
   options.data_dir = config.data_dir;
   absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(options);
   if (!server.ok()) {

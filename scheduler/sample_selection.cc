@@ -41,7 +41,8 @@ std::string StalenessNote(const SelectionRequest& request, int64_t stale) {
                       ", max_staleness ", *request.max_staleness, ")");
 }
 
-// RESOURCE_EXHAUSTED when a step of `samples` samples is over the limit.
+}  // namespace
+
 absl::Status CheckStepSize(int64_t samples, const SelectionRequest& request,
                            absl::string_view what) {
   if (request.max_samples <= 0 || samples <= request.max_samples) return absl::OkStatus();
@@ -49,8 +50,6 @@ absl::Status CheckStepSize(int64_t samples, const SelectionRequest& request,
       what, ": the step would take ", samples, " samples; the server plans at most ",
       request.max_samples, " per step (--max-samples-per-step): ask for fewer"));
 }
-
-}  // namespace
 
 bool IsStale(const SelectionRequest& request, int64_t policy_version) {
   if (request.policy_version <= 0 || !request.max_staleness.has_value() ||

@@ -48,6 +48,14 @@ struct SelectionRequest {
   bool selects_groups() const { return whole_groups || num_groups > 0; }
 };
 
+// RESOURCE_EXHAUSTED when a step of `samples` samples is over
+// request.max_samples, naming both; OK otherwise (and when there is no
+// limit). SelectSamples and CheckExplicitSelection apply it; callers apply
+// it to what a request states outright (its ids, num_samples) before
+// listing any sample.
+absl::Status CheckStepSize(int64_t samples, const SelectionRequest& request,
+                           absl::string_view what);
+
 // True when `version` is stale under the request's policy version and bound.
 bool IsStale(const SelectionRequest& request, int64_t policy_version);
 

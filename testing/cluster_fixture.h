@@ -138,6 +138,7 @@ class ClusterFixture : public ::testing::Test {
         absl::StrCat("--cluster-lease-seconds=", kLeaseSeconds), "--max-memory=200000000",
         "--metrics-listen=127.0.0.1:0", "--metrics-port-file=" + MetricsPortFile(i)};
     if (ports_[i] != 0) args.push_back(absl::StrCat("--listen=127.0.0.1:", ports_[i]));
+    args.insert(args.end(), member_args_.begin(), member_args_.end());
     if (durable_) {
       const std::string data = absl::StrCat(dir_, "/data", i);
       std::filesystem::create_directories(data);
@@ -198,6 +199,8 @@ class ClusterFixture : public ::testing::Test {
 
   const std::string name_ = "test-cluster";
   bool durable_ = false;
+  // More rollpackd flags for every member StartMember starts.
+  std::vector<std::string> member_args_;
   std::unique_ptr<EtcdProcess> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
   std::string dir_;

@@ -313,6 +313,28 @@ TEST_F(ClusterStepsTest, AnIdOnTwoMembersOrNowhereIsRefusedByName) {
   EXPECT_EQ(FreeSamples(0), 26) << "a refused step holds nothing";
 }
 
+TEST_F(ClusterStepsTest, AStepOverTheSampleLimitIsRefusedWithoutHoldingAnything) {
+  member_args_ = {"--max-samples-per-step=10"};
+  StartThreeWithSamples();
+  v1::CreateStepRequest by_tokens = StepRequest("big", {});
+  int64_t tokens = 0;  // every free sample of the three members: 24
+  for (const v1::Sample& s : all_samples_) tokens += s.tokens().shape(0);
+  by_tokens.set_num_tokens(tokens);
+  for (const v1::CreateStepRequest& request :
+       {StepRequest("big", {}, 11), StepRequest("big", InterleavedIds(4)), by_tokens}) {
+    absl::StatusOr<v1::StepInfo> step = Client(1).CreateStep(request);
+    ASSERT_EQ(step.status().code(), absl::StatusCode::kResourceExhausted) << step.status();
+    EXPECT_THAT(std::string(step.status().message()), HasSubstr("step \"big\""));
+    EXPECT_THAT(std::string(step.status().message()),
+                HasSubstr("at most 10 per step (--max-samples-per-step)"));
+  }
+  EXPECT_EQ(FreeSamples(0), 24) << "a refused step holds nothing";
+  absl::StatusOr<v1::StepInfo> step = Client(2).CreateStep(StepRequest("big", {}, 10));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->num_samples(), 10);
+  EXPECT_EQ(FreeSamples(0), 14);
+}
+
 TEST_F(ClusterStepsTest, AHoldThatIsNeverCommittedIsGivenBack) {
   StartThreeWithSamples();
   // What a planner that died after holding leaves behind.

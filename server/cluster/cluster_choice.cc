@@ -2,6 +2,7 @@
 // and the trainer's policy version reaching every member
 // (../shared/spec/lifecycle.md: it holds cluster-wide).
 #include <algorithm>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -34,7 +35,10 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
   const std::string& pool = request.pool;
   const std::vector<std::string>& sample_ids = request.sample_ids;
   const bool every = sample_ids.empty() && NeedsEveryFreeSample(selection);
-  const int limit = every ? -1 : static_cast<int>(selection.num_samples);
+  // ListFreeSamples takes an int32 limit; past it, every free sample.
+  const int limit = every || selection.num_samples > std::numeric_limits<int32_t>::max()
+                        ? -1
+                        : static_cast<int>(selection.num_samples);
   std::vector<absl::StatusOr<SampleStore::SampleListing>> listings(
       members.size(), absl::UnknownError("not asked"));
   std::vector<int64_t> bytes(members.size(), 0);

@@ -91,6 +91,11 @@ std::string ClusterSteps::ReleaseKey(Cluster* cluster, const std::string& member
 
 absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepRequest& request) {
   RETURN_IF_ERROR(ValidateCreateStep(request));
+  // What the request states outright is refused before any member lists.
+  const std::string step_name = absl::StrCat("step \"", request.step_id, "\"");
+  RETURN_IF_ERROR(CheckStepSize(static_cast<int64_t>(request.sample_ids.size()),
+                                request.selection, step_name));
+  RETURN_IF_ERROR(CheckStepSize(request.selection.num_samples, request.selection, step_name));
   const std::string& step_id = request.step_id;
   const std::string& pool = request.pool;
   const Topology& topology = request.topology;

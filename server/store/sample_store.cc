@@ -456,6 +456,11 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
 
 absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRequest& request) {
   RETURN_IF_ERROR(ValidateCreateStep(request));
+  // What the request states outright is refused before any sample is read.
+  const std::string step_name = absl::StrCat("step \"", request.step_id, "\"");
+  RETURN_IF_ERROR(CheckStepSize(static_cast<int64_t>(request.sample_ids.size()),
+                                request.selection, step_name));
+  RETURN_IF_ERROR(CheckStepSize(request.selection.num_samples, request.selection, step_name));
   const std::string& step_id = request.step_id;
   const std::string& pool_name = request.pool;
   // Reserve the samples under the lock, plan without it (step_builder.h).

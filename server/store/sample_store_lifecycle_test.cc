@@ -162,6 +162,42 @@ TEST(SampleStoreLifecycle, SelectionsFindWhatLiesPastTheFirstThousands) {
   EXPECT_THAT(refused.status().message(), HasSubstr("has 10000 tokens in 5000 free samples"));
 }
 
+TEST(SampleStoreLifecycle, TheStepSizeLimitHoldsPastTheFirstPrefixAndTakesNothing) {
+  SampleStore store(int64_t{1} << 30);
+  ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+  std::vector<StoredSample> samples;
+  for (int i = 0; i < 20000; ++i) samples.push_back(Sample("u" + std::to_string(i), 1));
+  ASSERT_TRUE(store.Put("p", std::move(samples)).ok());
+  // 12,000 one-token samples: the first prefix (4,096) does not decide it.
+  StepRequest tokens = Request("t");
+  tokens.selection.num_tokens = 12000;
+  tokens.selection.max_samples = 11999;
+  absl::StatusOr<std::shared_ptr<const Step>> refused = store.CreateStep(tokens);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("step \"t\": pool \"p\": the step would take 12000 samples; the server "
+                        "plans at most 11999 per step"));
+  StepRequest count = Request("c");
+  count.selection.num_samples = 12000;
+  count.selection.max_samples = 11999;
+  EXPECT_EQ(store.CreateStep(count).status().code(), absl::StatusCode::kResourceExhausted);
+  StepRequest ids = Request("i");
+  for (int i = 0; i < 3; ++i) ids.sample_ids.push_back("u" + std::to_string(i));
+  ids.selection.max_samples = 2;
+  EXPECT_EQ(store.CreateStep(ids).status().code(), absl::StatusCode::kResourceExhausted);
+  // Nothing was taken: the whole pool is still free for a step at the limit.
+  tokens.selection.max_samples = 12000;
+  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(tokens);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ((*step)->sample_ids.size(), 12000u);
+  EXPECT_EQ((*step)->sample_ids.front(), "u0");
+  count.selection.max_samples = 8000;
+  count.selection.num_samples = 8000;
+  step = store.CreateStep(count);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ((*step)->sample_ids.front(), "u12000");
+}
+
 TEST(SampleStoreLifecycle, TokenBudgetAndNewestVersionSelection) {
   SampleStore store(1 << 24);
   ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
