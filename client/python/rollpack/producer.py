@@ -42,6 +42,7 @@ import grpc
 from numpy.typing import ArrayLike
 
 from rollpack import errors
+from rollpack._feed import Feed
 from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc
 from rollpack.pool_options import pool_options
 from rollpack.sample import Sample
@@ -120,145 +121,6 @@ def _is_count_error(err):
     return "--max-samples-per-message" in _details(err)
 
 
-class _Feed:
-    """Turns samples into PutSamplesRequest messages, lazily, remembering
-    the messages of the current stream for a re-send. An error while
-    encoding (or from the caller's iterable) ends the stream cleanly: the
-    samples before it are sent and committed, and the caller re-raises it
-    after the server's answer."""
-
-    def __init__(self, samples, pool, spec, max_message_bytes, max_samples_per_message,
-                 max_unacked_bytes, result):
-        if isinstance(samples, Sample):
-            samples = [samples]
-        self.pool, self.spec = pool, spec
-        self.max_message_bytes, self.max_unacked_bytes = max_message_bytes, max_unacked_bytes
-        self.max_samples_per_message = max_samples_per_message
-        self.result = result
-        self.unacked, self.unacked_bytes = [], 0
-        self.error = None
-        self.done = False
-        self.is_async = hasattr(samples, "__aiter__")
-        self._it = samples.__aiter__() if self.is_async else iter(samples)
-        self._cur, self._cur_size = None, 0
-        self._gen = 0
-        self._lock = threading.Lock()
-        self._alock = None
-
-    def _push(self, s):
-        """Adds a sample; returns the previous message when it is full."""
-        if not isinstance(s, Sample):
-            raise TypeError("put() takes rollpack.Sample objects, got %s" % type(s).__name__)
-        hint = s.wire_size_hint()
-        out = None
-        if self._cur is not None and (
-                self._cur_size + hint > self.max_message_bytes
-                or len(self._cur.samples) >= self.max_samples_per_message):
-            out = self._flush()
-        if self._cur is None:
-            self._cur, self._cur_size = rollouts_pb2.PutSamplesRequest(pool=self.pool), 0
-        pb = self._cur.samples.add()
-        try:
-            s.to_proto(self.spec, pb)
-        except BaseException:
-            del self._cur.samples[-1]
-            if out is not None:  # keep the full message: _step flushes it
-                self._cur = out
-            raise
-        self._cur_size += hint
-        return out
-
-    def _flush(self):
-        req, self._cur, self._cur_size = self._cur, None, 0
-        return req if req is not None and len(req.samples) else None
-
-    def _record(self, req):
-        n = req.ByteSize()
-        self.unacked.append(req)
-        self.unacked_bytes += n
-        self._count(req, n)
-
-    def _count(self, req, n):
-        self.result.messages += 1
-        self.result.samples += len(req.samples)
-        self.result.wire_bytes += n
-
-    def _open(self):
-        return not self.done and self.error is None and self.unacked_bytes < self.max_unacked_bytes
-
-    def _begin(self):
-        """Starts a stream attempt: later pulls of older attempts' iterators
-        (grpc may still run one in its consumer thread) stop."""
-        self._gen += 1
-        replay = list(self.unacked)
-        for req in replay:  # re-send after a failed attempt
-            self._count(req, req.ByteSize())
-        return self._gen, replay
-
-    def _step(self, s, end, err):
-        """Handles one pulled sample (or the end / an error); returns the
-        message to send, if any."""
-        if err is not None:
-            self.error = err
-            req = self._flush()
-        elif end:
-            self.done = True
-            req = self._flush()
-        else:
-            try:
-                req = self._push(s)
-            except BaseException as e:  # noqa: B902 - re-raised by put()
-                self.error = e
-                req = self._flush()
-        if req is not None:
-            self._record(req)
-        return req
-
-    def stream(self):
-        """Request iterator of one stream attempt (sync source)."""
-        with self._lock:
-            gen, replay = self._begin()
-        yield from replay
-        while True:
-            with self._lock:
-                if gen != self._gen or not self._open():
-                    return
-                s, end, err = None, False, None
-                try:
-                    s = next(self._it)
-                except StopIteration:
-                    end = True
-                except BaseException as e:  # noqa: B902
-                    err = e
-                req = self._step(s, end, err)
-            if req is not None:
-                yield req
-
-    async def astream(self):
-        """Request iterator of one stream attempt (sync or async source)."""
-        async with self._alock:
-            gen, replay = self._begin()
-        for req in replay:
-            yield req
-        while True:
-            async with self._alock:
-                if gen != self._gen or not self._open():
-                    return
-                s, end, err = None, False, None
-                try:
-                    s = (await self._it.__anext__()) if self.is_async else next(self._it)
-                except (StopIteration, StopAsyncIteration):
-                    end = True
-                except Exception as e:
-                    err = e
-                req = self._step(s, end, err)
-            if req is not None:
-                yield req
-
-    def acked(self):
-        self.unacked, self.unacked_bytes = [], 0
-
-
 class _Backoff:
     def __init__(self, initial, maximum, multiplier, attempts):
         self.initial, self.maximum, self.multiplier, self.attempts = (
@@ -313,7 +175,7 @@ class _Base:
                  client_certificate: Optional[PemSource] = None,
                  client_key: Optional[PemSource] = None, server_name: Optional[str] = None,
                  timeout: Optional[float] = 60.0, max_message_bytes: int = 16 << 20,
-                 max_samples_per_message: int = 65536,
+                 max_samples_per_message: Optional[int] = 65536,
                  max_unacked_bytes: int = 64 << 20, retry_for: Optional[float] = 600.0,
                  max_attempts: Optional[int] = None, warn_every: Optional[float] = 30.0,
                  initial_backoff: float = 0.1, max_backoff: float = 5.0,
@@ -337,8 +199,8 @@ class _Base:
         - ``max_message_bytes``: target size of one PutSamplesRequest (a
           larger single sample goes alone).
         - ``max_samples_per_message``: at most this many samples in one
-          PutSamplesRequest; keep it at or under rollpackd's
-          ``--max-samples-per-message`` (65536 by default).
+          PutSamplesRequest (0 or None: bytes alone decide); keep it at or
+          under rollpackd's ``--max-samples-per-message`` (65536 by default).
         - ``max_unacked_bytes``: bytes sent on one stream before it is closed
           and acknowledged: the client's memory bound during ``put``.
         - ``retry_for``: seconds a call keeps retrying RESOURCE_EXHAUSTED and
@@ -357,7 +219,12 @@ class _Base:
         self.address, self.pool = _target(address), pool
         self.timeout = timeout
         self.max_message_bytes = int(max_message_bytes)
-        self.max_samples_per_message = max(1, int(max_samples_per_message))
+        # 0 or None: no count of its own (as the server's flag and the C++
+        # client's batch_samples read 0).
+        self.max_samples_per_message = int(max_samples_per_message or 0)
+        if self.max_samples_per_message < 0:
+            raise ValueError("max_samples_per_message is %d: >= 0 (0 = no limit)"
+                             % self.max_samples_per_message)
         self.max_unacked_bytes = int(max_unacked_bytes)
         self.backoff = _Backoff(initial_backoff, max_backoff, backoff_multiplier, None)
         self.retry_for = None if retry_for is None else float(retry_for)
@@ -507,7 +374,7 @@ class Producer(_Base):
         it were committed."""
         spec = self.model(timeout)
         result = PutResult()
-        feed = _Feed(samples, self.pool, spec, self.max_message_bytes,
+        feed = Feed(samples, self.pool, spec, self.max_message_bytes,
                      self.max_samples_per_message, self.max_unacked_bytes,
                      result)
         what = "PutSamples to pool %r" % self.pool
@@ -690,7 +557,7 @@ class AsyncProducer(_Base):
         """As :meth:`Producer.put`; ``samples`` may also be an async iterable."""
         spec = await self.model(timeout)
         result = PutResult()
-        feed = _Feed(samples, self.pool, spec, self.max_message_bytes,
+        feed = Feed(samples, self.pool, spec, self.max_message_bytes,
                      self.max_samples_per_message, self.max_unacked_bytes,
                      result)
         feed._alock = asyncio.Lock()

@@ -191,13 +191,20 @@ class Sync(unittest.TestCase):
         self.assertIn("max_message_bytes", str(cm.exception))
         self.assertEqual(srv.servicer.put_calls, 1)  # one attempt, no retry
 
-
     def test_messages_are_split_by_sample_count_too(self):
         p = self.producer(max_samples_per_message=3)
         p.register_model(S)
         r = p.put(samples(7))
         self.assertEqual((r.accepted, r.messages), (7, 3))  # 3 + 3 + 1, bytes far below 16 MiB
         self.assertEqual(self.fake.messages, 3)
+        # 0 (as the server's flag reads it) or None: bytes alone decide.
+        for unlimited in (0, None):
+            self.fake.messages = 0
+            unbounded = self.producer(max_samples_per_message=unlimited)
+            r = unbounded.put(samples(7, prefix="u%s" % unlimited))
+            self.assertEqual(r.messages, 1)
+        with self.assertRaises(ValueError):
+            self.producer(max_samples_per_message=-1)
 
     def test_a_message_over_the_servers_sample_count_is_not_retried(self):
         p = self.producer(max_attempts=5)
@@ -209,6 +216,7 @@ class Sync(unittest.TestCase):
             p.put(samples(9))
         self.assertIn("lower max_samples_per_message, now 65536", str(cm.exception))
         self.assertEqual(self.fake.put_calls, 1)  # one attempt, no retry
+
 
 class Unreachable(unittest.TestCase):
     def test_unavailable_after_backoff(self):
