@@ -99,7 +99,7 @@ std::vector<int> Placement(const std::string& placement, int members,
 }
 
 // Each member's samples (owner[k] == i) to member i, all members at once.
-absl::Status PutSpread(const std::vector<Member>& members, const std::vector<v1::Sample>& samples,
+absl::Status PutSpread(const std::vector<BenchMember>& members, const std::vector<v1::Sample>& samples,
                        const std::vector<int>& owner) {
   const size_t m = members.size();
   std::vector<absl::Status> errors(m);
@@ -126,7 +126,7 @@ absl::Status PutSpread(const std::vector<Member>& members, const std::vector<v1:
 }
 
 // Every member in the member list, as seen through member 0.
-absl::Status AwaitMembers(const std::vector<Member>& members) {
+absl::Status AwaitMembers(const std::vector<BenchMember>& members) {
   RollpackClient client(members[0].address);
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   int seen = 0;
@@ -164,7 +164,7 @@ struct FetchResult {
 // r % M. Connections are made before the clock starts (a trainer process
 // keeps its channels from step to step), then `on_connected` runs: the
 // members' counters are read there, so connecting counts in neither.
-absl::StatusOr<FetchResult> FetchAllRanks(Delivery delivery, const std::vector<Member>& members,
+absl::StatusOr<FetchResult> FetchAllRanks(Delivery delivery, const std::vector<BenchMember>& members,
                                           const std::string& step_id,
                                           const v1::Topology& topology,
                                           const std::function<absl::Status()>& on_connected) {
@@ -285,7 +285,7 @@ absl::StatusOr<Measurement> MeasureOnce(Delivery delivery, BenchCluster& cluster
                                         const std::vector<int>& owner,
                                         const v1::Topology& topology, const std::string& step_id,
                                         std::vector<uint64_t>* reference, bool* identical) {
-  std::vector<Member>& members = cluster.members();
+  std::vector<BenchMember>& members = cluster.members();
   RETURN_IF_ERROR(PutSpread(members, samples, owner));
   RollpackClient coordinator(members[0].address);
   v1::CreateStepRequest request;
@@ -301,7 +301,7 @@ absl::StatusOr<Measurement> MeasureOnce(Delivery delivery, BenchCluster& cluster
   }
   std::vector<MemberCounters> before;
   auto read_before = [&]() -> absl::Status {
-    for (const Member& m : members) {
+    for (const BenchMember& m : members) {
       ASSIGN_OR_RETURN(MemberCounters c, ReadCounters(m));
       before.push_back(c);
     }

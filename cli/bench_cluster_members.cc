@@ -22,14 +22,6 @@
 
 namespace rollpack {
 
-std::string SelfDir() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  const std::string path(buf, static_cast<size_t>(n));
-  return path.substr(0, path.rfind('/'));
-}
-
 // utime + stime of `pid` in seconds: its CPU clock (nanoseconds, where
 // /proc/<pid>/stat counts 10 ms ticks, coarse next to a fetch of tenths of a
 // second), else /proc/<pid>/stat's fields 14 and 15.
@@ -56,7 +48,7 @@ absl::StatusOr<double> CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-absl::StatusOr<MemberCounters> ReadCounters(const Member& member) {
+absl::StatusOr<MemberCounters> ReadCounters(const BenchMember& member) {
   httplib::Client http(member.host, member.metrics_port);
   http.set_connection_timeout(5);
   http.set_read_timeout(10);
@@ -89,7 +81,7 @@ absl::StatusOr<std::unique_ptr<BenchCluster>> BenchCluster::Start(int size,
                                                                   const std::string& dir) {
   std::unique_ptr<BenchCluster> cluster(new BenchCluster());
   for (int i = 0; i < size; ++i) {
-    Member member;
+    BenchMember member;
     member.host = links != nullptr ? links->member_ip(i) : "127.0.0.1";
     const std::string metrics_file = absl::StrCat(dir, "/m", size, "-", i, ".metrics");
     std::remove(metrics_file.c_str());
@@ -140,7 +132,7 @@ absl::StatusOr<std::unique_ptr<BenchCluster>> BenchCluster::Start(int size,
 }
 
 BenchCluster::~BenchCluster() {
-  for (Member& m : members_) {
+  for (BenchMember& m : members_) {
     m.cleanup.reset();  // before the pid can be reaped and reused
     m.process->Kill(SIGTERM);
   }

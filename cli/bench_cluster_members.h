@@ -18,14 +18,11 @@
 
 namespace rollpack {
 
-// The directory of this program: rollpackd is looked for beside it.
-std::string SelfDir();
-
 // utime + stime of `pid` in seconds.
 absl::StatusOr<double> CpuSeconds(pid_t pid);
 
 // One rollpackd member, a child process (in its namespace with links).
-struct Member {
+struct BenchMember {
   std::unique_ptr<DaemonProcess> process;
   std::string host;  // where it listens, gRPC and metrics
   std::string address;
@@ -43,7 +40,7 @@ struct MemberCounters {
 
 // NOT_FOUND when a series is missing (a renamed series must fail the run,
 // not read as 0); UNAVAILABLE when /metrics does not answer.
-absl::StatusOr<MemberCounters> ReadCounters(const Member& member);
+absl::StatusOr<MemberCounters> ReadCounters(const BenchMember& member);
 
 // An etcd-coordinated cluster of M members for one row set. The destructor
 // stops the members with SIGTERM, so each revokes its lease.
@@ -57,11 +54,11 @@ class BenchCluster {
                                                              const std::string& dir);
   ~BenchCluster();
 
-  std::vector<Member>& members() { return members_; }
+  std::vector<BenchMember>& members() { return members_; }
 
  private:
   BenchCluster() = default;
-  std::vector<Member> members_;
+  std::vector<BenchMember> members_;
 };
 
 }  // namespace rollpack

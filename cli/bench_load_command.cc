@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "cli/bench_support.h"
 #include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "testing/synthetic_rollouts.h"
@@ -89,14 +90,6 @@ int64_t ReadHwmBytes(pid_t pid) {
     }
   }
   return -1;
-}
-
-std::string SelfDir() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string path(buf, n);
-  return path.substr(0, path.rfind('/'));
 }
 
 uint32_t TokenChecksum(const char* data, size_t bytes) {

@@ -3,12 +3,29 @@
 #ifndef ROLLPACK_CLI_BENCH_SUPPORT_H_
 #define ROLLPACK_CLI_BENCH_SUPPORT_H_
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "rollpack/v1/rollouts.pb.h"
 
 namespace rollpack {
+
+// This program's path ("" when /proc/self/exe cannot be read).
+inline std::string SelfPath() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// The directory of this program: the benchmarks start the rollpackd beside
+// it unless told otherwise.
+inline std::string SelfDir() {
+  const std::string path = SelfPath();
+  return path.empty() ? "." : path.substr(0, path.rfind('/'));
+}
 
 // A small MoE model: 4 layers, 64 experts, top-4.
 inline v1::ModelSpec BenchModel() {

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "cli/bench_support.h"
 #include "cli/flags.h"
 #include "cli/grpc_ceiling.h"
 #include "client/cpp/client.h"
@@ -465,12 +466,9 @@ int RunBenchTransportCommand(int argc, char** argv) {
                                            "' in --phases: want ingest, fetch or first"));
     }
   }
-  char self_path[4096];
-  const ssize_t self_length = readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
-  if (self_length <= 0) return 1;
-  const std::string self(self_path, self_length);
-  const std::string binary =
-      rollpackd.empty() ? self.substr(0, self.rfind('/')) + "/rollpackd" : rollpackd;
+  const std::string self = SelfPath();  // the gRPC sink runs in a copy of this program
+  if (self.empty()) return 1;
+  const std::string binary = rollpackd.empty() ? SelfDir() + "/rollpackd" : rollpackd;
   producer_options.put_streams = ResolvedPutStreams(producer_options);
   std::vector<std::string> daemon_args = {"--listen", "127.0.0.1:0", "--max-memory",
                                           absl::StrCat(int64_t{16} << 30)};

@@ -224,12 +224,26 @@ class TwoHosts:
 
     def tear_down(self):
         # Deleting a veth's host end deletes both ends; errors are expected
-        # for what a failed set-up never made.
-        while self.made:
-            _run(self.made.pop(0), check=False)
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        self._old_handlers = {}
+        # for what a failed set-up never made. A second signal meanwhile (a
+        # double Ctrl-C, CTest's kill on a timeout) must not stop the
+        # removal halfway: ignored until everything is gone.
+        main = threading.current_thread() is threading.main_thread()
+        restore = {}
+        if main:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                current = signal.signal(sig, signal.SIG_IGN)
+                restore[sig] = self._old_handlers.get(sig, current)
+        try:
+            for command in self.made:
+                try:
+                    _run(command, check=False)
+                except BaseException:  # noqa: B902 - one failure must not keep the rest
+                    continue
+            self.made = []
+        finally:
+            for sig, handler in restore.items():
+                signal.signal(sig, handler)
+            self._old_handlers = {}
 
 
 # --- the two clients (child processes, one per host) ---------------------
