@@ -1,10 +1,6 @@
 #include "cli/bench_transport_command.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,16 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -30,6 +23,7 @@
 #include "cli/bench_support.h"
 #include "cli/flags.h"
 #include "cli/grpc_ceiling.h"
+#include "cli/host_measures.h"
 #include "client/cpp/client.h"
 #include "client/cpp/received_microbatch.h"
 #include "testing/synthetic_rollouts.h"
@@ -41,95 +35,6 @@ namespace rollpack {
 namespace {
 
 double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
-
-// Single-stream TCP over 127.0.0.1: the ceiling for one gRPC connection.
-double LoopbackTcpGBps(int64_t total_bytes) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(listener);
-    return 0;
-  }
-  std::thread sender([addr, total_bytes] {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) return;
-    std::vector<char> buffer(1 << 20, 'x');
-    for (int64_t sent = 0; sent < total_bytes;) {
-      const ssize_t n = write(fd, buffer.data(), std::min<int64_t>(buffer.size(), total_bytes - sent));
-      if (n <= 0) break;
-      sent += n;
-    }
-    close(fd);
-  });
-  int fd = accept(listener, nullptr, nullptr);
-  std::vector<char> buffer(1 << 20);
-  const absl::Time start = absl::Now();
-  int64_t received = 0;
-  while (true) {
-    const ssize_t n = read(fd, buffer.data(), buffer.size());
-    if (n <= 0) break;
-    received += n;
-  }
-  const double s = Seconds(start);
-  sender.join();
-  close(fd);
-  close(listener);
-  return received / s / 1e9;
-}
-
-// memcpy of a buffer larger than the caches: bytes copied per second.
-double MemcpyGBps(int64_t bytes, int repeats) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < repeats; ++i) std::memcpy((i % 2 ? a : b).data(), (i % 2 ? b : a).data(), bytes);
-  return static_cast<double>(bytes) * repeats / Seconds(start) / 1e9;
-}
-
-// utime + stime of a /proc/.../stat file, in seconds; 0 when unreadable.
-double StatCpuSeconds(const std::string& path) {
-  std::ifstream in(path);
-  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = content.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(content.substr(close + 2));
-  std::string f;
-  long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> f; ++i) {
-    if (i == 14) utime = std::stol(f);
-    if (i == 15) stime = std::stol(f);
-  }
-  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
-}
-
-// CPU seconds of each thread of process `pid` (/proc/PID/task/TID/stat).
-std::map<int, double> ThreadCpuSeconds(pid_t pid) {
-  std::map<int, double> out;
-  const std::string dir = absl::StrCat("/proc/", pid, "/task");
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    int tid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
-    out[tid] = StatCpuSeconds((entry.path() / "stat").string());
-  }
-  return out;
-}
-
-// The largest share of `seconds` of wall time one thread was on a CPU: near
-// 1, that thread is what limits the phase.
-double BusiestThreadShare(const std::map<int, double>& before, const std::map<int, double>& after,
-                          double seconds) {
-  double busiest = 0;
-  for (const auto& [tid, cpu] : after) {
-    auto it = before.find(tid);
-    busiest = std::max(busiest, cpu - (it == before.end() ? 0.0 : it->second));
-  }
-  return seconds > 0 ? busiest / seconds : 0;
-}
 
 // A server child process (rollpackd, or this program's gRPC sink) whose CPU
 // time and peak RSS we can read; stopped with SIGTERM when destroyed.
@@ -226,13 +131,6 @@ struct IngestResult {
   int64_t bytes = 0;
 };
 
-double ProcessCpuSeconds() {
-  struct rusage usage;
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
-         1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-}
-
 IngestResult Ingest(const Daemon& daemon, const std::string& pool,
                     const std::vector<std::vector<v1::Sample>>& per_producer,
                     const ClientOptions& producer_options) {
@@ -275,6 +173,18 @@ IngestResult Ingest(const Daemon& daemon, const std::string& pool,
       BusiestThreadShare(producer_threads0, ThreadCpuSeconds(getpid()), s),
       *std::max_element(producer_thread_cpu.begin(), producer_thread_cpu.end()) / s);
   return r;
+}
+
+// False, with the call and its status on stderr, for an error: the bench's
+// exit code alone does not say which call of which phase failed.
+bool Reported(const absl::Status& status, const char* call) {
+  if (status.ok()) return true;
+  std::fprintf(stderr, "bench transport: %s: %s\n", call, status.ToString().c_str());
+  return false;
+}
+template <typename T>
+bool Reported(const absl::StatusOr<T>& result, const char* call) {
+  return Reported(result.status(), call);
 }
 
 // Copies every array of `m` into `staging`, one after another.
@@ -561,7 +471,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
     ClientOptions options = producer_options;
     options.put_streams = put_streams;
     const std::string pool = absl::StrCat("ingest-", pool_id++);
-    if (!control.RegisterModel(pool, model).ok()) return 1;
+    if (!Reported(control.RegisterModel(pool, model), "RegisterModel")) return 1;
     std::vector<std::vector<v1::Sample>> batches;
     for (int p = 0; p < producers; ++p) {
       batches.push_back(Replicate(base, samples_per_case / producers, absl::StrCat(pool, "-", p)));
@@ -591,7 +501,10 @@ int RunBenchTransportCommand(int argc, char** argv) {
     drop.set_pool(pool);
     drop.set_num_samples(samples_per_case / producers * producers);
     *drop.mutable_topology() = MakeTopology(1, 1, 1, 1, 1 << 20);
-    if (!control.CreateStep(drop).ok() || !control.ReleaseStep(pool).ok()) return 1;
+    if (!Reported(control.CreateStep(drop), "CreateStep") ||
+        !Reported(control.ReleaseStep(pool), "ReleaseStep")) {
+      return 1;
+    }
   }
 
   std::printf("\n%-44s %10s %10s %12s %14s %14s\n", "fetch (all ranks concurrently)", "GB/s",
@@ -603,9 +516,13 @@ int RunBenchTransportCommand(int argc, char** argv) {
   for (const FetchCase& c : {FetchCase{1, 1, 1, 1}, FetchCase{8, 1, 1, 1}, FetchCase{8, 2, 2, 1}, FetchCase{8, 2, 2, 2}}) {
     if (!runs("fetch")) break;
     const std::string pool = absl::StrCat("fetch-", pool_id++);
-    if (!control.RegisterModel(pool, model).ok()) return 1;
-    if (!control.PutSamples(pool, Replicate(base, samples_per_case, pool)).ok()) return 1;
-    peak_payload = std::max(peak_payload, control.GetPool(pool)->stored_bytes());
+    if (!Reported(control.RegisterModel(pool, model), "RegisterModel")) return 1;
+    if (!Reported(control.PutSamples(pool, Replicate(base, samples_per_case, pool)), "PutSamples")) {
+      return 1;
+    }
+    const absl::StatusOr<v1::PoolInfo> stored = control.GetPool(pool);
+    if (!Reported(stored, "GetPool")) return 1;
+    peak_payload = std::max(peak_payload, stored->stored_bytes());
     const FetchResult r =
         Fetch(*daemon, control, pool, samples_per_case, MakeTopology(c.dp, c.cp, c.tp, c.pp, 32768),
               false, trainer_options);
@@ -653,7 +570,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
   // sequences keep the payload in memory modest; planning cost is per sample.
   if (runs("first")) {
     const std::string pool = absl::StrCat("first-", pool_id++);
-    if (!control.RegisterModel(pool, model).ok()) return 1;
+    if (!Reported(control.RegisterModel(pool, model), "RegisterModel")) return 1;
     SyntheticOptions small = synth;
     small.median_length = 512;
     small.min_length = 64;
@@ -662,9 +579,11 @@ int RunBenchTransportCommand(int argc, char** argv) {
     for (int done = 0; done < first_mb_samples; done += 1024) {
       std::vector<v1::Sample> part = Replicate(short_base, std::min(1024, first_mb_samples - done),
                                                absl::StrCat(pool, "-", done));
-      if (!control.PutSamples(pool, part).ok()) return 1;
+      if (!Reported(control.PutSamples(pool, part), "PutSamples")) return 1;
     }
-    peak_payload = std::max(peak_payload, control.GetPool(pool)->stored_bytes());
+    const absl::StatusOr<v1::PoolInfo> stored = control.GetPool(pool);
+    if (!Reported(stored, "GetPool")) return 1;
+    peak_payload = std::max(peak_payload, stored->stored_bytes());
     const FetchResult r = Fetch(*daemon, control, pool, first_mb_samples,
                                 MakeTopology(8, 2, 2, 2, 16384), /*first_only=*/true,
                                 trainer_options);

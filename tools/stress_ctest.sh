@@ -40,7 +40,7 @@ failed_runs=0
 declare -A failures
 for ((r = 1; r <= runs; r++)); do
   start=$(date +%s)
-  (cd "$build" && ctest -j "$jobs" --timeout 600 "$@") > "$logdir/run$r.log" 2>&1
+  (cd "$build" && ctest -j "$jobs" --timeout 600 --output-on-failure "$@") > "$logdir/run$r.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
   names=$(grep -E '^\s*[0-9]+ - .* \((Failed|Timeout|SEGFAULT|Exception|Not Run)' "$logdir/run$r.log" |
