@@ -13,6 +13,21 @@ BAZEL=${BAZEL:-bazel}
 root=${BAZEL_OUTPUT_USER_ROOT:-/tmp/rollpack-bazel-$(id -u)}
 # CI has 2 cores; BAZEL_JOBS overrides.
 jobs=${BAZEL_JOBS:-2}
+# Compiled actions are shared through a disk cache keyed by content, so a clone
+# in another folder (CI's, right after a session) reuses what the session
+# built; tests always run (--nocache_test_results). Bazel 4 never trims a
+# disk cache: past ROLLPACK_BAZEL_CACHE_MB (default 8192) it is emptied first.
+# ROLLPACK_BAZEL_DISK_CACHE= (empty) turns it off.
+disk_cache=${ROLLPACK_BAZEL_DISK_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/rollpack-bazel-disk}
+cache_flags=()
+if [[ -n "$disk_cache" ]]; then
+  if [[ -d "$disk_cache" ]] &&
+     (($(du -sm "$disk_cache" | cut -f1) > ${ROLLPACK_BAZEL_CACHE_MB:-8192})); then
+    echo "bazel_test: emptying the disk cache $disk_cache (over ${ROLLPACK_BAZEL_CACHE_MB:-8192} MB)"
+    rm -rf "$disk_cache"
+  fi
+  cache_flags=(--disk_cache="$disk_cache")
+fi
 
 # Every C++ source CMake builds must be in a BUILD.bazel (fails at the end).
 python3 tools/bazel_check_sources.py
@@ -21,7 +36,8 @@ sources_rc=$?
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 "$BAZEL" --output_user_root="$root" test --keep_going \
-  --jobs="$jobs" --local_cpu_resources="$jobs" "$@" //... 2>&1 | tee "$log"
+  --jobs="$jobs" --local_cpu_resources="$jobs" "${cache_flags[@]}" --nocache_test_results \
+  "$@" //... 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 
 # Bazel's own count: "Executed 9 out of 19 tests: 9 tests pass, 9 fail to

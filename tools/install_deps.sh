@@ -28,6 +28,9 @@ packages+=(etcd-server etcd-client golang-etcd-server-dev golang-github-gogo-pro
            golang-github-grpc-ecosystem-grpc-gateway-dev)
 # Bazel 4.2.3 for `make bazel-test` (docs/bazel.md), offline.
 packages+=(bazel-bootstrap)
+# A compiler cache for the CMake trees (docs/build.md): CI runs right after a
+# session on the same machine, so its compiles are usually cached.
+packages+=(ccache)
 # Debian's npm, unless a node/npm is already installed (e.g. NodeSource's
 # nodejs, which conflicts with Debian's npm package).
 if ! command -v npm >/dev/null; then packages+=(npm); fi
