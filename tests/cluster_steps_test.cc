@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"
 #include "client/cpp/client.h"
 #include "client/cpp/trainer_stream.h"
 #include "gmock/gmock.h"
@@ -33,22 +34,35 @@ namespace {
 
 using ::testing::HasSubstr;
 
+
+// The micro-batches one rank receives.
+absl::StatusOr<std::vector<v1::Microbatch>> FetchRankMicrobatches(const std::string& address,
+                                                                  const std::string& step_id,
+                                                                  const v1::RankCoords& rank,
+                                                                  Delivery delivery) {
+  TrainerStreamOptions options;
+  options.max_resumes = 0;
+  options.delivery = delivery;
+  TrainerStream stream(MakeChannel(address), step_id, rank, options);
+  std::vector<v1::Microbatch> out;
+  while (true) {
+    absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) return out;
+    out.push_back(**std::move(next));
+  }
+}
+
 // Every micro-batch one rank receives, as deterministic bytes.
 absl::StatusOr<std::vector<std::string>> FetchRank(const std::string& address,
                                                    const std::string& step_id,
                                                    const v1::RankCoords& rank,
                                                    Delivery delivery = Delivery::kAuto) {
-  TrainerStreamOptions options;
-  options.max_resumes = 0;
-  options.delivery = delivery;
-  TrainerStream stream(MakeChannel(address), step_id, rank, options);
+  ASSIGN_OR_RETURN(std::vector<v1::Microbatch> microbatches,
+                   FetchRankMicrobatches(address, step_id, rank, delivery));
   std::vector<std::string> out;
-  while (true) {
-    absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
-    if (!next.ok()) return next.status();
-    if (!next->has_value()) return out;
-    out.push_back(DeterministicBytes(**next));
-  }
+  for (const v1::Microbatch& mb : microbatches) out.push_back(DeterministicBytes(mb));
+  return out;
 }
 
 v1::CreateStepRequest StepRequest(const std::string& step_id, const std::vector<std::string>& ids,
@@ -355,6 +369,92 @@ TEST_F(ClusterStepsTest, AHoldThatIsNeverCommittedIsGivenBack) {
   absl::StatusOr<v1::StepInfo> late = Client(0).CreateStep(StepRequest("ghost", {"m1-rollout-0"}));
   EXPECT_FALSE(late.ok());
   EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted) << late.status();
+}
+
+// Issue 36: anyone who reaches etcd can rewrite a live step's record. A
+// sample's length raised in the record made its owner gather rows past the
+// sample (another pool's data, then SIGSEGV). Now every fetch that needs the
+// sample is refused with DATA_LOSS naming it and both lengths, on every member
+// and in both delivery modes, the members stay up, and no rank is served
+// bytes other than the true step's.
+TEST_F(ClusterStepsTest, AForgedStepRecordIsRefusedNeverServed) {
+  StartThreeWithSamples();
+  std::unique_ptr<DaemonProcess> single = StartReference();
+  const std::vector<std::string> ids = InterleavedIds(6);
+  ASSERT_TRUE(Client(1).CreateStep(StepRequest("step-f", ids)).ok());
+  ASSERT_TRUE(
+      RollpackClient(MakeChannel(single->address())).CreateStep(StepRequest("step-f", ids)).ok());
+
+  const std::string key = "/" + name_ + "/steps/step-f";
+  absl::StatusOr<std::optional<std::string>> held = etcd_client_->Get(key);
+  ASSERT_TRUE(held.ok() && held->has_value()) << held.status();
+  v1::ClusterStepRecord record;
+  ASSERT_TRUE(record.ParseFromString(**held));
+  const std::string victim = record.sample_ids(0);
+  const int64_t real = record.num_tokens(0);
+  const int64_t forged = real + 7;  // still inside the ranks' token budget
+  record.set_num_tokens(0, forged);
+  ASSERT_TRUE(etcd_client_->Put(key, record.SerializeAsString()).ok());
+
+  // A member that cached the true record serves the true step; one that
+  // reads the forged record plans from it, and may serve micro-batches that
+  // do not hold the victim (their samples are whole); none that holds it
+  // unless it is the true step's.
+  int refused = 0;
+  for (Delivery delivery : {Delivery::kProxy, Delivery::kDirect}) {
+    for (const v1::RankCoords& rank : AllRanks(HybridTopology())) {
+      absl::StatusOr<std::vector<std::string>> want =
+          FetchRank(single->address(), "step-f", rank, delivery);
+      ASSERT_TRUE(want.ok()) << want.status();
+      for (size_t m = 0; m < 3; ++m) {
+        absl::StatusOr<std::vector<v1::Microbatch>> got =
+            FetchRankMicrobatches(members_[m]->address(), "step-f", rank, delivery);
+        if (got.ok()) {
+          std::vector<std::string> bytes;
+          bool holds_victim = false;
+          for (const v1::Microbatch& mb : *got) {
+            bytes.push_back(DeterministicBytes(mb));
+            for (const std::string& id : mb.sample_ids()) holds_victim |= id == victim;
+          }
+          if (holds_victim) {
+            EXPECT_EQ(bytes, *want) << "member " << m << " rank " << rank.ShortDebugString();
+          }
+          continue;
+        }
+        // The owner's refusal, or (direct pulls) members that planned from
+        // different records disagreeing on a piece: DATA_LOSS either way.
+        EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss)
+            << "member " << m << ": " << got.status();
+        const std::string message(got.status().message());
+        if (message.find("the step's record says") != std::string::npos) {
+          EXPECT_THAT(message, HasSubstr(absl::StrCat("sample \"", victim, "\" holds ", real,
+                                                      " tokens, the step's record says ",
+                                                      forged)));
+          ++refused;
+        }
+      }
+    }
+  }
+  EXPECT_GT(refused, 0) << "no fetch read the forged record";
+
+  // 40,000,000 tokens crashed the owner: a record past the ranks' budget no
+  // longer plans, and is refused as the corrupt record it is.
+  ASSERT_TRUE(Client(1).CreateStep(StepRequest("step-g", {}, 4)).ok());
+  const std::string key_g = "/" + name_ + "/steps/step-g";
+  held = etcd_client_->Get(key_g);
+  ASSERT_TRUE(held.ok() && held->has_value()) << held.status();
+  ASSERT_TRUE(record.ParseFromString(**held));
+  record.set_num_tokens(0, 40000000);
+  ASSERT_TRUE(etcd_client_->Put(key_g, record.SerializeAsString()).ok());
+  for (size_t m : {0, 2}) {
+    absl::StatusOr<std::vector<std::string>> got = FetchRank(
+        members_[m]->address(), "step-g", AllRanks(HybridTopology())[0], Delivery::kProxy);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_THAT(got.status().message(), HasSubstr("its record does not plan"));
+  }
+  for (size_t m = 0; m < 3; ++m) {
+    EXPECT_TRUE(Client(m).GetPool("pool").ok()) << "member " << m << " went down";
+  }
 }
 
 TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {

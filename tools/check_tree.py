@@ -30,7 +30,7 @@ LAYERS = [
     ("kernels", ["base"]),
     ("server/store", ["base", "proto", "scheduler"]),
     ("server/ops", ["base", "proto", "scheduler", "server/store"]),
-    ("server/cluster", ["base", "proto", "scheduler", "server/store"]),
+    ("server/cluster", ["base", "proto", "scheduler", "server/store", "server/ops"]),
     ("server/ingest", ["base", "proto", "scheduler", "server/store", "server/ops",
                        "server/cluster"]),
     ("server/delivery", ["base", "proto", "scheduler", "server/store", "server/ops"]),

@@ -15,6 +15,7 @@
 #include "grpcpp/client_context.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/cluster/peer_calls.h"
+#include "server/cluster/stall_watch.h"
 #include "server/store/convert.h"
 #include "server/store/log_records.h"
 #include "server/store/names.h"
@@ -343,6 +344,18 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
                                             record.owner_size(), " owners for ",
                                             record.sample_ids_size(), " samples"));
   }
+  if (record.num_tokens_size() != record.sample_ids_size()) {
+    return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record has ",
+                                            record.num_tokens_size(), " lengths for ",
+                                            record.sample_ids_size(), " samples"));
+  }
+  for (int i = 0; i < record.num_tokens_size(); ++i) {
+    if (record.num_tokens(i) <= 0) {
+      return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record gives sample \"",
+                                              record.sample_ids(i), "\" ", record.num_tokens(i),
+                                              " tokens"));
+    }
+  }
   for (int32_t o : record.owner()) {
     if (o < 0 || o >= record.members_size()) {
       return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record names owner ",
@@ -358,7 +371,12 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
                             record.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE
                                 ? ReplaySourceKind::kRecompute
                                 : ReplaySourceKind::kRollout);
-  if (!step.ok()) return Prefixed(step_id, step.status());
+  if (!step.ok()) {
+    // The planner planned this record: one that no longer plans was changed
+    // behind the cluster's back (or members run different versions).
+    return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record does not plan: ",
+                                            step.status().message()));
+  }
   cached = std::make_shared<CachedStep>();
   cached->revision = *revision;
   cached->record = std::move(record);
@@ -588,7 +606,7 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
     if (cached.recompute()) {
       ASSIGN_OR_RETURN(*routing, store_->HeldRecomputeRouting(record.step_id(), ids));
     }
-    return absl::OkStatus();
+    return CheckLengths(record, sequences, *out);
   }
   v1::ReadSamplesRequest request;
   request.set_step_id(record.step_id());
@@ -596,6 +614,7 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
   grpc::ClientContext context;
   SetDeadline(&context, options_.pull_timeout);
   auto reader = cluster->MemberStub({member, member})->ReadSamples(&context, request);
+  StallWatch watch(options_.pull_stall_timeout, [&context] { context.TryCancel(); });
   v1::SampleBatch batch;
   out->clear();
   out->reserve(ids.size());
@@ -603,6 +622,7 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
   int64_t bytes = 0;
   absl::Status decoded;
   while (reader->Read(&batch)) {
+    watch.Progress();
     std::string pool;
     std::vector<StoredSample> samples;
     decoded = DecodeSamples(batch.encoded(), &pool, &samples);
@@ -626,7 +646,13 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
     }
   }
   if (!decoded.ok()) context.TryCancel();
-  RETURN_IF_ERROR(FromPeer(reader->Finish(), member, "ReadSamples"));
+  grpc::Status finished = reader->Finish();
+  if (watch.stalled()) {
+    return absl::UnavailableError(absl::StrCat(
+        "cluster member ", member, " does not answer (ReadSamples): nothing sent for ",
+        absl::FormatDuration(options_.pull_stall_timeout)));
+  }
+  RETURN_IF_ERROR(FromPeer(finished, member, "ReadSamples"));
   RETURN_IF_ERROR(decoded);
   pulled_bytes_.fetch_add(bytes);
   if (out->size() != ids.size()) {
@@ -647,6 +673,22 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
       return absl::DataLossError(absl::StrCat("member ", member, " sent ", (*routing)[i]->size(),
                                               " bytes of recompute routing for sample \"",
                                               ids[i], "\""));
+    }
+  }
+  return CheckLengths(record, sequences, *out);
+}
+
+absl::Status ClusterSteps::CheckLengths(
+    const v1::ClusterStepRecord& record, const std::vector<int>& sequences,
+    const std::vector<std::shared_ptr<const StoredSample>>& samples) {
+  // The record comes from etcd, which anyone with its address may write: a
+  // length that is not the sample's would gather other memory (or crash).
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const int64_t recorded = record.num_tokens(sequences[i]);
+    if (samples[i]->num_tokens() != recorded) {
+      return absl::DataLossError(absl::StrCat(
+          "step \"", record.step_id(), "\": sample \"", samples[i]->sample_id, "\" holds ",
+          samples[i]->num_tokens(), " tokens, the step's record says ", recorded));
     }
   }
   return absl::OkStatus();

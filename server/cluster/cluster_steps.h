@@ -53,8 +53,11 @@ struct ClusterStepsOptions {
   // One member-to-member call; a member that does not answer in time is
   // UNAVAILABLE naming it.
   absl::Duration member_timeout = absl::Seconds(5);
-  // Pulling one rank's samples from one owner.
+  // Pulling one rank's samples from one owner, in all...
   absl::Duration pull_timeout = absl::Seconds(120);
+  // ...and between two of its messages: an owner that stops sending is
+  // given up after this long, UNAVAILABLE naming it (stall_watch.h).
+  absl::Duration pull_stall_timeout = absl::Seconds(5);
 };
 
 class ClusterSteps final : public StepDirectory {
@@ -146,6 +149,11 @@ class ClusterSteps final : public StepDirectory {
 
   // The committed record of the step; NOT_FOUND when there is none (or a
   // tombstone).
+  // DATA_LOSS naming the step, the sample and both lengths unless every
+  // sample holds as many tokens as the record says for its sequence.
+  static absl::Status CheckLengths(const v1::ClusterStepRecord& record,
+                                   const std::vector<int>& sequences,
+                                   const std::vector<std::shared_ptr<const StoredSample>>& samples);
   absl::StatusOr<v1::ClusterStepRecord> ReadRecord(Cluster* cluster, const std::string& step_id);
   absl::StatusOr<std::shared_ptr<CachedStep>> Find(const std::string& step_id);
   // Selects over every member's listing (lifecycle.md holds cluster-wide:

@@ -73,6 +73,15 @@ absl::Status MicrobatchEncoder::Prepare(
       return absl::InternalError(absl::StrCat("step \"", step.step_id, "\": sample \"",
                                               step.sample_ids[seq], "\" is not at hand"));
     }
+    // The runs gather as many rows as the step's record says; a sample
+    // shorter than that would serve whatever memory follows it (a forged
+    // cluster record, docs/cluster.md "Threat model").
+    const int64_t planned = step.layout.lengths()[seq];
+    if (samples[seq]->num_tokens() != planned) {
+      return absl::DataLossError(absl::StrCat(
+          "step \"", step.step_id, "\": sample \"", step.sample_ids[seq], "\" holds ",
+          samples[seq]->num_tokens(), " tokens, the step's record says ", planned));
+    }
     if (first_held_ < 0) first_held_ = static_cast<int>(ordinal);
   }
   if (!header && first_held_ < 0) {

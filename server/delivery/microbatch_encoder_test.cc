@@ -11,10 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/store/ndarray.h"
 #include "server/store/sample_store.h"
+#include "server/store/step_builder.h"
 #include "proto/wire/deterministic_bytes.h"
 
 namespace rollpack {
@@ -250,14 +252,20 @@ INSTANTIATE_TEST_SUITE_P(Topologies, MicrobatchEncoderTest,
                                            Case{300, 1, 2, 2, 1, 3},   // uint16 ids
                                            Case{64, 0, 1, 1, 4, 2}));  // tp split router rows
 
-TEST(MicrobatchEncoderErrorsTest, EncodeNeedsPrepareAndTheExactSize) {
+// A step "st" over 4 samples of Model(8, 0) on one rank.
+absl::StatusOr<std::shared_ptr<const Step>> FourSampleStep(SampleStore* store,
+                                                           Topology* topology) {
   const ModelSpec model = Model(8, 0);
+  if (absl::Status s = store->RegisterModel("p", model).status(); !s.ok()) return s;
+  if (absl::Status s = store->Put("p", Samples(model, 4, 1)).status(); !s.ok()) return s;
+  topology->max_tokens_per_rank = 2048;
+  return store->CreateStep("st", "p", {}, 4, *topology);
+}
+
+TEST(MicrobatchEncoderErrorsTest, EncodeNeedsPrepareAndTheExactSize) {
   SampleStore store(int64_t{1} << 30);
-  ASSERT_TRUE(store.RegisterModel("p", model).ok());
-  ASSERT_TRUE(store.Put("p", Samples(model, 4, 1)).ok());
   Topology topology;
-  topology.max_tokens_per_rank = 2048;
-  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep("st", "p", {}, 4, topology);
+  absl::StatusOr<std::shared_ptr<const Step>> step = FourSampleStep(&store, &topology);
   ASSERT_TRUE(step.ok()) << step.status();
 
   MicrobatchEncoder encoder;
@@ -272,6 +280,42 @@ TEST(MicrobatchEncoderErrorsTest, EncodeNeedsPrepareAndTheExactSize) {
   absl::Status short_buffer = encoder.Encode(absl::MakeSpan(bytes));
   EXPECT_EQ(short_buffer.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(short_buffer.message(), HasSubstr("the encoding needs"));
+}
+
+// A step whose record says more tokens than a sample holds (a forged cluster
+// record) is refused before a byte is gathered: the runs would read past the
+// sample.
+TEST(MicrobatchEncoderErrorsTest, ASampleShorterThanItsRecordIsNeverEncoded) {
+  SampleStore store(int64_t{1} << 30);
+  Topology topology;
+  absl::StatusOr<std::shared_ptr<const Step>> step = FourSampleStep(&store, &topology);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const ModelSpec model = (*step)->model;
+
+  // The cluster path: a plan from a record's ids and lengths, the samples the
+  // owner holds.
+  std::vector<int64_t> lengths((*step)->layout.lengths().begin(),
+                               (*step)->layout.lengths().end());
+  const int64_t real = lengths[2];
+  lengths[2] = real + 100;
+  absl::StatusOr<std::shared_ptr<const Step>> forged = BuildStepFromMetadata(
+      "forged", "p", model, topology, (*step)->sample_ids, lengths);
+  ASSERT_TRUE(forged.ok()) << forged.status();
+
+  MicrobatchEncoder encoder;
+  bool refused = false;
+  for (int index = 0; index < (*forged)->layout.num_microbatches(); ++index) {
+    absl::Status status = encoder.Prepare(**forged, {{0, 0, 0, 0}, index, false},
+                                          (*step)->samples);
+    if (status.ok()) continue;
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_THAT(status.message(), HasSubstr("step \"forged\""));
+    EXPECT_THAT(status.message(), HasSubstr("sample \"" + (*step)->sample_ids[2] + "\""));
+    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("holds ", real, " tokens")));
+    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("says ", real + 100)));
+    refused = true;
+  }
+  EXPECT_TRUE(refused) << "no micro-batch of the forged step was refused";
 }
 
 }  // namespace
