@@ -120,13 +120,23 @@ ABSL_FLAG(absl::Duration, step_ttl, absl::ZeroDuration(),
           "rollpack_steps_expired_total; not with --cluster-etcd yet");
 ABSL_FLAG(std::vector<std::string>, cluster_etcd, {},
           "cluster mode (docs/cluster.md): etcd client URLs, comma-separated "
-          "(http://HOST:PORT or HOST:PORT); unset = a single server");
+          "(http://HOST:PORT, https://HOST:PORT with --cluster-etcd-ca, or HOST:PORT); unset = a "
+          "single server");
 ABSL_FLAG(std::string, cluster_advertise, "",
           "host:port the other members reach this one at; default: the --listen address");
 ABSL_FLAG(std::string, cluster_name, "rollpack",
           "etcd key prefix of the cluster, so several clusters can share one etcd");
 ABSL_FLAG(int, cluster_lease_seconds, 5,
           "membership lease TTL: a member that stops renewing it leaves after this long");
+ABSL_FLAG(std::string, cluster_member_identity, "rollpack-member",
+          "with mutual TLS (--tls-cert, --tls-key, --tls-client-ca): the Common Name of member "
+          "certificates; the Member service answers only peers presenting one");
+ABSL_FLAG(std::string, cluster_etcd_ca, "",
+          "PEM CA of etcd's server certificate: reach https:// --cluster-etcd endpoints over TLS");
+ABSL_FLAG(std::string, cluster_etcd_cert, "",
+          "PEM client certificate for etcd (--client-cert-auth; with etcd auth on, its Common "
+          "Name is the etcd user)");
+ABSL_FLAG(std::string, cluster_etcd_key, "", "PEM private key of --cluster-etcd-cert");
 
 namespace {
 
@@ -231,6 +241,10 @@ int main(int argc, char** argv) {
   options.cluster_etcd = absl::GetFlag(FLAGS_cluster_etcd);
   options.cluster_advertise = absl::GetFlag(FLAGS_cluster_advertise);
   options.cluster_name = absl::GetFlag(FLAGS_cluster_name);
+  options.cluster_member_identity = absl::GetFlag(FLAGS_cluster_member_identity);
+  options.cluster_etcd_ca = absl::GetFlag(FLAGS_cluster_etcd_ca);
+  options.cluster_etcd_cert = absl::GetFlag(FLAGS_cluster_etcd_cert);
+  options.cluster_etcd_key = absl::GetFlag(FLAGS_cluster_etcd_key);
   if (absl::GetFlag(FLAGS_shutdown_grace_seconds) < 0) {
     std::fprintf(stderr, "rollpackd: --shutdown-grace-seconds is %d, must be >= 0\n",
                  absl::GetFlag(FLAGS_shutdown_grace_seconds));

@@ -245,10 +245,23 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     return absl::InvalidArgumentError(
         "--step-ttl with --cluster-etcd is not supported yet (docs/operations.md)");
   }
-  if (cluster_mode && (!options.auth_tokens_file.empty() || !options.tls_cert.empty())) {
-    // Members call each other in plaintext without a token for now.
+  const bool mutual_tls = !options.tls_cert.empty() && !options.tls_client_ca.empty();
+  if (cluster_mode && (!options.auth_tokens_file.empty() || !options.tls_cert.empty()) &&
+      !mutual_tls) {
+    // Members hold no token: they prove membership with a certificate.
     return absl::InvalidArgumentError(
-        "--cluster-etcd with --auth-tokens or --tls-cert is not supported yet (docs/cluster.md)");
+        "--cluster-etcd with --auth-tokens or --tls-cert needs mutual TLS (--tls-cert, "
+        "--tls-key and --tls-client-ca): members authenticate each other by certificate "
+        "(docs/cluster.md, \"Threat model\")");
+  }
+  if (cluster_mode && mutual_tls) {
+    if (options.cluster_member_identity.empty()) {
+      return absl::InvalidArgumentError(
+          "--cluster-member-identity is empty: with mutual TLS it names the Common Name of "
+          "member certificates");
+    }
+    if (server->auth_ == nullptr) server->auth_ = std::make_unique<Authorizer>();
+    server->auth_->set_member_identity(options.cluster_member_identity);
   }
   server->rollouts_ = std::make_unique<RolloutsService>(server->store_.get(), server->metrics_.get(),
                                                         server->auth_.get(), options.ingest,
@@ -257,7 +270,8 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     auto cluster_steps = std::make_unique<ClusterSteps>(server->store_.get());
     server->cluster_steps_ = cluster_steps.get();
     server->steps_ = std::move(cluster_steps);
-    server->member_ = std::make_unique<MemberService>(server->store_.get(), server->cluster_steps_);
+    server->member_ = std::make_unique<MemberService>(server->store_.get(), server->cluster_steps_,
+                                                      server->auth_.get());
   } else {
     server->steps_ = std::make_unique<LocalSteps>(server->store_.get());
   }
@@ -458,6 +472,25 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     cluster.advertise =
         options.cluster_advertise.empty() ? server->address() : options.cluster_advertise;
     cluster.lease_ttl = options.cluster_lease_ttl;
+    cluster.peer_max_receive_bytes = int64_t{options.max_message_bytes} + (int64_t{5} << 20);
+    if (mutual_tls) {
+      // The member's own certificate is its client identity towards peers.
+      grpc::SslCredentialsOptions ssl;
+      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca, "--tls-client-ca"));
+      ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(options.tls_cert, "--tls-cert"));
+      ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(options.tls_key, "--tls-key"));
+      cluster.peer_credentials = grpc::SslCredentials(ssl);
+    }
+    if (!options.cluster_etcd_ca.empty()) {
+      ASSIGN_OR_RETURN(cluster.etcd.tls_ca, ReadPem(options.cluster_etcd_ca, "--cluster-etcd-ca"));
+    }
+    if (!options.cluster_etcd_cert.empty()) {
+      ASSIGN_OR_RETURN(cluster.etcd.tls_cert,
+                       ReadPem(options.cluster_etcd_cert, "--cluster-etcd-cert"));
+    }
+    if (!options.cluster_etcd_key.empty()) {
+      ASSIGN_OR_RETURN(cluster.etcd.tls_key, ReadPem(options.cluster_etcd_key, "--cluster-etcd-key"));
+    }
     absl::StatusOr<std::unique_ptr<Cluster>> joined = Cluster::Join(cluster);
     if (!joined.ok()) {
       server->Shutdown(absl::ZeroDuration());

@@ -114,6 +114,15 @@ struct ServerOptions {
   std::string cluster_advertise;
   std::string cluster_name = "rollpack";
   absl::Duration cluster_lease_ttl = absl::Seconds(5);
+  // With mutual TLS (tls_cert, tls_key, tls_client_ca), a peer whose client
+  // certificate has this Common Name is a member: the Member service answers
+  // only such peers, and members dial each other with their own certificate.
+  std::string cluster_member_identity = "rollpack-member";
+  // TLS to etcd (https:// endpoints): PEM files of etcd's CA and of this
+  // member's client certificate and key (etcd takes the user from its CN).
+  std::string cluster_etcd_ca;
+  std::string cluster_etcd_cert;
+  std::string cluster_etcd_key;
 };
 
 // "NAME=VALUE" (rollpackd --grpc-arg) -> {NAME, VALUE}; INVALID_ARGUMENT

@@ -53,6 +53,12 @@ struct EtcdProcessOptions {
   // The host in client_url(): with 0.0.0.0 above, an address of this host
   // the clients can reach (the host's end of a veth pair).
   std::string client_advertise_host = "127.0.0.1";
+  // TLS on the client port (https://) when set: etcd's certificate and key
+  // files, and the CA whose client certificates it requires
+  // (--client-cert-auth; with auth enabled, the certificate's CN is the user).
+  std::string server_cert;
+  std::string server_key;
+  std::string client_ca;
 };
 
 // `size` etcd members forming one etcd cluster.
@@ -103,7 +109,8 @@ class EtcdProcess {
   }
 
   std::string client_url(int i = 0) const {
-    return absl::StrCat("http://", options_.client_advertise_host, ":", members_[i].client_port);
+    return absl::StrCat(options_.server_cert.empty() ? "http://" : "https://",
+                        options_.client_advertise_host, ":", members_[i].client_port);
   }
   // Every member's client URL, comma-separated (rollpackd --cluster-etcd).
   std::string client_urls() const {
@@ -141,8 +148,8 @@ class EtcdProcess {
         kBinary,
         "--name=" + m.name,
         absl::StrCat("--data-dir=", dir_, "/", m.name),
-        absl::StrCat("--listen-client-urls=http://", options_.client_listen_host, ":",
-                     m.client_port),
+        absl::StrCat("--listen-client-urls=", options_.server_cert.empty() ? "http://" : "https://",
+                     options_.client_listen_host, ":", m.client_port),
         "--advertise-client-urls=" + client_url(i),
         "--listen-peer-urls=" + peer_url(i),
         "--initial-advertise-peer-urls=" + peer_url(i),
@@ -153,6 +160,12 @@ class EtcdProcess {
         "--max-request-bytes=16777216",
         "--log-level=error",
         "--logger=zap"};
+    if (!options_.server_cert.empty()) {
+      args.push_back("--cert-file=" + options_.server_cert);
+      args.push_back("--key-file=" + options_.server_key);
+      args.push_back("--trusted-ca-file=" + options_.client_ca);
+      args.push_back("--client-cert-auth");
+    }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

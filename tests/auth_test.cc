@@ -88,9 +88,81 @@ TEST(AuthorizerTest, RoleTableCoversEveryMethod) {
   std::set<std::string> table;
   for (const auto& [method, roles] : MethodRoles()) {
     table.insert(method);
-    EXPECT_TRUE(roles.count(Role::kAdmin)) << method << ": admins may call everything";
+    if (method.rfind("/rollpack.v1.Member/", 0) == 0) {
+      // Cluster members call each other with certificates, never tokens.
+      EXPECT_EQ(roles, std::set<Role>{Role::kMember}) << method;
+    } else {
+      EXPECT_TRUE(roles.count(Role::kAdmin)) << method << ": admins may call everything else";
+    }
   }
   EXPECT_EQ(methods, table);
+}
+
+// grpc::AuthPropertyIterator's end-of-properties value (its constructor is
+// protected).
+struct NoProperties : grpc::AuthPropertyIterator {};
+
+// A connection's peer as gRPC's TLS handshake describes it.
+class FakePeer final : public grpc::AuthContext {
+ public:
+  FakePeer(bool verified, std::string common_name)
+      : verified_(verified), common_name_(std::move(common_name)) {}
+  bool IsPeerAuthenticated() const override { return verified_; }
+  std::vector<grpc::string_ref> GetPeerIdentity() const override {
+    return FindPropertyValues("x509_common_name");
+  }
+  std::string GetPeerIdentityPropertyName() const override { return "x509_common_name"; }
+  std::vector<grpc::string_ref> FindPropertyValues(const std::string& name) const override {
+    if (name != "x509_common_name" || common_name_.empty()) return {};
+    return {grpc::string_ref(common_name_)};
+  }
+  grpc::AuthPropertyIterator begin() const override { return NoProperties(); }
+  grpc::AuthPropertyIterator end() const override { return NoProperties(); }
+  void AddProperty(const std::string&, const grpc::string_ref&) override {}
+  bool SetPeerIdentityPropertyName(const std::string&) override { return false; }
+
+ private:
+  const bool verified_;
+  const std::string common_name_;
+};
+
+TEST(AuthorizerTest, MembersAreKnownByTheirVerifiedCertificateAlone) {
+  absl::StatusOr<Authorizer> auth =
+      Authorizer::Parse(std::string("admin ") + kAdmin + "\ntrainer " + kTrainer + "\n");
+  ASSERT_TRUE(auth.ok());
+  auth->set_member_identity("rollpack-member");
+  const FakePeer member(true, "rollpack-member");
+  const FakePeer unverified(false, "rollpack-member");
+  const FakePeer trainer(true, "trainer-1");
+  const std::string hold = "/rollpack.v1.Member/HoldSamples";
+  const std::string admin_header = std::string("Bearer ") + kAdmin;
+
+  EXPECT_TRUE(auth->CheckCall("", &member, hold).ok());
+  // Not a member: refused whatever the token, the admin's included.
+  EXPECT_EQ(auth->CheckCall(admin_header, &trainer, hold).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(auth->CheckCall(admin_header, &unverified, hold).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(auth->CheckCall(admin_header, nullptr, hold).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(auth->CheckHeader(admin_header, hold).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // A member's certificate opens what members ask each other, nothing more.
+  EXPECT_TRUE(auth->CheckCall("", &member, "/rollpack.v1.Rollouts/GetPool").ok());
+  EXPECT_EQ(auth->CheckCall("", &member, "/rollpack.v1.Scheduler/ReleaseStep").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // Clients keep their token roles.
+  EXPECT_TRUE(auth->CheckCall(admin_header, &trainer, "/rollpack.v1.Scheduler/ReleaseStep").ok());
+  EXPECT_EQ(auth->CheckCall(std::string("Bearer ") + kTrainer, &trainer,
+                            "/rollpack.v1.Scheduler/ReleaseStep")
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // "member" is no role a token file can give.
+  EXPECT_FALSE(Authorizer::Parse("member 0123456789abcdef0123\n").ok());
+
+  // Without a member identity (a cluster on a trusted network) the Member
+  // service is open when tokens are off.
+  EXPECT_TRUE(Authorizer().CheckCall("", nullptr, hold).ok());
 }
 
 class AuthTest : public ::testing::Test {

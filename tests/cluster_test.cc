@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -268,6 +269,23 @@ TEST_F(ClusterTest, ALiveMemberIdCannotBeTakenTwice) {
   // A member whose key is deleted by hand puts it back at its next renewal.
   ASSERT_TRUE(etcd_client_->Delete("/" + name_ + "/members/" + members_[0]->address()).ok());
   EXPECT_TRUE(Eventually([&] { return MemberKeys().size() == 1; }, absl::Seconds(5)));
+}
+
+// Issue 36: a RegisterModel the member refuses (one pool over its
+// --max-pools) fixed the pool's options and model in etcd anyway, so the
+// other members took samples for a pool nobody had registered.
+TEST_F(ClusterTest, ARefusedRegisterModelLeavesNoKey) {
+  member_args_ = {"--max-pools=1"};
+  StartMember(0);
+  ASSERT_TRUE(Client(0).RegisterModel("first", ClusterModel()).ok());
+  absl::StatusOr<bool> second = Client(0).RegisterModel("second", ClusterModel());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  for (const std::string& kind : {"pools", "pool-options"}) {
+    absl::StatusOr<std::optional<std::string>> key =
+        etcd_client_->Get(absl::StrCat("/", name_, "/", kind, "/second"));
+    ASSERT_TRUE(key.ok()) << key.status();
+    EXPECT_FALSE(key->has_value()) << kind;
+  }
 }
 
 TEST_F(ClusterTest, BadClusterFlagsAreRefusedAtStart) {

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
@@ -18,6 +20,7 @@
 #include "rollpack/v1/scheduler.grpc.pb.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/store/convert.h"
+#include "spdlog/spdlog.h"
 
 namespace rollpack {
 namespace {
@@ -30,11 +33,33 @@ absl::StatusOr<ModelSpec> ParseModel(const std::string& key, const std::string& 
   return FromProto(spec);
 }
 
+// host:port with a port in 1..65535, at most 255 bytes, no space or control
+// byte: what --cluster-advertise accepts.
+bool IsMemberAddress(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (address.empty() || address.size() > 255 || colon == absl::string_view::npos ||
+      colon == 0) {
+    return false;
+  }
+  for (char c : address) {
+    if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) return false;
+  }
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) return false;
+  return port >= 1 && port <= 65535;
+}
+
 }  // namespace
 
 // One channel per peer, made on first use and kept.
 class Cluster::Peers {
  public:
+  Peers(std::shared_ptr<grpc::ChannelCredentials> credentials, int64_t max_receive_bytes)
+      : credentials_(credentials != nullptr ? std::move(credentials)
+                                            : grpc::InsecureChannelCredentials()),
+        max_receive_bytes_(static_cast<int>(
+            std::clamp<int64_t>(max_receive_bytes, 1, std::numeric_limits<int>::max()))) {}
+
   v1::Rollouts::Stub* Rollouts(const ClusterMember& member) {
     absl::MutexLock lock(&mu_);
     Peer& peer = PeerLocked(member);
@@ -68,14 +93,16 @@ class Cluster::Peers {
       // A restarted member is found again quickly.
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      // ReadSamples batches hold whole samples, as large as the owner took.
-      args.SetMaxReceiveMessageSize(-1);
-      peer.channel = grpc::CreateCustomChannel(member.address,
-                                               grpc::InsecureChannelCredentials(), args);
+      // ReadSamples batches hold whole samples, as large as the owner took;
+      // a peer cannot make this member buffer more than that at once.
+      args.SetMaxReceiveMessageSize(max_receive_bytes_);
+      peer.channel = grpc::CreateCustomChannel(member.address, credentials_, args);
     }
     return peer;
   }
 
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  const int max_receive_bytes_;
   absl::Mutex mu_;
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
 };
@@ -110,7 +137,8 @@ Cluster::Cluster(ClusterOptions options, std::unique_ptr<EtcdClient> etcd)
       registration_(absl::StrCat(options_.advertise, "\n", getpid(), "@",
                                  absl::GetCurrentTimeNanos())),
       etcd_(std::move(etcd)),
-      peers_(std::make_unique<Peers>()) {}
+      peers_(std::make_unique<Peers>(options_.peer_credentials,
+                                     options_.peer_max_receive_bytes)) {}
 
 Cluster::~Cluster() {
   {
@@ -201,6 +229,17 @@ absl::Status Cluster::Register() {
     ASSIGN_OR_RETURN(std::string held,
                      etcd_->CreateIfAbsent(MemberKey(self_.id), registration_, &created, lease));
     if (created || held == registration_) break;
+    // A key without a lease is no member's (every member's key has one):
+    // written by hand, it would lock this id out for good. Take it over.
+    ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> entry, etcd_->GetEntry(MemberKey(self_.id)));
+    if (entry.has_value() && entry->lease == 0) {
+      spdlog::warn("rollpackd: etcd key {} holds no lease, so no member holds it; taking it over",
+                   entry->key);
+      ASSIGN_OR_RETURN(bool replaced, etcd_->ReplaceIfUnchanged(entry->key, entry->mod_revision,
+                                                                registration_, lease));
+      if (replaced) break;
+      continue;
+    }
     if (absl::Now() >= give_up) {
       etcd_->RevokeLease(lease).IgnoreError();
       return absl::AlreadyExistsError(absl::StrCat(
@@ -233,14 +272,7 @@ void Cluster::KeepAliveLoop() {
     mu_.Unlock();
     absl::Status s = etcd_->KeepAlive(lease);
     if (absl::IsNotFound(s)) s = Register();  // etcd forgot us: join again
-    if (s.ok()) {
-      // Our key deleted by hand while the lease lives: put it back.
-      absl::StatusOr<std::optional<std::string>> held = etcd_->Get(MemberKey(self_.id));
-      if (held.ok() && !held->has_value()) {
-        bool created = false;
-        s = etcd_->CreateIfAbsent(MemberKey(self_.id), registration_, &created, lease).status();
-      }
-    }
+    if (s.ok()) s = Reassert(lease);
     absl::StatusOr<std::vector<ClusterMember>> members =
         s.ok() ? Members() : absl::StatusOr<std::vector<ClusterMember>>(s);
     mu_.Lock();
@@ -248,13 +280,47 @@ void Cluster::KeepAliveLoop() {
   }
 }
 
+absl::Status Cluster::Reassert(int64_t lease) {
+  // Our key deleted, overwritten or detached from our lease by hand while
+  // the lease lives: put it back as it was, so the others keep reaching us
+  // here and a restart of this member is not refused.
+  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> held, etcd_->GetEntry(MemberKey(self_.id)));
+  if (held.has_value() && held->value == registration_ && held->lease == lease) {
+    return absl::OkStatus();
+  }
+  spdlog::warn("rollpackd: etcd key {} {}; putting this member's registration back",
+               MemberKey(self_.id),
+               !held.has_value() ? "was deleted"
+                                 : (held->value != registration_ ? "was overwritten"
+                                                                 : "lost this member's lease"));
+  return etcd_->Put(MemberKey(self_.id), registration_, lease);
+}
+
 absl::StatusOr<std::vector<ClusterMember>> Cluster::Members() {
-  ASSIGN_OR_RETURN(auto kvs, etcd_->GetPrefix(MemberKey("")));
+  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs, etcd_->ListPrefix(MemberKey("")));
   std::vector<ClusterMember> members;
   members.reserve(kvs.size());
   const size_t prefix = MemberKey("").size();
-  for (auto& [key, value] : kvs) {
-    members.push_back({key.substr(prefix), value.substr(0, value.find('\n'))});
+  for (const EtcdKeyValue& kv : kvs) {
+    std::string id = kv.key.substr(prefix);
+    std::string address = kv.value.substr(0, kv.value.find('\n'));
+    // Only what a member writes counts: a key with a lease (a leaseless one
+    // would stay after its writer is gone, and every step would wait on a
+    // member that never answers), named by the address it holds.
+    std::string problem;
+    if (kv.lease == 0) {
+      problem = "holds no lease";
+    } else if (!IsMemberAddress(address) || id != address) {
+      problem = "does not hold a member's host:port under its own name";
+    }
+    if (!problem.empty()) {
+      absl::MutexLock lock(&mu_);
+      if (ignored_keys_.insert(kv.key).second) {
+        spdlog::warn("rollpackd: etcd key {} {}; not counted as a member", kv.key, problem);
+      }
+      continue;
+    }
+    members.push_back({std::move(id), std::move(address)});
   }
   return members;
 }

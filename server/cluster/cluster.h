@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/strings/string_view.h"
+#include "grpcpp/security/credentials.h"
 #include "rollpack/v1/member.grpc.pb.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "scheduler/model_spec.h"
@@ -38,6 +40,14 @@ struct ClusterOptions {
   std::string advertise;
   // Membership lease: a member that stops renewing leaves after this long.
   absl::Duration lease_ttl = absl::Seconds(5);
+  // How this member dials the others: mutual TLS with its member
+  // certificate when the cluster runs with credentials (docs/cluster.md,
+  // "Threat model"); null = plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
+  // The largest message taken from a peer: a ReadSamples batch is 4 MiB of
+  // samples plus at most one sample, which came in one request of at most
+  // the server's --max-message-bytes.
+  int64_t peer_max_receive_bytes = (int64_t{512} << 20) + (int64_t{5} << 20);
 };
 
 struct ClusterMember {
@@ -101,6 +111,8 @@ class Cluster {
  private:
   explicit Cluster(ClusterOptions options, std::unique_ptr<EtcdClient> etcd);
   absl::Status Register();
+  // Puts this member's key back when it is not its registration on `lease`.
+  absl::Status Reassert(int64_t lease);
   void KeepAliveLoop();
   std::string MemberKey(const std::string& id) const;
   std::string PoolKey(const std::string& pool) const;
@@ -115,6 +127,8 @@ class Cluster {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int last_member_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Member keys Members() ignored (warned about once each).
+  std::set<std::string> ignored_keys_ ABSL_GUARDED_BY(mu_);
   std::thread keep_alive_;
 
   class Peers;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "base/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -39,11 +40,20 @@ std::string PrefixRangeEnd(absl::string_view prefix) {
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions& options) {
   std::vector<std::string> hosts;
+  int secure = 0;
   for (const std::string& endpoint : options.endpoints) {
     absl::string_view e = endpoint;
-    if (absl::StartsWith(e, "https://")) {
+    if (absl::ConsumePrefix(&e, "https://")) {
+      ++secure;
+      if (options.tls_ca.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--cluster-etcd endpoint \"", endpoint, "\" is https:// and no --cluster-etcd-ca "
+            "was given"));
+      }
+    } else if (!options.tls_ca.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--cluster-etcd endpoint \"", endpoint, "\": TLS to etcd is not supported yet"));
+          "--cluster-etcd endpoint \"", endpoint, "\" is not https:// but --cluster-etcd-ca "
+          "was given: every endpoint is reached over TLS or none"));
     }
     absl::ConsumePrefix(&e, "http://");
     absl::ConsumeSuffix(&e, "/");
@@ -54,6 +64,22 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions
     hosts.emplace_back(e);
   }
   if (hosts.empty()) return absl::InvalidArgumentError("--cluster-etcd names no endpoint");
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--cluster-etcd-cert and --cluster-etcd-key are given together or not at all");
+  }
+  if (!options.tls_cert.empty() && secure == 0) {
+    return absl::InvalidArgumentError(
+        "--cluster-etcd-cert needs https:// etcd endpoints and --cluster-etcd-ca");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (secure > 0) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca;
+    ssl.pem_cert_chain = options.tls_cert;
+    ssl.pem_private_key = options.tls_key;
+    credentials = grpc::SslCredentials(ssl);
+  }
   // One channel over every endpoint: pick_first moves to the next when one
   // fails, so a 3-member etcd that loses one keeps answering. gRPC's ipv4:
   // target lists several addresses; a host name works alone.
@@ -74,7 +100,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions
   // --max-request-bytes is the limit that matters.
   args.SetMaxReceiveMessageSize(256 << 20);
   auto channel = grpc::CreateCustomChannel(all_ipv4 ? absl::StrCat("ipv4:", joined) : joined,
-                                           grpc::InsecureChannelCredentials(), args);
+                                           credentials, args);
   return std::unique_ptr<EtcdClient>(
       new EtcdClient(std::move(channel), joined, options.timeout, options.total_timeout));
 }
@@ -119,15 +145,9 @@ absl::Status EtcdClient::Error(const grpc::Status& status, absl::string_view wha
 }
 
 absl::StatusOr<std::optional<std::string>> EtcdClient::Get(const std::string& key) {
-  etcdserverpb::RangeRequest request;
-  request.set_key(key);
-  etcdserverpb::RangeResponse response;
-  grpc::Status s = Call([&](grpc::ClientContext* context) {
-    return kv_->Range(context, request, &response);
-  });
-  if (!s.ok()) return Error(s, absl::StrCat("get ", key));
-  if (response.kvs_size() == 0) return std::optional<std::string>();
-  return std::optional<std::string>(response.kvs(0).value());
+  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> entry, GetEntry(key));
+  if (!entry.has_value()) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(entry->value));
 }
 
 absl::StatusOr<int64_t> EtcdClient::CreateRevision(const std::string& key) {
@@ -143,8 +163,7 @@ absl::StatusOr<int64_t> EtcdClient::CreateRevision(const std::string& key) {
   return response.kvs(0).create_revision();
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::GetPrefix(
-    const std::string& prefix) {
+absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::ListPrefix(const std::string& prefix) {
   etcdserverpb::RangeRequest request;
   request.set_key(prefix);
   request.set_range_end(PrefixRangeEnd(prefix));
@@ -155,10 +174,56 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::Get
     return kv_->Range(context, request, &response);
   });
   if (!s.ok()) return Error(s, absl::StrCat("list ", prefix));
-  std::vector<std::pair<std::string, std::string>> out;
+  std::vector<EtcdKeyValue> out;
   out.reserve(response.kvs_size());
-  for (const auto& kv : response.kvs()) out.emplace_back(kv.key(), kv.value());
+  for (const auto& kv : response.kvs()) {
+    out.push_back({kv.key(), kv.value(), kv.lease(), kv.mod_revision()});
+  }
   return out;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::GetPrefix(
+    const std::string& prefix) {
+  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs, ListPrefix(prefix));
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(kvs.size());
+  for (EtcdKeyValue& kv : kvs) out.emplace_back(std::move(kv.key), std::move(kv.value));
+  return out;
+}
+
+absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::GetEntry(const std::string& key) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(key);
+  etcdserverpb::RangeResponse response;
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Range(context, request, &response);
+  });
+  if (!s.ok()) return Error(s, absl::StrCat("get ", key));
+  if (response.kvs_size() == 0) return std::optional<EtcdKeyValue>();
+  const auto& kv = response.kvs(0);
+  return std::optional<EtcdKeyValue>(
+      EtcdKeyValue{kv.key(), kv.value(), kv.lease(), kv.mod_revision()});
+}
+
+absl::StatusOr<bool> EtcdClient::ReplaceIfUnchanged(const std::string& key,
+                                                    int64_t mod_revision,
+                                                    const std::string& value, int64_t lease) {
+  etcdserverpb::TxnRequest request;
+  etcdserverpb::Compare* unchanged = request.add_compare();
+  unchanged->set_key(key);
+  unchanged->set_target(etcdserverpb::Compare::MOD);
+  unchanged->set_result(etcdserverpb::Compare::EQUAL);
+  unchanged->set_mod_revision(mod_revision);
+  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  etcdserverpb::TxnResponse response;
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Txn(context, request, &response);
+  });
+  if (!s.ok()) return Error(s, absl::StrCat("replace ", key));
+  return response.succeeded();
 }
 
 absl::Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease) {

@@ -32,12 +32,28 @@ struct EtcdOptions {
   // failures (an endpoint gone, a leader election) are retried within it.
   absl::Duration timeout = absl::Seconds(3);
   absl::Duration total_timeout = absl::Seconds(8);
+  // TLS to etcd (https:// endpoints): the CA that signed etcd's server
+  // certificate, and this client's certificate and key, which etcd with
+  // --client-cert-auth checks and, with auth enabled, takes the user name
+  // from (its Common Name). PEM contents, not paths.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+};
+
+// One key as etcd holds it.
+struct EtcdKeyValue {
+  std::string key;
+  std::string value;
+  int64_t lease = 0;  // 0: none, the key lives until deleted
+  int64_t mod_revision = 0;
 };
 
 class EtcdClient {
  public:
-  // INVALID_ARGUMENT for no endpoint or an https:// one (TLS to etcd is not
-  // supported yet). Connects lazily: no call is made here.
+  // INVALID_ARGUMENT for no endpoint, https:// endpoints without a CA (or
+  // mixed with http:// ones), or a certificate without its key. Connects
+  // lazily: no call is made here.
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const EtcdOptions& options);
 
   // The value of `key`, or nullopt when it does not exist.
@@ -48,8 +64,16 @@ class EtcdClient {
   // Every key starting with `prefix` and its value, in key order.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
       const std::string& prefix);
+  // The same with each key's lease and modification revision.
+  absl::StatusOr<std::vector<EtcdKeyValue>> ListPrefix(const std::string& prefix);
+  // `key` with its lease and revision, or nullopt when it does not exist.
+  absl::StatusOr<std::optional<EtcdKeyValue>> GetEntry(const std::string& key);
   // lease 0 = none.
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Puts `key` = `value` only if the key is still at `mod_revision` (what a
+  // GetEntry saw); false when another writer changed it meanwhile.
+  absl::StatusOr<bool> ReplaceIfUnchanged(const std::string& key, int64_t mod_revision,
+                                          const std::string& value, int64_t lease = 0);
   // Creates `key` = `value` unless the key exists, atomically; returns the
   // value the key holds afterwards (`value`, or what another writer put
   // first) and sets *created. Two racing creators: exactly one wins, both

@@ -76,15 +76,35 @@ class ReadSamplesReactor final : public grpc::ServerWriteReactor<v1::SampleBatch
 
 class FailedRead final : public grpc::ServerWriteReactor<v1::SampleBatch> {
  public:
-  explicit FailedRead(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  explicit FailedRead(const absl::Status& status) : FailedRead(ToGrpcStatus(status)) {}
+  explicit FailedRead(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
+
+// Whether the caller may call the Member method `method`: the member
+// certificate when the cluster runs with mutual TLS (server/ops/auth.h).
+grpc::Status Admit(const Authorizer* auth, const grpc::CallbackServerContext& context,
+                   const char* method) {
+  if (auth == nullptr) return grpc::Status::OK;
+  return auth->Check(context, method);
+}
+
+// Null when admitted, else the reactor that refused the call.
+grpc::ServerUnaryReactor* Refused(const Authorizer* auth, grpc::CallbackServerContext* context,
+                                  const char* method) {
+  grpc::Status status = Admit(auth, *context, method);
+  if (status.ok()) return nullptr;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
 
 }  // namespace
 
 grpc::ServerUnaryReactor* MemberService::ListFreeSamples(grpc::CallbackServerContext* context,
                                                          const v1::ListFreeSamplesRequest* request,
                                                          v1::FreeSamples* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/ListFreeSamples")) return refused;
   const std::vector<std::string> ids = Ids(request->sample_ids());
   absl::StatusOr<SampleStore::SampleListing> listing = store_->ListSamples(
       request->pool(), ids, request->all_with_metadata() ? -1 : request->limit());
@@ -108,6 +128,7 @@ grpc::ServerUnaryReactor* MemberService::ListFreeSamples(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext* context,
                                                      const v1::HoldSamplesRequest* request,
                                                      v1::HoldSamplesResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/HoldSamples")) return refused;
   response->set_lifecycle(true);
   return Finish(context, store_->Hold(request->step_id(), request->pool(),
                                       Ids(request->sample_ids()), request->coordinator(),
@@ -118,12 +139,14 @@ grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* MemberService::ConfirmHold(grpc::CallbackServerContext* context,
                                                      const v1::StepHoldRequest* request,
                                                      v1::ConfirmHoldResponse*) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/ConfirmHold")) return refused;
   return Finish(context, store_->ConfirmHold(request->step_id()));
 }
 
 grpc::ServerUnaryReactor* MemberService::DropHold(grpc::CallbackServerContext* context,
                                                   const v1::StepHoldRequest* request,
                                                   v1::DropHoldResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/DropHold")) return refused;
   absl::StatusOr<ReleaseResult> dropped =
       store_->DropHold(request->step_id(), request->attempt());
   if (dropped.ok()) response->set_released_samples(dropped->released_samples);
@@ -133,6 +156,7 @@ grpc::ServerUnaryReactor* MemberService::DropHold(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* MemberService::ReleaseHold(grpc::CallbackServerContext* context,
                                                      const v1::StepHoldRequest* request,
                                                      v1::DropHoldResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/ReleaseHold")) return refused;
   absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(request->step_id());
   steps_->DropStaleRoutingStages();  // this member's R2 stage of the step, if any
   if (released.ok()) {
@@ -146,6 +170,7 @@ grpc::ServerUnaryReactor* MemberService::ReleaseHold(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* MemberService::DropGroups(grpc::CallbackServerContext* context,
                                                     const v1::DropGroupsRequest* request,
                                                     v1::DropGroupsResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/DropGroups")) return refused;
   absl::StatusOr<DropResult> dropped = store_->DropGroups(
       request->pool(), Ids(request->group_ids()), /*count=*/false);
   if (dropped.ok()) response->set_dropped_samples(dropped->group_samples);
@@ -153,7 +178,10 @@ grpc::ServerUnaryReactor* MemberService::DropGroups(grpc::CallbackServerContext*
 }
 
 grpc::ServerWriteReactor<v1::SampleBatch>* MemberService::ReadSamples(
-    grpc::CallbackServerContext*, const v1::ReadSamplesRequest* request) {
+    grpc::CallbackServerContext* context, const v1::ReadSamplesRequest* request) {
+  if (grpc::Status s = Admit(auth_, *context, "/rollpack.v1.Member/ReadSamples"); !s.ok()) {
+    return new FailedRead(s);
+  }
   const std::vector<std::string> ids = Ids(request->sample_ids());
   absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> samples =
       store_->HeldSamples(request->step_id(), ids);
@@ -174,6 +202,7 @@ grpc::ServerWriteReactor<v1::SampleBatch>* MemberService::ReadSamples(
 grpc::ServerUnaryReactor* MemberService::StageRouting(grpc::CallbackServerContext* context,
                                                       const v1::StageRoutingRequest* request,
                                                       v1::UploadRoutingResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/StageRouting")) return refused;
   return OffThread(context, [this, request, response] {
     absl::StatusOr<RoutingUploadResult> staged = steps_->StageHeldRouting(*request);
     if (!staged.ok()) return staged.status();
@@ -200,6 +229,7 @@ absl::Status SetCommitResponse(const absl::StatusOr<RoutingCommitResult>& result
 grpc::ServerUnaryReactor* MemberService::CheckRouting(grpc::CallbackServerContext* context,
                                                       const v1::MemberRoutingRequest* request,
                                                       v1::CommitRoutingResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/CheckRouting")) return refused;
   return OffThread(context, [this, request, response] {
     return SetCommitResponse(steps_->CheckHeldRouting(request->step_id(), request->attempt()),
                              response);
@@ -209,6 +239,7 @@ grpc::ServerUnaryReactor* MemberService::CheckRouting(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* MemberService::CommitRouting(grpc::CallbackServerContext* context,
                                                        const v1::MemberRoutingRequest* request,
                                                        v1::CommitRoutingResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/CommitRouting")) return refused;
   return OffThread(context, [this, request, response] {
     return SetCommitResponse(steps_->CommitHeldRouting(request->step_id(), request->attempt()),
                              response);

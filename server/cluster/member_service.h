@@ -7,14 +7,17 @@
 #include "base/worker_pool.h"
 #include "rollpack/v1/member.grpc.pb.h"
 #include "server/cluster/cluster_steps.h"
+#include "server/ops/auth.h"
 #include "server/store/sample_store.h"
 
 namespace rollpack {
 
 class MemberService final : public v1::Member::CallbackService {
  public:
-  // `steps`: this member's cluster steps (R2 stages of its holds).
-  MemberService(SampleStore* store, ClusterSteps* steps) : store_(store), steps_(steps) {}
+  // `steps`: this member's cluster steps (R2 stages of its holds). `auth`
+  // (may be null: a cluster on a trusted network) admits callers.
+  MemberService(SampleStore* store, ClusterSteps* steps, const Authorizer* auth = nullptr)
+      : store_(store), steps_(steps), auth_(auth) {}
 
   grpc::ServerUnaryReactor* ListFreeSamples(grpc::CallbackServerContext* context,
                                             const v1::ListFreeSamplesRequest* request,
@@ -53,6 +56,7 @@ class MemberService final : public v1::Member::CallbackService {
 
   SampleStore* const store_;
   ClusterSteps* const steps_;
+  const Authorizer* const auth_;
   WorkerPool routing_calls_{4};
 };
 

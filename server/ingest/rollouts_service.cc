@@ -72,6 +72,8 @@ absl::StatusOr<bool> RolloutsService::RegisterHere(const std::string& pool,
   // Checked before anything is fixed for the whole cluster.
   RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
   RETURN_IF_ERROR(ValidateModelSpec(model));
+  // A pool this member would refuse is not fixed for the whole cluster.
+  RETURN_IF_ERROR(store_->CheckPoolRoom(pool));
   // Options before the model: a member that adopts the pool once its model
   // is in etcd finds its options there too.
   ASSIGN_OR_RETURN(PoolOptions held_options,

@@ -34,6 +34,8 @@ const char* RoleName(Role role) {
       return "trainer";
     case Role::kAdmin:
       return "admin";
+    case Role::kMember:
+      return "member";
   }
   return "unknown";
 }
@@ -42,13 +44,15 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
   static const auto* const kTable = new std::map<std::string, std::set<Role>>{
       {"/rollpack.v1.Rollouts/RegisterModel", {Role::kProducer, Role::kAdmin}},
       {"/rollpack.v1.Rollouts/PutSamples", {Role::kProducer, Role::kAdmin}},
-      {"/rollpack.v1.Rollouts/GetPool", {Role::kProducer, Role::kTrainer, Role::kAdmin}},
+      // Members ask each other for their local share (local_only).
+      {"/rollpack.v1.Rollouts/GetPool",
+       {Role::kProducer, Role::kTrainer, Role::kAdmin, Role::kMember}},
       {"/rollpack.v1.Rollouts/ListPools", {Role::kProducer, Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Scheduler/CreateStep", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Scheduler/GetPlan", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Scheduler/ReleaseStep", {Role::kAdmin}},
       // The trainer reports the policy version it trains (lifecycle.md).
-      {"/rollpack.v1.Scheduler/SetPolicyVersion", {Role::kTrainer, Role::kAdmin}},
+      {"/rollpack.v1.Scheduler/SetPolicyVersion", {Role::kTrainer, Role::kAdmin, Role::kMember}},
       // A controller finding its steps again (docs/operations.md).
       {"/rollpack.v1.Scheduler/ListSteps", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Trainer/FetchMicrobatches", {Role::kTrainer, Role::kAdmin}},
@@ -60,19 +64,18 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Rendezvous/ExchangeId", {Role::kTrainer, Role::kAdmin}},
       // Trainers report routing agreement (docs/trainer.md).
       {"/rollpack.v1.Telemetry/ReportRoutingAgreement", {Role::kTrainer, Role::kAdmin}},
-      // Members of a cluster call each other (docs/cluster.md); cluster mode
-      // refuses --auth-tokens for now, so only admins, should it ever be
-      // served with tokens before members carry a role of their own.
-      {"/rollpack.v1.Member/ListFreeSamples", {Role::kAdmin}},
-      {"/rollpack.v1.Member/HoldSamples", {Role::kAdmin}},
-      {"/rollpack.v1.Member/ConfirmHold", {Role::kAdmin}},
-      {"/rollpack.v1.Member/DropHold", {Role::kAdmin}},
-      {"/rollpack.v1.Member/ReleaseHold", {Role::kAdmin}},
-      {"/rollpack.v1.Member/DropGroups", {Role::kAdmin}},
-      {"/rollpack.v1.Member/ReadSamples", {Role::kAdmin}},
-      {"/rollpack.v1.Member/StageRouting", {Role::kAdmin}},
-      {"/rollpack.v1.Member/CheckRouting", {Role::kAdmin}},
-      {"/rollpack.v1.Member/CommitRouting", {Role::kAdmin}},
+      // Members of a cluster call each other (docs/cluster.md): a member
+      // certificate, never a token (Authorizer::set_member_identity).
+      {"/rollpack.v1.Member/ListFreeSamples", {Role::kMember}},
+      {"/rollpack.v1.Member/HoldSamples", {Role::kMember}},
+      {"/rollpack.v1.Member/ConfirmHold", {Role::kMember}},
+      {"/rollpack.v1.Member/DropHold", {Role::kMember}},
+      {"/rollpack.v1.Member/ReleaseHold", {Role::kMember}},
+      {"/rollpack.v1.Member/DropGroups", {Role::kMember}},
+      {"/rollpack.v1.Member/ReadSamples", {Role::kMember}},
+      {"/rollpack.v1.Member/StageRouting", {Role::kMember}},
+      {"/rollpack.v1.Member/CheckRouting", {Role::kMember}},
+      {"/rollpack.v1.Member/CommitRouting", {Role::kMember}},
   };
   return *kTable;
 }
@@ -134,12 +137,41 @@ absl::StatusOr<Authorizer> Authorizer::FromFile(const std::string& path) {
 
 grpc::Status Authorizer::Check(const grpc::ServerContextBase& context,
                                const std::string& method) const {
-  if (!enabled()) return grpc::Status::OK;
+  if (!enabled() && member_identity_.empty()) return grpc::Status::OK;
   const auto& md = context.client_metadata();
   const auto it = md.find("authorization");
   std::string header;
   if (it != md.end()) header.assign(it->second.data(), it->second.size());
-  return CheckHeader(header, method);
+  const std::shared_ptr<const grpc::AuthContext> peer = context.auth_context();
+  return CheckCall(header, peer.get(), method);
+}
+
+bool Authorizer::IsMember(const grpc::AuthContext& peer) const {
+  if (member_identity_.empty() || !peer.IsPeerAuthenticated()) return false;
+  // gRPC sets the property only from a certificate its TLS handshake
+  // verified against the port's client CA.
+  for (const grpc::string_ref& name : peer.FindPropertyValues("x509_common_name")) {
+    if (absl::string_view(name.data(), name.size()) == member_identity_) return true;
+  }
+  return false;
+}
+
+grpc::Status Authorizer::CheckCall(const std::string& authorization,
+                                   const grpc::AuthContext* peer,
+                                   const std::string& method) const {
+  if (!member_identity_.empty()) {
+    const auto& table = MethodRoles();
+    const auto allowed = table.find(method);
+    const bool member_may = allowed != table.end() && allowed->second.count(Role::kMember) > 0;
+    if (member_may && peer != nullptr && IsMember(*peer)) return grpc::Status::OK;
+    if (member_may && allowed->second.size() == 1) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat(method, " answers cluster members only: a client "
+                                       "certificate with Common Name \"", member_identity_,
+                                       "\""));
+    }
+  }
+  return CheckHeader(authorization, method);
 }
 
 std::string Authorizer::RoleOf(const std::string& authorization) const {

@@ -15,6 +15,12 @@
 // may not call the method -> PERMISSION_DENIED. The health service and
 // server reflection stay open (probes and grpcurl/buf need them; reflection
 // exposes the schema, not data).
+//
+// Cluster members (docs/cluster.md, "Threat model") authenticate by
+// certificate, not token: with a member identity set (mutual TLS in cluster
+// mode), a peer whose verified client certificate has that Common Name has
+// the member role, and the Member service answers nobody else, whatever
+// token they send. Members hold no token: the role is not in the file.
 #ifndef ROLLPACK_SERVER_OPS_AUTH_H_
 #define ROLLPACK_SERVER_OPS_AUTH_H_
 
@@ -24,12 +30,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/security/auth_context.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
 
 namespace rollpack {
 
-enum class Role { kProducer, kTrainer, kAdmin };
+enum class Role { kProducer, kTrainer, kAdmin, kMember };
 
 const char* RoleName(Role role);
 
@@ -48,13 +55,29 @@ class Authorizer {
   static absl::StatusOr<Authorizer> Parse(const std::string& text);
   static absl::StatusOr<Authorizer> FromFile(const std::string& path);
 
+  // Whether tokens are checked.
   bool enabled() const { return !tokens_.empty(); }
   size_t num_tokens() const { return tokens_.size(); }
 
+  // Peers whose verified client certificate has Common Name `common_name`
+  // are cluster members (empty: no peer is; the Member service is then open
+  // to whoever reaches it, as on a trusted network).
+  void set_member_identity(std::string common_name) {
+    member_identity_ = std::move(common_name);
+  }
+  const std::string& member_identity() const { return member_identity_; }
+  // Whether `peer` proved the member identity with a verified certificate.
+  bool IsMember(const grpc::AuthContext& peer) const;
+
   // OK, UNAUTHENTICATED or PERMISSION_DENIED for a call of `method`
-  // ("/rollpack.v1.Scheduler/ReleaseStep") with the context's metadata.
+  // ("/rollpack.v1.Scheduler/ReleaseStep") with the context's metadata and
+  // its peer's certificate.
   grpc::Status Check(const grpc::ServerContextBase& context, const std::string& method) const;
-  // The same on a raw authorization header value (empty = missing).
+  // The one rule: `authorization` is the header's raw value (empty =
+  // missing), `peer` the connection's (null: no certificate).
+  grpc::Status CheckCall(const std::string& authorization, const grpc::AuthContext* peer,
+                         const std::string& method) const;
+  // The same for a caller without a certificate.
   grpc::Status CheckHeader(const std::string& authorization, const std::string& method) const;
 
   // OK and the token's role when `authorization` is `Bearer <known token>`;
@@ -71,6 +94,7 @@ class Authorizer {
     Role role;
   };
   std::vector<Entry> tokens_;
+  std::string member_identity_;
 };
 
 }  // namespace rollpack

@@ -44,6 +44,21 @@ int64_t SampleStore::max_pool_bytes() const {
   return max_pool_bytes_;
 }
 
+absl::Status SampleStore::CheckPoolRoom(const std::string& pool) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return PoolRoomLocked(pool);
+}
+
+absl::Status SampleStore::PoolRoomLocked(const std::string& pool) const {
+  if (max_pools_ > 0 && pools_.count(pool) == 0 &&
+      static_cast<int64_t>(pools_.size()) >= max_pools_) {
+    return absl::ResourceExhaustedError(absl::StrCat("pool \"", pool, "\" would be pool ",
+                                                     pools_.size() + 1,
+                                                     " of this server; --max-pools is ", max_pools_));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
                                                 const ModelSpec& model,
                                                 const std::optional<PoolOptions>& options) {
@@ -53,13 +68,8 @@ absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
   bool inserted = false;
   {
     absl::MutexLock lock(&mu_);
-    if (max_pools_ > 0 && pools_.count(pool_name) == 0 &&
-        static_cast<int64_t>(pools_.size()) >= max_pools_) {
-      // Each pool has its own metric series: the bound keeps /metrics bounded.
-      return absl::ResourceExhaustedError(absl::StrCat("pool \"", pool_name, "\" would be pool ",
-                                                       pools_.size() + 1,
-                                                       " of this server; --max-pools is ", max_pools_));
-    }
+    // Each pool has its own metric series: the bound keeps /metrics bounded.
+    RETURN_IF_ERROR(PoolRoomLocked(pool_name));
     auto emplaced = pools_.try_emplace(pool_name);
     auto it = emplaced.first;
     inserted = emplaced.second;

@@ -102,6 +102,9 @@ class SampleStore {
  public:
   explicit SampleStore(int64_t max_memory_bytes);
 
+  // RESOURCE_EXHAUSTED when RegisterModel would refuse `pool` as one pool
+  // too many (--max-pools): asked before a cluster fixes the pool anywhere.
+  absl::Status CheckPoolRoom(const std::string& pool) const;
   // OK(true) when the pool was created, OK(false) when it already holds the
   // same model; FAILED_PRECONDITION when it holds a different one, or other
   // `options` (nullopt: whatever options it has, or the defaults for a new
@@ -499,6 +502,7 @@ class SampleStore {
   absl::flat_hash_map<std::string, bool> pending_steps_ ABSL_GUARDED_BY(mu_);
   int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status PoolRoomLocked(const std::string& pool) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t max_pools_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
 };
