@@ -43,9 +43,9 @@ std::string ModelSpec::StoredLayerName(int position) const {
 
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
   const std::string who = absl::StrCat("model \"", spec.name, "\": ");
-  if (spec.num_layers < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, "num_layers is ", spec.num_layers, ", must be >= 1"));
+  if (spec.num_layers < 1 || spec.num_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(who, "num_layers is ", spec.num_layers,
+                                                   ", must be in [1, ", kMaxLayers, "]"));
   }
   for (size_t i = 0; i < spec.moe_layers.size(); ++i) {
     const int l = spec.moe_layers[i];

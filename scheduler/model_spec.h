@@ -12,6 +12,10 @@ namespace rollpack {
 // Bound on num_mtp_layers: real models have 1 to 3 MTP depths; a larger
 // value is a mistaken field, refused before any sample arrives.
 inline constexpr int kMaxMtpLayers = 64;
+// Bound on num_layers: the deepest models have about 130 layers. The layout
+// keeps a few words per layer and rank, so an unbounded count (a forged
+// cluster step record: 700 million) exhausted a member's memory.
+inline constexpr int kMaxLayers = 4096;
 
 struct ModelSpec {
   std::string name;
@@ -57,7 +61,7 @@ struct ModelSpec {
   friend bool operator!=(const ModelSpec& a, const ModelSpec& b) { return !(a == b); }
 };
 
-// INVALID_ARGUMENT naming the field when: num_layers < 1; moe_layers not
+// INVALID_ARGUMENT naming the field when: num_layers < 1 or > kMaxLayers; moe_layers not
 // strictly increasing or outside [0, num_layers); num_experts < 0 or > 65536;
 // topk < 1 or > num_experts for a MoE model; topk != 0 for a dense model;
 // num_mtp_layers < 0 or > kMaxMtpLayers (or num_layers + num_mtp_layers past

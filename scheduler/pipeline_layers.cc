@@ -44,10 +44,12 @@ absl::StatusOr<std::vector<std::vector<int>>> AssignPipelineLayers(
   if (pp == 1 && vpp > 1) {
     return LayoutError(n, t, absl::StrCat("vpp ", vpp, " > 1 needs pp > 1"));
   }
-  if (f + z > n) {
+  // In 64 bits: the counts come from requests and records (fuzz_topology
+  // found INT_MAX + 2).
+  if (int64_t{f} + z > n) {
     return LayoutError(n, t,
                        absl::StrCat("first + last stage layers ", f, " + ", z,
-                                    " = ", f + z, " exceed num_layers ", n));
+                                    " = ", int64_t{f} + z, " exceed num_layers ", n));
   }
   if (vpp > 1 && f > 0 && z > 0 && pp == 2) {
     return LayoutError(
@@ -59,11 +61,11 @@ absl::StatusOr<std::vector<std::vector<int>>> AssignPipelineLayers(
   // stage_layers[p]: layers of stage p over all its chunks.
   std::vector<int> stage_layers(pp);
   if (f == 0 && z == 0) {
-    if (n % (pp * vpp) != 0) {
+    if (n % (int64_t{pp} * vpp) != 0) {
       return LayoutError(n, t,
                          absl::StrCat("num_layers ", n,
                                       " is not divisible by pp * vpp = ",
-                                      pp * vpp));
+                                      int64_t{pp} * vpp));
     }
     std::fill(stage_layers.begin(), stage_layers.end(), n / pp);
   } else {
