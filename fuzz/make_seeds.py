@@ -9,7 +9,7 @@ import os
 import random
 import struct
 
-from rollpack.v1 import rollouts_pb2, ndarray_pb2, scheduler_pb2
+from rollpack.v1 import member_pb2, rollouts_pb2, ndarray_pb2, scheduler_pb2
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 rng = random.Random(8)
@@ -121,3 +121,29 @@ for j, (form, n) in enumerate([(f, n) for f in ("full", "compact", "missing") fo
     else:
         s.routed_experts.CopyFrom(array(ndarray_pb2.INT32, [rows, layers, 2], "i", vals))
     write("sample_validation", "seed_mtp_%02d" % j, bytes([3]) + s.SerializeToString())
+
+# step_record: ClusterStepRecords as a planner writes them (etcd), over
+# 1 to 3 members, several topologies, MoE and dense models, one RECOMPUTE.
+# Its own generator, so the seeds above stay as they were.
+record_rng = random.Random(36)
+for j, (dp, cp, tp, pp, experts, count) in enumerate(
+        [(1, 1, 1, 1, 8, 3), (2, 1, 1, 1, 8, 6), (2, 2, 1, 2, 16, 12), (1, 2, 2, 1, 300, 5),
+         (2, 1, 2, 2, 0, 8), (1, 1, 1, 2, 64, 4)]):
+    r = member_pb2.ClusterStepRecord(step_id="step-%d" % j, pool="pool")
+    r.topology.dp, r.topology.cp, r.topology.tp, r.topology.pp = dp, cp, tp, pp
+    r.topology.max_tokens_per_rank = 256
+    r.topology.scheduler = scheduler_pb2.DYNAMIC_CP if j % 2 else scheduler_pb2.STATIC_CP
+    r.model.name, r.model.num_layers = "moe", 4
+    if experts:
+        r.model.num_experts, r.model.topk = experts, 2
+    members = ["127.0.0.1:%d" % (50051 + m) for m in range(1 + j % 3)]
+    r.members.extend(members)
+    for i in range(count):
+        r.sample_ids.append("m%d-rollout-%d" % (i % len(members), i))
+        r.num_tokens.append(record_rng.randrange(1, 200))
+        r.owner.append(i % len(members))
+    r.coordinator = members[0]
+    r.created_unix_nanos = 1700000000000000000 + j
+    if j == 5:
+        r.replay_source = scheduler_pb2.REPLAY_SOURCE_RECOMPUTE
+    write("step_record", "seed_%02d" % j, r.SerializeToString())

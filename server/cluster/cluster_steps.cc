@@ -16,6 +16,7 @@
 #include "proto/wire/deterministic_bytes.h"
 #include "server/cluster/peer_calls.h"
 #include "server/cluster/stall_watch.h"
+#include "server/cluster/step_record.h"
 #include "server/store/convert.h"
 #include "server/store/log_records.h"
 #include "server/store/names.h"
@@ -337,50 +338,11 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
     }
   }
   ASSIGN_OR_RETURN(v1::ClusterStepRecord record, ReadRecord(cluster, step_id));
-  // Every owner is an index into the members: the layout's owner lookups
-  // (pieces, R2's split) index with it.
-  if (record.owner_size() != record.sample_ids_size()) {
-    return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record has ",
-                                            record.owner_size(), " owners for ",
-                                            record.sample_ids_size(), " samples"));
-  }
-  if (record.num_tokens_size() != record.sample_ids_size()) {
-    return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record has ",
-                                            record.num_tokens_size(), " lengths for ",
-                                            record.sample_ids_size(), " samples"));
-  }
-  for (int i = 0; i < record.num_tokens_size(); ++i) {
-    if (record.num_tokens(i) <= 0) {
-      return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record gives sample \"",
-                                              record.sample_ids(i), "\" ", record.num_tokens(i),
-                                              " tokens"));
-    }
-  }
-  for (int32_t o : record.owner()) {
-    if (o < 0 || o >= record.members_size()) {
-      return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record names owner ",
-                                              o, " of ", record.members_size(), " members"));
-    }
-  }
-  ASSIGN_OR_RETURN(Topology topology, NormalizeTopology(record.topology()));
-  std::vector<std::string> ids(record.sample_ids().begin(), record.sample_ids().end());
-  const std::vector<int64_t> lengths(record.num_tokens().begin(), record.num_tokens().end());
-  absl::StatusOr<std::shared_ptr<const Step>> step =
-      BuildStepFromMetadata(step_id, record.pool(), FromProto(record.model()), topology,
-                            std::move(ids), lengths, record.num_groups(), record.reuse_samples(),
-                            record.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE
-                                ? ReplaySourceKind::kRecompute
-                                : ReplaySourceKind::kRollout);
-  if (!step.ok()) {
-    // The planner planned this record: one that no longer plans was changed
-    // behind the cluster's back (or members run different versions).
-    return absl::DataLossError(absl::StrCat("step \"", step_id, "\": its record does not plan: ",
-                                            step.status().message()));
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const Step> step, StepFromRecord(step_id, record));
   cached = std::make_shared<CachedStep>();
   cached->revision = *revision;
   cached->record = std::move(record);
-  cached->step = *std::move(step);
+  cached->step = std::move(step);
   cached->owner = std::make_shared<const std::vector<int32_t>>(cached->record.owner().begin(),
                                                                cached->record.owner().end());
   {

@@ -20,8 +20,6 @@
 namespace rollpack {
 namespace {
 
-constexpr size_t kMaxSampleIdBytes = 1024;
-
 // The first NaN or infinity of a floating-point array: its element index
 // and how it prints; nullopt when every element is finite (integer arrays
 // always are).

@@ -14,6 +14,7 @@ namespace rollpack {
 
 inline constexpr size_t kMaxPoolNameBytes = 128;
 inline constexpr size_t kMaxStepIdBytes = 128;
+inline constexpr size_t kMaxSampleIdBytes = 1024;
 inline constexpr size_t kMaxTokenFieldNameBytes = 128;
 
 // INVALID_ARGUMENT naming `what` ("pool name", "step_id", ...) when `name`
