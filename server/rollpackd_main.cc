@@ -71,6 +71,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(int, tls_refresh_seconds, 60,
+          "how often the --tls-* and --cluster-etcd-* files are checked for a replacement: "
+          "replacing them rotates certificates without a restart");
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of `ROLE TOKEN` lines (roles producer, trainer, admin): require "
           "`authorization: Bearer TOKEN` metadata; empty = no auth");
@@ -176,7 +179,10 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // SIGHUP re-reads --auth-tokens (rotation without a restart).
+  sigset_t waited = stop_signals;
+  sigaddset(&waited, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &waited, nullptr);
 
   rollpack::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -220,6 +226,12 @@ int main(int argc, char** argv) {
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (absl::GetFlag(FLAGS_tls_refresh_seconds) < 1) {
+    std::fprintf(stderr, "rollpackd: --tls-refresh-seconds is %d, must be >= 1\n",
+                 absl::GetFlag(FLAGS_tls_refresh_seconds));
+    return 2;
+  }
+  options.tls_refresh = absl::Seconds(absl::GetFlag(FLAGS_tls_refresh_seconds));
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   options.fetch.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.fetch.max_streams_per_client = absl::GetFlag(FLAGS_max_streams_per_client);
@@ -316,7 +328,14 @@ int main(int argc, char** argv) {
                (*server)->address(),
                (*server)->store().Stats().max_memory_bytes);
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (sigwait(&waited, &signal_number) == 0 && signal_number == SIGHUP) {
+    absl::Status reloaded = (*server)->ReloadTokens();
+    if (reloaded.ok()) {
+      spdlog::info("rollpackd: SIGHUP: --auth-tokens re-read");
+    } else {
+      spdlog::error("rollpackd: SIGHUP: keeping the tokens held: {}", reloaded.ToString());
+    }
+  }
   spdlog::info("rollpackd: signal {} ({}), shutting down; a second signal exits at once",
                signal_number, strsignal(signal_number));
   // An operator who does not want to wait out the grace period sends the

@@ -40,6 +40,7 @@
 #include "server/ops/metrics/scrape_registry.h"
 #include "server/ops/server_metrics.h"
 #include "server/ops/token_gate.h"
+#include "server/ops/watched_tls.h"
 #include "server/store/log_replay.h"
 #include "server/store/sample_store.h"
 #include "server/store/step_activity.h"
@@ -55,21 +56,6 @@ int64_t DefaultMaxMemoryBytes() {
   return pages * page_size / 2;
 }
 
-namespace {
-
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (text.str().find("-----BEGIN") == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is not PEM"));
-  }
-  return text.str();
-}
-
-}  // namespace
-
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const ServerOptions& options) {
   if (options.tls_cert.empty() && options.tls_key.empty() && options.tls_client_ca.empty()) {
@@ -78,19 +64,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (options.tls_cert.empty() || options.tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
-  ASSIGN_OR_RETURN(std::string cert, ReadPem(options.tls_cert, "--tls-cert"));
-  ASSIGN_OR_RETURN(std::string key, ReadPem(options.tls_key, "--tls-key"));
-  grpc::SslServerCredentialsOptions ssl;
-  ssl.pem_key_cert_pairs.push_back({key, cert});
-  if (!options.tls_client_ca.empty()) {
-    ASSIGN_OR_RETURN(std::string ca, ReadPem(options.tls_client_ca, "--tls-client-ca"));
-    ssl.pem_root_certs = ca;
-    ssl.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-  } else {
-    ssl.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
-  }
-  return grpc::SslServerCredentials(ssl);
+  // Re-read while serving: replacing the files rotates them (docs/operations.md).
+  return WatchedServerCredentials({options.tls_cert, options.tls_key, options.tls_client_ca},
+                                  options.tls_refresh);
 }
 
 namespace {
@@ -236,6 +212,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   if (!options.auth_tokens_file.empty()) {
     ASSIGN_OR_RETURN(Authorizer auth, Authorizer::FromFile(options.auth_tokens_file));
     server->auth_ = std::make_unique<Authorizer>(std::move(auth));
+    server->auth_tokens_file_ = options.auth_tokens_file;
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeServerCredentials(options));
   const bool cluster_mode = !options.cluster_etcd.empty();
@@ -474,22 +451,29 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     cluster.lease_ttl = options.cluster_lease_ttl;
     cluster.peer_max_receive_bytes = int64_t{options.max_message_bytes} + (int64_t{5} << 20);
     if (mutual_tls) {
-      // The member's own certificate is its client identity towards peers.
-      grpc::SslCredentialsOptions ssl;
-      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca, "--tls-client-ca"));
-      ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(options.tls_cert, "--tls-cert"));
-      ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(options.tls_key, "--tls-key"));
-      cluster.peer_credentials = grpc::SslCredentials(ssl);
+      // The member's own certificate is its client identity towards peers,
+      // re-read like the port's.
+      ASSIGN_OR_RETURN(cluster.peer_credentials,
+                       WatchedChannelCredentials(
+                           {options.tls_cert, options.tls_key, options.tls_client_ca},
+                           options.tls_refresh));
     }
     if (!options.cluster_etcd_ca.empty()) {
-      ASSIGN_OR_RETURN(cluster.etcd.tls_ca, ReadPem(options.cluster_etcd_ca, "--cluster-etcd-ca"));
+      ASSIGN_OR_RETURN(cluster.etcd.tls_ca, ReadPemFile(options.cluster_etcd_ca, "--cluster-etcd-ca"));
     }
     if (!options.cluster_etcd_cert.empty()) {
       ASSIGN_OR_RETURN(cluster.etcd.tls_cert,
-                       ReadPem(options.cluster_etcd_cert, "--cluster-etcd-cert"));
+                       ReadPemFile(options.cluster_etcd_cert, "--cluster-etcd-cert"));
     }
     if (!options.cluster_etcd_key.empty()) {
-      ASSIGN_OR_RETURN(cluster.etcd.tls_key, ReadPem(options.cluster_etcd_key, "--cluster-etcd-key"));
+      ASSIGN_OR_RETURN(cluster.etcd.tls_key, ReadPemFile(options.cluster_etcd_key, "--cluster-etcd-key"));
+    }
+    if (!options.cluster_etcd_ca.empty()) {
+      ASSIGN_OR_RETURN(cluster.etcd.credentials,
+                       WatchedChannelCredentials({options.cluster_etcd_cert,
+                                                  options.cluster_etcd_key,
+                                                  options.cluster_etcd_ca},
+                                                 options.tls_refresh));
     }
     absl::StatusOr<std::unique_ptr<Cluster>> joined = Cluster::Join(cluster);
     if (!joined.ok()) {
@@ -543,6 +527,11 @@ absl::StatusOr<std::pair<std::string, int>> ParseGrpcIntArg(absl::string_view te
 RollpackServer::~RollpackServer() { Shutdown(absl::ZeroDuration()); }
 
 std::string RollpackServer::address() const { return absl::StrCat(host_, ":", port_); }
+
+absl::Status RollpackServer::ReloadTokens() {
+  if (auth_ == nullptr || auth_tokens_file_.empty()) return absl::OkStatus();
+  return auth_->ReloadTokens(auth_tokens_file_);
+}
 
 void RollpackServer::Shutdown(absl::Duration grace) {
   if (shut_down_ || server_ == nullptr) return;

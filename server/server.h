@@ -76,6 +76,9 @@ struct ServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  // How often the TLS files (these, the cluster's etcd ones) are checked for
+  // a replacement: rotation without a restart.
+  absl::Duration tls_refresh = absl::Seconds(60);
   // `ROLE TOKEN` lines (server/ops/auth.h); empty = no auth.
   std::string auth_tokens_file;
   // Bytes one pool may hold; 0 = only max_memory_bytes applies.
@@ -136,8 +139,9 @@ absl::Status ValidateServerOptions(const ServerOptions& options);
 // Half of physical memory: the default --max-memory.
 int64_t DefaultMaxMemoryBytes();
 
-// Plaintext, TLS or mutual TLS from the tls_* options; INVALID_ARGUMENT
-// for a missing or non-PEM file or a cert without a key.
+// Plaintext, TLS or mutual TLS from the tls_* options, the files re-read
+// every tls_refresh; INVALID_ARGUMENT for a missing or non-PEM file or a
+// cert without a key.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const ServerOptions& options);
 
@@ -164,6 +168,12 @@ class RollpackServer {
   // Stops accepting calls, lets streams in flight finish within `grace`,
   // then cancels what is left. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
+
+  // Re-reads --auth-tokens (rollpackd does on SIGHUP): calls from now on
+  // are checked against the file's tokens. The old ones stay, and the error
+  // names the file, when it does not parse; OK with nothing to do without
+  // a token file. TLS files need no call: they are re-read by themselves.
+  absl::Status ReloadTokens();
   void Wait();
 
  private:
@@ -179,6 +189,7 @@ class RollpackServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<metrics::MetricsEndpoint> exporter_;
   std::unique_ptr<Authorizer> auth_;
+  std::string auth_tokens_file_;
   // After auth_: its interceptors name the caller's role through it.
   std::unique_ptr<CallLog> call_log_;
   std::unique_ptr<RolloutsService> rollouts_;

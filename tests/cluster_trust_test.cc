@@ -5,6 +5,7 @@
 // test here: a client without a member certificate calling the Member
 // service, destructive calls without their role, a rollpackd without
 // credentials joining, leaseless and overwritten member keys.
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -56,10 +57,14 @@ class ClusterTrustTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir_.data()), nullptr);
     // `member` serves every member (its CN is the member identity and the
     // etcd user); `impostor` claims the same CN from another CA.
-    ASSERT_TRUE(MakeTestCertificates(dir_, {"ca", "rogue"},
+    // `ca2` and its certificates replace `ca`'s in the rotation test.
+    ASSERT_TRUE(MakeTestCertificates(dir_, {"ca", "rogue", "ca2"},
                                      {{"etcd", "localhost", "ca"},
                                       {"root", "root", "ca"},
                                       {"member", "rollpack-member", "ca"},
+                                      {"member-etcd", "rollpack-member", "ca"},
+                                      {"member2", "rollpack-member", "ca2"},
+                                      {"trainer2", "trainer-2", "ca2"},
                                       {"trainer", "trainer-1", "ca"},
                                       {"stranger", "stranger", "ca"},
                                       {"impostor", "rollpack-member", "rogue"}})
@@ -119,7 +124,7 @@ class ClusterTrustTest : public ::testing::Test {
   }
 
   // What a member runs with; `etcd_user` names its etcd client certificate.
-  std::vector<std::string> MemberArgs(size_t i, const std::string& etcd_user = "member") {
+  std::vector<std::string> MemberArgs(size_t i, const std::string& etcd_user = "member-etcd") {
     return {"--cluster-etcd=" + etcd_->client_url(),
             absl::StrCat("--cluster-name=", kClusterName),
             absl::StrCat("--cluster-lease-seconds=", kLeaseSeconds),
@@ -132,7 +137,8 @@ class ClusterTrustTest : public ::testing::Test {
             "--auth-tokens=" + File("tokens"),
             "--max-memory=200000000",
             "--metrics-listen=127.0.0.1:0",
-            absl::StrCat("--metrics-port-file=", File(absl::StrCat("metrics-port", i)))};
+            absl::StrCat("--metrics-port-file=", File(absl::StrCat("metrics-port", i))),
+            "--tls-refresh-seconds=1"};
   }
 
   absl::StatusOr<std::unique_ptr<DaemonProcess>> Launch(size_t i, std::vector<std::string> args) {
@@ -150,9 +156,10 @@ class ClusterTrustTest : public ::testing::Test {
 
   // A client presenting `cert` (a name given to MakeTestCertificates) and
   // sending `token` (empty: none).
-  ClientOptions As(const std::string& cert, const std::string& token) {
+  ClientOptions As(const std::string& cert, const std::string& token,
+                   const std::string& roots = "ca") {
     ClientOptions options;
-    options.tls_root_certs_pem = ReadFile(File("ca.crt"));
+    options.tls_root_certs_pem = ReadFile(File(roots + ".crt"));
     options.tls_client_cert_pem = ReadFile(File(cert + ".crt"));
     options.tls_client_key_pem = ReadFile(File(cert + ".key"));
     options.auth_token = token;
@@ -181,12 +188,12 @@ class ClusterTrustTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::vector<std::string>> FetchRank(size_t member, const v1::RankCoords& rank,
-                                                     Delivery delivery) {
-    const ClientOptions options = As("trainer", kTrainerToken);
+                                                     Delivery delivery,
+                                                     const ClientOptions& options) {
     TrainerStreamOptions stream_options;
     stream_options.max_resumes = 0;
     stream_options.delivery = delivery;
-    stream_options.auth_token = kTrainerToken;
+    stream_options.auth_token = options.auth_token;
     stream_options.member_channel = [options](const std::string& address) {
       return MakeChannel(address, options);
     };
@@ -210,6 +217,11 @@ class ClusterTrustTest : public ::testing::Test {
     std::map<std::string, double> m = ParseExposition(got->body);
     auto it = m.find(series);
     return it == m.end() ? 0 : it->second;
+  }
+
+  absl::StatusOr<std::vector<std::string>> FetchRank(size_t member, const v1::RankCoords& rank,
+                                                     Delivery delivery) {
+    return FetchRank(member, rank, delivery, As("trainer", kTrainerToken));
   }
 
   std::string dir_;
@@ -430,6 +442,65 @@ TEST_F(ClusterTrustTest, LeaselessAndOverwrittenMemberKeysChangeNothing) {
   ASSERT_TRUE(taken.ok() && taken->has_value());
   EXPECT_NE((*taken)->lease, 0);
   EXPECT_EQ((*taken)->value.substr(0, (*taken)->value.find('\n')), address2);
+}
+
+// Issue 36: certificates and tokens rotate without restarting a member:
+// the TLS files are re-read (--tls-refresh-seconds), the token file on SIGHUP.
+TEST_F(ClusterTrustTest, CertificatesAndTokensRotateWithoutARestart) {
+  StartThree();
+  PutSamplesAndCreateStep();
+  const v1::RankCoords rank = AllRanks(HybridTopology())[0];
+  absl::StatusOr<std::vector<std::string>> before = FetchRank(0, rank, Delivery::kProxy);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  // 1. Every member trusts the new CA as well as the old one...
+  std::ofstream(File("ca.crt"), std::ios::app) << ReadFile(File("ca2.crt"));
+  // 2. ...then presents a certificate of the new CA (the member identity is
+  // the same), written as a whole new file, as a secret volume swaps them.
+  for (const char* ext : {".key", ".crt"}) {
+    std::ofstream(File("member.new")) << ReadFile(File(std::string("member2") + ext));
+    std::filesystem::rename(File("member.new"), File(std::string("member") + ext));
+  }
+  // A client that knows only the new CA reaches every member once they took
+  // the new certificate, and the members reach each other with it (a proxied
+  // fetch pulls from the other owners).
+  const ClientOptions fresh = As("trainer2", kTrainerToken, "ca2");
+  for (size_t m = 0; m < 3; ++m) {
+    EXPECT_TRUE(Eventually(
+        [&] {
+          ClientOptions options = fresh;
+          options.deadline = absl::Seconds(2);
+          return RollpackClient(MakeDistinctChannel(members_[m]->address(), options), options)
+              .GetPool("pool")
+              .ok();
+        },
+        absl::Seconds(15)))
+        << "member " << m << " still presents the old certificate";
+    absl::StatusOr<std::vector<std::string>> after = FetchRank(m, rank, Delivery::kProxy, fresh);
+    ASSERT_TRUE(after.ok()) << "member " << m << ": " << after.status();
+    EXPECT_EQ(*after, *before) << "member " << m;
+  }
+
+  // 3. A new token file, and SIGHUP: the old trainer token is refused, the
+  // new one works, on every member; the process is the same.
+  const std::string new_trainer = "trainer-token-rotated-987654";
+  std::ofstream(File("tokens.new")) << "producer " << kProducerToken << "\ntrainer "
+                                    << new_trainer << "\nadmin " << kAdminToken << "\n";
+  chmod(File("tokens.new").c_str(), 0600);
+  std::filesystem::rename(File("tokens.new"), File("tokens"));
+  for (size_t m = 0; m < 3; ++m) {
+    const pid_t pid = members_[m]->pid();
+    ASSERT_EQ(kill(pid, SIGHUP), 0);
+    EXPECT_TRUE(Eventually(
+        [&] {
+          return Client(m, "trainer", kTrainerToken).GetPool("pool").status().code() ==
+                 absl::StatusCode::kUnauthenticated;
+        },
+        absl::Seconds(5)))
+        << "member " << m << " still takes the old token";
+    EXPECT_TRUE(Client(m, "trainer", new_trainer).GetPool("pool").ok()) << "member " << m;
+    EXPECT_EQ(members_[m]->pid(), pid);
+  }
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions
     ssl.pem_root_certs = options.tls_ca;
     ssl.pem_cert_chain = options.tls_cert;
     ssl.pem_private_key = options.tls_key;
-    credentials = grpc::SslCredentials(ssl);
+    credentials = options.credentials != nullptr ? options.credentials : grpc::SslCredentials(ssl);
   }
   // One channel over every endpoint: pick_first moves to the next when one
   // fails, so a 3-member etcd that loses one keeps answering. gRPC's ipv4:

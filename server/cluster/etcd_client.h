@@ -21,6 +21,7 @@
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/security/credentials.h"
 
 namespace rollpack {
 
@@ -39,6 +40,10 @@ struct EtcdOptions {
   std::string tls_ca;
   std::string tls_cert;
   std::string tls_key;
+  // When set (https:// endpoints only), the channel's credentials in place
+  // of ones made from the PEMs above: rollpackd's re-read their files
+  // (server/ops/watched_tls.h).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 // One key as etcd holds it.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/status_macros.h"
 
 namespace rollpack {
 namespace {
@@ -82,6 +83,7 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
 
 absl::StatusOr<Authorizer> Authorizer::Parse(const std::string& text) {
   Authorizer auth;
+  Tokens tokens;
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
@@ -112,15 +114,22 @@ absl::StatusOr<Authorizer> Authorizer::Parse(const std::string& text) {
                                                      ": token shorter than ", kMinTokenLength,
                                                      " characters"));
     }
-    for (const Entry& e : auth.tokens_) {
+    for (const Entry& e : tokens) {
       if (e.token == fields[1]) {
         return absl::InvalidArgumentError(
             absl::StrCat("auth tokens line ", line_number, ": token listed twice"));
       }
     }
-    auth.tokens_.push_back({fields[1], role});
+    tokens.push_back({fields[1], role});
   }
+  auth.tokens_ = std::make_shared<const Tokens>(std::move(tokens));
   return auth;
+}
+
+absl::Status Authorizer::ReloadTokens(const std::string& path) {
+  ASSIGN_OR_RETURN(Authorizer read, FromFile(path));
+  std::atomic_store(&tokens_, read.tokens());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Authorizer> Authorizer::FromFile(const std::string& path) {
@@ -182,7 +191,8 @@ std::string Authorizer::RoleOf(const std::string& authorization) const {
   }
   const std::string token(absl::StripAsciiWhitespace(value));
   const Entry* match = nullptr;
-  for (const Entry& e : tokens_) {
+  const std::shared_ptr<const Tokens> tokens = this->tokens();
+  for (const Entry& e : *tokens) {
     if (ConstantTimeEquals(e.token, token) && match == nullptr) match = &e;
   }
   return match != nullptr ? RoleName(match->role) : "unknown token";
@@ -201,7 +211,8 @@ grpc::Status Authorizer::Authenticate(const std::string& authorization, Role* ro
   value = absl::StripAsciiWhitespace(value);
   const std::string token(value);
   const Entry* match = nullptr;
-  for (const Entry& e : tokens_) {  // no early exit: same time for every entry
+  const std::shared_ptr<const Tokens> tokens = this->tokens();
+  for (const Entry& e : *tokens) {  // no early exit: same time for every entry
     if (ConstantTimeEquals(e.token, token) && match == nullptr) match = &e;
   }
   if (match == nullptr) {

@@ -25,6 +25,7 @@
 #define ROLLPACK_SERVER_OPS_AUTH_H_
 
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -56,8 +57,13 @@ class Authorizer {
   static absl::StatusOr<Authorizer> FromFile(const std::string& path);
 
   // Whether tokens are checked.
-  bool enabled() const { return !tokens_.empty(); }
-  size_t num_tokens() const { return tokens_.size(); }
+  bool enabled() const { return !tokens()->empty(); }
+  size_t num_tokens() const { return tokens()->size(); }
+
+  // Takes the tokens of `path` in place of the ones held, for calls that
+  // start from now on (rollpackd re-reads --auth-tokens on SIGHUP); the old
+  // ones stay when the file does not parse or holds none.
+  absl::Status ReloadTokens(const std::string& path);
 
   // Peers whose verified client certificate has Common Name `common_name`
   // are cluster members (empty: no peer is; the Member service is then open
@@ -93,7 +99,11 @@ class Authorizer {
     std::string token;
     Role role;
   };
-  std::vector<Entry> tokens_;
+  using Tokens = std::vector<Entry>;
+  std::shared_ptr<const Tokens> tokens() const { return std::atomic_load(&tokens_); }
+
+  // Swapped whole by ReloadTokens while calls read it.
+  std::shared_ptr<const Tokens> tokens_ = std::make_shared<const Tokens>();
   std::string member_identity_;
 };
 
