@@ -456,7 +456,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
       ASSIGN_OR_RETURN(cluster.peer_credentials,
                        WatchedChannelCredentials(
                            {options.tls_cert, options.tls_key, options.tls_client_ca},
-                           options.tls_refresh));
+                           options.tls_refresh, options.cluster_member_identity));
     }
     if (!options.cluster_etcd_ca.empty()) {
       ASSIGN_OR_RETURN(cluster.etcd.tls_ca, ReadPemFile(options.cluster_etcd_ca, "--cluster-etcd-ca"));

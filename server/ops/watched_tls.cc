@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
+#include <utility>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_certificate_verifier.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -16,6 +19,33 @@ namespace {
 absl::Status CheckPem(const std::string& path, const char* what) {
   return ReadPemFile(path, what).status();
 }
+
+// The server's certificate (its chain already verified against the CA)
+// must carry `identity` as its Common Name.
+class IdentityVerifier final : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  explicit IdentityVerifier(std::string identity) : identity_(std::move(identity)) {}
+
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)> /*callback*/,
+              grpc::Status* sync_status) override {
+    const grpc::string_ref name = request->common_name();
+    if (absl::string_view(name.data(), name.size()) == identity_) {
+      *sync_status = grpc::Status::OK;
+    } else {
+      *sync_status = grpc::Status(
+          grpc::StatusCode::UNAUTHENTICATED,
+          absl::StrCat("the peer's certificate has Common Name \"",
+                       absl::string_view(name.data(), name.size()), "\", not \"", identity_,
+                       "\""));
+    }
+    return true;  // answered synchronously
+  }
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
+
+ private:
+  const std::string identity_;
+};
 
 unsigned int Seconds(absl::Duration refresh) {
   return static_cast<unsigned int>(std::max<int64_t>(1, absl::ToInt64Seconds(refresh)));
@@ -55,7 +85,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> WatchedServerCredential
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> WatchedChannelCredentials(
-    const WatchedTlsFiles& files, absl::Duration refresh) {
+    const WatchedTlsFiles& files, absl::Duration refresh, const std::string& peer_identity) {
   if (absl::Status s = CheckPem(files.ca, "CA"); !s.ok()) return s;
   if (!files.cert.empty()) {
     if (absl::Status s = CheckPem(files.cert, "--tls-cert"); !s.ok()) return s;
@@ -68,8 +98,15 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> WatchedChannelCredenti
   options.watch_root_certs();
   if (!files.cert.empty()) options.watch_identity_key_cert_pairs();
   options.set_verify_server_certs(true);
-  options.set_certificate_verifier(
-      std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+  if (peer_identity.empty()) {
+    options.set_certificate_verifier(
+        std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+  } else {
+    options.set_certificate_verifier(
+        grpc::experimental::ExternalCertificateVerifier::Create<IdentityVerifier>(peer_identity));
+    // The address dialled is checked by identity, not by name.
+    options.set_check_call_host(false);
+  }
   return grpc::experimental::TlsCredentials(options);
 }
 

@@ -34,10 +34,13 @@ struct WatchedTlsFiles {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> WatchedServerCredentials(
     const WatchedTlsFiles& files, absl::Duration refresh);
 
-// A client trusting `files.ca` and checking the server's name, presenting
-// `files.cert` when given.
+// A client trusting `files.ca`, presenting `files.cert` when given. It
+// checks the server's name against its certificate; with `peer_identity`, it
+// checks instead that the certificate's Common Name is that identity: how a
+// cluster member knows it reached a member, whatever address it dialled (a
+// pod IP no certificate can list).
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> WatchedChannelCredentials(
-    const WatchedTlsFiles& files, absl::Duration refresh);
+    const WatchedTlsFiles& files, absl::Duration refresh, const std::string& peer_identity = "");
 
 }  // namespace rollpack
 
