@@ -103,17 +103,44 @@ class DeployTest(unittest.TestCase):
         flags = self.check_flags(rp["args"], "kubernetes rollpackd args")
         ports = {p["name"]: p["containerPort"] for p in rp["ports"]}
         self.assertEqual(ports, {"grpc": GRPC_PORT, "metrics": METRICS_PORT})
+        # gRPC probes speak plaintext: a TLS port is probed with tcpSocket.
+        probe_kind = "tcpSocket" if "tls-cert" in flags else "grpc"
         for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
-            self.assertEqual(rp[probe], {**rp[probe], "grpc": {"port": GRPC_PORT}}, probe)
+            self.assertEqual(rp[probe], {**rp[probe], probe_kind: {"port": GRPC_PORT}}, probe)
         mounts = [m["mountPath"] for m in rp["volumeMounts"]]
         if "cluster-etcd" in flags:
             # Cluster mode (docs/cluster.md): every replica is a member, it
-            # advertises its pod IP, and --auth-tokens is refused there.
-            self.assertNotIn("auth-tokens", flags)
+            # advertises its pod IP, and with credentials (its Threat model)
+            # tokens need mutual TLS, etcd is reached over TLS with the
+            # member's certificate, and every file is mounted.
             self.assertGreater(objs[("Deployment", "vllm-rollout")]["spec"]["replicas"], 1)
             self.assertTrue(flags["cluster-advertise"].startswith("$(POD_IP):"), flags)
             self.assertEqual(port_of(flags["cluster-advertise"]), GRPC_PORT)
             self.assertTrue(any(flags["data-dir"].startswith(m) for m in mounts), mounts)
+            if "auth-tokens" in flags:
+                for f in ["tls-cert", "tls-key", "tls-client-ca"]:
+                    self.assertIn(f, flags, "cluster mode with tokens needs mutual TLS")
+            if flags["cluster-etcd"].startswith("https://"):
+                for f in ["cluster-etcd-ca", "cluster-etcd-cert", "cluster-etcd-key"]:
+                    self.assertIn(f, flags)
+            for f in ["auth-tokens", "tls-cert", "tls-key", "tls-client-ca", "cluster-etcd-ca",
+                      "cluster-etcd-cert", "cluster-etcd-key"]:
+                if f in flags:
+                    self.assertTrue(any(flags[f].startswith(m + "/") for m in mounts),
+                                    (f, flags[f], mounts))
+            # The mounted Secrets exist: certificates.yaml issues the TLS
+            # ones, this file holds the tokens.
+            certs = self.kube("certificates.yaml")
+            issued = {c["spec"]["secretName"] for (kind, _), c in certs.items()
+                      if kind == "Certificate"}
+            volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+            for v in volumes.values():
+                if "secret" in v:
+                    name = v["secret"]["secretName"]
+                    self.assertTrue(name in issued or ("Secret", name) in objs, name)
+            member = certs[("Certificate", "rollpack-member")]["spec"]
+            self.assertEqual(member["commonName"], flags.get("cluster-member-identity",
+                                                             "rollpack-member"))
         else:
             # The token file is mounted where --auth-tokens points.
             self.assertTrue(any(flags["auth-tokens"].startswith(m + "/") for m in mounts), mounts)
