@@ -80,11 +80,6 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, "num_mtp_layers is ", spec.num_mtp_layers, ", must be in [0, ", kMaxMtpLayers, "]"));
   }
-  if (spec.num_layers > std::numeric_limits<int>::max() - spec.num_mtp_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, "num_layers ", spec.num_layers, " + num_mtp_layers ", spec.num_mtp_layers,
-        " does not fit a 32-bit layer id"));
-  }
   if (spec.mtp_routing && spec.num_mtp_layers < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, "mtp_routing is set but num_mtp_layers is ", spec.num_mtp_layers,

@@ -64,8 +64,8 @@ struct ModelSpec {
 // INVALID_ARGUMENT naming the field when: num_layers < 1 or > kMaxLayers; moe_layers not
 // strictly increasing or outside [0, num_layers); num_experts < 0 or > 65536;
 // topk < 1 or > num_experts for a MoE model; topk != 0 for a dense model;
-// num_mtp_layers < 0 or > kMaxMtpLayers (or num_layers + num_mtp_layers past
-// int32); mtp_routing with num_mtp_layers < 1 or a dense model.
+// num_mtp_layers < 0 or > kMaxMtpLayers; mtp_routing with num_mtp_layers < 1
+// or a dense model.
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 }  // namespace rollpack

@@ -61,11 +61,18 @@ TEST(ModelSpecMtp, RefusalsNameFieldAndValue) {
   dense.mtp_routing = true;
   ExpectRefused(dense, {"mtp_routing is set but num_experts is 0"});
 
+  // Layer counts are bounded (a forged cluster record of 700 million layers
+  // exhausted memory), which also keeps num_layers + num_mtp_layers in int.
   ModelSpec huge = DeepSeekLike();
   huge.moe_layers.clear();
   huge.num_layers = std::numeric_limits<int>::max();
   huge.num_mtp_layers = 1;
-  ExpectRefused(huge, {"num_mtp_layers 1", "32-bit"});
+  ExpectRefused(huge, {"num_layers is 2147483647", "[1, 4096]"});
+  huge.num_layers = kMaxLayers + 1;
+  ExpectRefused(huge, {"num_layers is 4097"});
+  huge.num_layers = kMaxLayers;
+  huge.num_mtp_layers = kMaxMtpLayers;
+  EXPECT_TRUE(ValidateModelSpec(huge).ok());
 }
 
 TEST(ModelSpecMtp, EqualityCoversMtpFields) {

@@ -151,6 +151,14 @@ TEST_F(ClusterLifecycleTest, PolicyVersionReachesEveryMemberAndStaleSamplesGo) {
   *other.mutable_model() = ClusterModel();
   other.mutable_options()->set_max_uses(2);
   EXPECT_EQ(Client(1).RegisterModel(other).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Issue 36: an invalid version is INVALID_ARGUMENT through every member, as
+  // on a single server (it was UNAVAILABLE through a member whose peer
+  // answered first), and a member's refusal keeps its code.
+  for (size_t m = 0; m < 3; ++m) {
+    absl::StatusOr<v1::PoolInfo> negative = Client(m).SetPolicyVersion("pool", -1);
+    EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument)
+        << "member " << m << ": " << negative.status();
+  }
 }
 
 TEST_F(ClusterLifecycleTest, ReuseStepsReturnSamplesOnEveryOwnerAndTokenBudgetsSpanMembers) {

@@ -457,6 +457,29 @@ TEST_F(ClusterStepsTest, AForgedStepRecordIsRefusedNeverServed) {
   }
 }
 
+// Issue 36: a step record deleted from etcd by hand (no ReleaseStep) left
+// its samples held on their owners until a restart. Now the owners release
+// them once the record has been gone for the hold grace.
+TEST_F(ClusterStepsTest, AStepRecordDeletedByHandReleasesItsHolds) {
+  StartThreeWithSamples();
+  ASSERT_TRUE(Client(1).CreateStep(StepRequest("step-d", InterleavedIds(6))).ok());
+  absl::StatusOr<v1::PoolInfo> before = Client(0).GetPool("pool");
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->num_samples(), 24);
+  ASSERT_EQ(before->num_free_samples(), 6);
+  ASSERT_TRUE(etcd_client_->Delete("/" + name_ + "/steps/step-d").ok());
+  // Released as a ReleaseStep releases: the step's 18 samples are consumed.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<v1::PoolInfo> pool = Client(0).GetPool("pool");
+        return pool.ok() && pool->num_samples() == 6;
+      },
+      absl::Seconds(20)));
+  absl::StatusOr<v1::PoolInfo> after = Client(2).GetPool("pool");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->num_free_samples(), 6);
+}
+
 TEST_F(ClusterStepsTest, ADownMemberIsNamedAndServesTheSameBytesWhenBack) {
   durable_ = true;
   StartThreeWithSamples();

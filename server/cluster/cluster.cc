@@ -19,6 +19,7 @@
 #include "rollpack/v1/rollouts.grpc.pb.h"
 #include "rollpack/v1/scheduler.grpc.pb.h"
 #include "proto/wire/deterministic_bytes.h"
+#include "server/cluster/peer_calls.h"
 #include "server/store/convert.h"
 #include "spdlog/spdlog.h"
 
@@ -210,8 +211,9 @@ absl::StatusOr<v1::PoolInfo> Cluster::SetPolicyVersionOf(const ClusterMember& me
   grpc::Status s = peers_->Scheduler(member)->SetPolicyVersion(&context, request, &info);
   if (s.ok()) return info;
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) return absl::NotFoundError(s.error_message());
-  return absl::UnavailableError(absl::StrCat("cluster member ", member.id, " (", member.address,
-                                             "): SetPolicyVersion: ", s.error_message()));
+  // The member's own refusal keeps its code; one that does not answer is
+  // UNAVAILABLE naming it.
+  return FromPeer(s, member.id, "SetPolicyVersion");
 }
 
 std::string Cluster::SchemaKey(const std::string& pool) const {

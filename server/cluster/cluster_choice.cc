@@ -12,6 +12,7 @@
 #include "base/status_macros.h"
 #include "server/cluster/cluster_steps.h"
 #include "server/cluster/peer_calls.h"
+#include "server/store/names.h"
 #include "server/store/pool_info.h"
 
 namespace rollpack {
@@ -201,6 +202,12 @@ absl::StatusOr<v1::PoolInfo> ClusterSteps::SetPolicyVersion(const std::string& p
     return PoolInfoToProto(stats, store_->Stats(), /*group_shares=*/true);
   };
   if (local_only) return local();
+  // Refused here as on a single server, not as whichever member answers first.
+  RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
+  if (policy_version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy_version is ", policy_version, ", must be >= 0"));
+  }
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
   ASSIGN_OR_RETURN(std::vector<ClusterMember> members, cluster->Members());
   std::vector<absl::StatusOr<v1::PoolInfo>> shares(members.size(),

@@ -181,12 +181,18 @@ class ClusterSteps final : public StepDirectory {
   // False when etcd could not be read (the tick stops there).
   bool FinishPendingReleases(Cluster* cluster);
   void ResolveStaleHolds(Cluster* cluster);
+  // A confirmed hold whose step record is gone (deleted by hand, or lost
+  // with etcd's data) with no release pending: released as if ReleaseStep
+  // had been called, once the record has been missing for hold_grace (a
+  // ReleaseStep in flight deletes the record before it reaches the owners).
+  void ReleaseOrphanedHolds(Cluster* cluster);
   void PruneCache(Cluster* cluster);
   // Groups incomplete here past their pool's timeout, dropped only when
   // every member answers and they are incomplete over the whole cluster.
   void DropExpiredGroups(Cluster* cluster);
-  // Only the background thread reads and writes it.
+  // Only the background thread reads and writes these.
   absl::Time next_group_check_ = absl::InfinitePast();
+  std::map<std::string, absl::Time> record_missing_since_;
 
   SampleStore* const store_;
   const ClusterStepsOptions options_;

@@ -2,6 +2,7 @@
 // ReleaseStep, releases decided while this member was away, holds whose
 // planner never committed, and cached plans of steps released elsewhere
 // (one thread, every tick).
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -90,6 +91,7 @@ void ClusterSteps::BackgroundLoop() {
     // this member was away must be deleted, not given back.
     if (cluster != nullptr && FinishPendingReleases(cluster)) {
       ResolveStaleHolds(cluster);
+      ReleaseOrphanedHolds(cluster);
       PruneCache(cluster);
       DropExpiredGroups(cluster);
     }
@@ -167,6 +169,33 @@ void ClusterSteps::ResolveStaleHolds(Cluster* cluster) {
                  step_id);
     store_->DropHold(step_id, store_->HoldAttempt(step_id)).IgnoreError();
   }
+}
+
+void ClusterSteps::ReleaseOrphanedHolds(Cluster* cluster) {
+  const std::vector<std::string> unconfirmed = store_->UnconfirmedHolds(absl::ZeroDuration());
+  std::map<std::string, absl::Time> still_missing;
+  const absl::Time now = absl::Now();
+  for (const std::string& step_id : store_->HoldIds()) {
+    if (std::find(unconfirmed.begin(), unconfirmed.end(), step_id) != unconfirmed.end()) {
+      continue;  // ResolveStaleHolds' case
+    }
+    absl::StatusOr<int64_t> live = cluster->etcd()->CreateRevision(StepKey(cluster, step_id));
+    if (!live.ok()) return;  // etcd away: nothing is decided
+    if (*live != 0) continue;
+    auto seen = record_missing_since_.find(step_id);
+    const absl::Time since = seen == record_missing_since_.end() ? now : seen->second;
+    if (now - since < options_.hold_grace) {
+      still_missing[step_id] = since;
+      continue;
+    }
+    absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(step_id);
+    if (released.ok()) {
+      spdlog::warn("rollpackd: step \"{}\": its record left etcd without a ReleaseStep; its {} "
+                   "samples held here are released",
+                   step_id, released->released_samples);
+    }
+  }
+  record_missing_since_ = std::move(still_missing);
 }
 
 void ClusterSteps::PruneCache(Cluster* cluster) {

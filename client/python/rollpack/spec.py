@@ -10,7 +10,8 @@ from rollpack._proto import rollouts_pb2
 #: Bound on ``num_mtp_layers`` (the server's kMaxMtpLayers): real models have
 #: 1 to 3 MTP depths; a larger value is a mistaken field.
 MAX_MTP_LAYERS = 64
-_INT32_MAX = 2**31 - 1
+# As the server's kMaxLayers (scheduler/model_spec.h).
+MAX_LAYERS = 4096
 
 
 class ModelSpec:
@@ -63,8 +64,9 @@ class ModelSpec:
         """Raises ValueError naming the first rule broken (the server's rules
         and messages)."""
         who = 'model "%s": ' % self.name
-        if self.num_layers < 1:
-            raise ValueError(who + "num_layers is %d, must be >= 1" % self.num_layers)
+        if self.num_layers < 1 or self.num_layers > MAX_LAYERS:
+            raise ValueError(who + "num_layers is %d, must be in [1, %d]"
+                             % (self.num_layers, MAX_LAYERS))
         for i, l in enumerate(self.moe_layers):
             if l < 0 or l >= self.num_layers:
                 raise ValueError(who + "moe_layers[%d] is %d, outside [0, %d)"
@@ -85,9 +87,6 @@ class ModelSpec:
         if self.num_mtp_layers < 0 or self.num_mtp_layers > MAX_MTP_LAYERS:
             raise ValueError(who + "num_mtp_layers is %d, must be in [0, %d]"
                              % (self.num_mtp_layers, MAX_MTP_LAYERS))
-        if self.num_layers > _INT32_MAX - self.num_mtp_layers:
-            raise ValueError(who + "num_layers %d + num_mtp_layers %d does not fit a 32-bit "
-                             "layer id" % (self.num_layers, self.num_mtp_layers))
         if self.mtp_routing and self.num_mtp_layers < 1:
             raise ValueError(who + "mtp_routing is set but num_mtp_layers is %d: routing of "
                              "MTP layers needs num_mtp_layers >= 1" % self.num_mtp_layers)

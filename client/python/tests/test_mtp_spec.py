@@ -40,7 +40,8 @@ class SpecRules(unittest.TestCase):
                 (dict(mtp_routing=True), "mtp_routing is set but num_mtp_layers is 0"),
                 (dict(num_experts=0, topk=0, num_mtp_layers=1, mtp_routing=True),
                  "mtp_routing is set but num_experts is 0"),
-                (dict(num_layers=2**31 - 1, num_mtp_layers=1), "does not fit a 32-bit")):
+                (dict(num_layers=2**31 - 1, num_mtp_layers=1),
+                 "num_layers is 2147483647, must be in [1, 4096]")):
             args = dict(num_layers=6, num_experts=16, topk=2)
             args.update(kw)
             with self.assertRaises(ValueError) as cm:
