@@ -280,7 +280,7 @@ TEST_F(ClusterTest, ARefusedRegisterModelLeavesNoKey) {
   ASSERT_TRUE(Client(0).RegisterModel("first", ClusterModel()).ok());
   absl::StatusOr<bool> second = Client(0).RegisterModel("second", ClusterModel());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
-  for (const std::string& kind : {"pools", "pool-options"}) {
+  for (const char* kind : {"pools", "pool-options"}) {
     absl::StatusOr<std::optional<std::string>> key =
         etcd_client_->Get(absl::StrCat("/", name_, "/", kind, "/second"));
     ASSERT_TRUE(key.ok()) << key.status();

@@ -37,13 +37,13 @@ struct EtcdOptions {
   // certificate, and this client's certificate and key, which etcd with
   // --client-cert-auth checks and, with auth enabled, takes the user name
   // from (its Common Name). PEM contents, not paths.
-  std::string tls_ca;
-  std::string tls_cert;
-  std::string tls_key;
+  std::string tls_ca = "";
+  std::string tls_cert = "";
+  std::string tls_key = "";
   // When set (https:// endpoints only), the channel's credentials in place
   // of ones made from the PEMs above: rollpackd's re-read their files
   // (server/ops/watched_tls.h).
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr;
 };
 
 // One key as etcd holds it.
