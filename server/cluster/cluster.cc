@@ -273,8 +273,13 @@ void Cluster::KeepAliveLoop() {
     const int64_t lease = lease_;
     mu_.Unlock();
     absl::Status s = etcd_->KeepAlive(lease);
-    if (absl::IsNotFound(s)) s = Register();  // etcd forgot us: join again
-    if (s.ok()) s = Reassert(lease);
+    int64_t current = lease;
+    if (absl::IsNotFound(s)) {
+      s = Register();  // etcd forgot us: join again, on a new lease
+      absl::MutexLock relock(&mu_);
+      current = lease_;
+    }
+    if (s.ok()) s = Reassert(current);
     absl::StatusOr<std::vector<ClusterMember>> members =
         s.ok() ? Members() : absl::StatusOr<std::vector<ClusterMember>>(s);
     mu_.Lock();

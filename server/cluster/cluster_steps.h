@@ -56,8 +56,10 @@ struct ClusterStepsOptions {
   // Pulling one rank's samples from one owner, in all...
   absl::Duration pull_timeout = absl::Seconds(120);
   // ...and between two of its messages: an owner that stops sending is
-  // given up after this long, UNAVAILABLE naming it (stall_watch.h).
-  absl::Duration pull_stall_timeout = absl::Seconds(5);
+  // given up after this long, UNAVAILABLE naming it (stall_watch.h). A
+  // message is 4 MiB of samples plus at most one sample: 15 s carries a
+  // 512 MiB sample over a 1 Gb/s link with room to spare.
+  absl::Duration pull_stall_timeout = absl::Seconds(15);
 };
 
 class ClusterSteps final : public StepDirectory {

@@ -64,6 +64,13 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions
     hosts.emplace_back(e);
   }
   if (hosts.empty()) return absl::InvalidArgumentError("--cluster-etcd names no endpoint");
+  if (secure > 1) {
+    // One channel over several addresses has one authority: no certificate
+    // check would match each member. A Service or DNS name in front does.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cluster-etcd: ", secure, " https:// endpoints; give one (a name every etcd member's "
+        "certificate lists, such as its client Service)"));
+  }
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return absl::InvalidArgumentError(
         "--cluster-etcd-cert and --cluster-etcd-key are given together or not at all");

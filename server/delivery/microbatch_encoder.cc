@@ -34,6 +34,26 @@ int64_t NumBytes(v1::DType dtype, absl::Span<const int64_t> shape) {
 
 }  // namespace
 
+absl::Status MicrobatchEncoder::CheckRouting(const Step& step, int seq,
+                                             const StoredSample& sample) const {
+  const ModelSpec& model = step.model;
+  const int64_t row_bytes =
+      model.is_dense() ? 0
+                       : int64_t{model.stored_layers()} * model.topk * model.stored_id_bytes();
+  const int64_t want = sample.num_tokens() * row_bytes;
+  const bool recompute = step.replay.source == ReplaySourceKind::kRecompute;
+  if (model.is_dense()) return absl::OkStatus();  // nothing is gathered
+  const std::string* routing = recompute ? recompute_routing_[seq].get() : &sample.experts;
+  const int64_t have = routing != nullptr ? static_cast<int64_t>(routing->size()) : -1;
+  if (have != want ||
+      (!recompute && static_cast<int64_t>(sample.row_valid.size()) != sample.num_tokens())) {
+    return absl::DataLossError(absl::StrCat(
+        "step \"", step.step_id, "\": sample \"", step.sample_ids[seq], "\" holds ", have,
+        " bytes of ", recompute ? "recompute " : "", "routing, the step's model needs ", want));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MicrobatchEncoder::Prepare(const Step& step, const MicrobatchRequest& request) {
   return Prepare(step, request, step.samples);
 }
@@ -82,6 +102,9 @@ absl::Status MicrobatchEncoder::Prepare(
           "step \"", step.step_id, "\": sample \"", step.sample_ids[seq], "\" holds ",
           samples[seq]->num_tokens(), " tokens, the step's record says ", planned));
     }
+    // Its routing is gathered with the step's model (a record's, in a
+    // cluster): rows of the width that model gives, or not at all.
+    RETURN_IF_ERROR(CheckRouting(step, seq, *samples[seq]));
     if (first_held_ < 0) first_held_ = static_cast<int>(ordinal);
   }
   if (!header && first_held_ < 0) {

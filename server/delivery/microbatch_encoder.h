@@ -83,6 +83,10 @@ class MicrobatchEncoder {
   };
 
   size_t ArrayFieldSize(const ArrayField& field) const;
+  // DATA_LOSS unless `sample` (the step's sequence `seq`) holds routing of
+  // the width the step's model gathers: its experts and row flags, or its
+  // committed recompute routing.
+  absl::Status CheckRouting(const Step& step, int seq, const StoredSample& sample) const;
   absl::Status GatherPayload(const ArrayField& field, absl::Span<uint8_t> out,
                              absl::Span<uint8_t> mask_out) const;
 

@@ -318,5 +318,25 @@ TEST(MicrobatchEncoderErrorsTest, ASampleShorterThanItsRecordIsNeverEncoded) {
   EXPECT_TRUE(refused) << "no micro-batch of the forged step was refused";
 }
 
+// A record whose model gathers wider routing rows than the samples hold (a
+// forged topk or layer count) is refused before a byte is gathered.
+TEST(MicrobatchEncoderErrorsTest, RoutingNarrowerThanTheRecordsModelIsNeverGathered) {
+  SampleStore store(int64_t{1} << 30);
+  Topology topology;
+  absl::StatusOr<std::shared_ptr<const Step>> step = FourSampleStep(&store, &topology);
+  ASSERT_TRUE(step.ok()) << step.status();
+  ModelSpec wider = (*step)->model;
+  wider.topk += 1;
+  std::vector<int64_t> lengths((*step)->layout.lengths().begin(),
+                               (*step)->layout.lengths().end());
+  absl::StatusOr<std::shared_ptr<const Step>> forged =
+      BuildStepFromMetadata("forged", "p", wider, topology, (*step)->sample_ids, lengths);
+  ASSERT_TRUE(forged.ok()) << forged.status();
+  MicrobatchEncoder encoder;
+  absl::Status status = encoder.Prepare(**forged, {{0, 0, 0, 0}, 0, false}, (*step)->samples);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("bytes of routing, the step's model needs"));
+}
+
 }  // namespace
 }  // namespace rollpack
