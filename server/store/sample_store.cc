@@ -300,7 +300,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
       new_bytes += plan.new_bytes;
       auto open = pool.open.find(sample.sample_id);
       note_largest(sample.sample_id,
-                   plan.new_bytes + (open == pool.open.end() ? 0 : open->second.sample.MemoryBytes()));
+                   plan.new_bytes + (open == pool.open.end() ? 0 : MemoryBytes(open->second.sample)));
       piece_plans[i] = plan;
       continue;
     }
@@ -332,8 +332,8 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     RETURN_IF_ERROR(CheckGroup(pool, sample, batch_group_counts));
     if (sample.grouped()) ++batch_group_counts[sample.group_id];
     is_new[i] = true;
-    new_bytes += sample.MemoryBytes();
-    note_largest(sample.sample_id, sample.MemoryBytes());
+    new_bytes += MemoryBytes(sample);
+    note_largest(sample.sample_id, MemoryBytes(sample));
   }
   // What no release can make room for is refused with a code producers do
   // not retry.
@@ -391,12 +391,11 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
   for (size_t i = 0; i < samples.size(); ++i) {
     if (!is_new[i]) continue;
     if (piece_plans[i].has_value()) {
-      ApplyPiece(pool, *piece_plans[i], std::move(samples[i]), now_nanos);
-      result.stored_bytes += piece_plans[i]->new_bytes;
+      result.stored_bytes += ApplyPiece(pool, *piece_plans[i], std::move(samples[i]), now_nanos);
       continue;
     }
     const uint64_t arrival = next_arrival_++;
-    const int64_t bytes = samples[i].MemoryBytes();
+    const int64_t bytes = MemoryBytes(samples[i]);
     std::string id = samples[i].sample_id;
     pool.arrival_of.emplace(id, arrival);
     pool.arrival_unix_nanos.emplace(id, now_nanos);
@@ -670,7 +669,7 @@ ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string
   ReleaseResult result;
   for (const std::string& id : sample_ids) {
     auto it = pool.samples.find(id);
-    int64_t bytes = it->second->MemoryBytes();
+    int64_t bytes = MemoryBytes(*it->second);
     if (auto routing = pool.recompute_routing.find(id); routing != pool.recompute_routing.end()) {
       bytes += static_cast<int64_t>(routing->second.ids->size());
       if (log_ != nullptr) log_->AddDeadBytes(routing->second.logged_bytes);

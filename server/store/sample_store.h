@@ -102,6 +102,12 @@ class SampleStore {
  public:
   explicit SampleStore(int64_t max_memory_bytes);
 
+  // Bytes holding `sample` costs in memory, the unit of --max-memory and
+  // --max-pool-memory: its object, buffers and map nodes and its entries in
+  // the store's indexes, as glibc's malloc sizes them (sample_store_memory.cc).
+  // A function of the sample alone: the same on every run and member.
+  static int64_t MemoryBytes(const StoredSample& sample);
+
   // RESOURCE_EXHAUSTED when RegisterModel would refuse `pool` as one pool
   // too many (--max-pools): asked before a cluster fixes the pool anywhere.
   absl::Status CheckPoolRoom(const std::string& pool) const;
@@ -379,7 +385,9 @@ class SampleStore {
                                       const StoredSample& piece) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Stores a planned piece; one that seals moves its sample to the free ones.
-  void ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece, int64_t now_nanos)
+  // The bytes it added to the store's count (what the plan said, as it
+  // grows the buffers as the plan counted them).
+  int64_t ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece, int64_t now_nanos)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes open samples (their group was dropped).
   void EraseOpen(Pool& pool, absl::Span<const std::string> ids)

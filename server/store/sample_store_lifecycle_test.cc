@@ -363,7 +363,7 @@ TEST(SampleStoreLifecycle, AGroupExpiredWithSamplesInAStepIsCountedOnceAndClosed
 // Reused samples keep holding memory: --max-memory refuses more until a
 // release deletes them (max_uses) or a plain release frees them.
 TEST(SampleStoreLifecycle, ReusedSamplesHoldMemoryUntilTheirLastUse) {
-  const int64_t one = Sample("x", 64).MemoryBytes();  // every id here is one character
+  const int64_t one = SampleStore::MemoryBytes(Sample("x", 64));  // every id here is one character
   SampleStore store(3 * one);
   PoolOptions options;
   options.max_uses = 2;

@@ -5,11 +5,15 @@
 // proportion to what it carries.
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/store/durable_log.h"
+#include "server/store/heap_bytes.h"
 #include "server/store/log_records.h"
 #include "server/store/sample_store.h"
 
@@ -21,6 +25,57 @@ namespace {
 int64_t ExpertRowBytes(const ModelSpec& model) {
   if (model.is_dense()) return 0;
   return static_cast<int64_t>(model.stored_layers()) * model.topk * model.stored_id_bytes();
+}
+
+// Makes room for `needed` elements, grown as GrownCapacity says.
+template <typename T>
+void Grow(std::vector<T>& v, int64_t needed, bool last) {
+  v.reserve(static_cast<size_t>(GrownCapacity(static_cast<int64_t>(v.capacity()), needed, last)));
+}
+void Grow(std::string& s, int64_t needed, bool last) {
+  const int64_t capacity = static_cast<int64_t>(s.capacity());
+  if (needed <= capacity) return;
+  if (!last) {
+    // At least twice the capacity: reserve allocates exactly that.
+    s.reserve(static_cast<size_t>(GrownCapacity(capacity, needed, last)));
+    return;
+  }
+  // A string made at its size is the one way to get exactly `needed` (a
+  // reserve of less than twice the capacity doubles it).
+  std::string grown(static_cast<size_t>(needed), '\0');
+  std::memcpy(grown.data(), s.data(), s.size());
+  grown.resize(s.size());
+  s.swap(grown);
+}
+
+// What appending the next `piece` to the open sample `whole` adds to
+// SampleStore::MemoryBytes(whole): the buffers that must grow to hold it,
+// grown as ApplyPiece grows them (exactly to size by the piece that seals).
+int64_t ExtendedBytes(const StoredSample& whole, const StoredSample& piece, int64_t row_bytes,
+                      bool seals) {
+  auto string_growth = [seals](const std::string& s, int64_t needed) {
+    const int64_t capacity = static_cast<int64_t>(s.capacity());
+    return StringBufferBytes(GrownCapacity(capacity, needed, seals)) -
+           StringBufferBytes(capacity);
+  };
+  auto vector_growth = [seals](const auto& v, int64_t needed) {
+    using T = typename std::decay_t<decltype(v)>::value_type;
+    const int64_t capacity = static_cast<int64_t>(v.capacity());
+    return VectorBufferBytes<T>(GrownCapacity(capacity, needed, seals)) -
+           VectorBufferBytes<T>(capacity);
+  };
+  const int64_t n_new = whole.num_tokens() + piece.num_tokens();
+  int64_t bytes = vector_growth(whole.tokens, n_new) +
+                  string_growth(whole.experts, n_new * row_bytes) +
+                  (row_bytes > 0 ? vector_growth(whole.row_valid, n_new) : 0) +
+                  vector_growth(whole.pieces, static_cast<int64_t>(whole.pieces.size()) + 1);
+  if (piece.num_tokens() > 0) {
+    for (const auto& [name, field] : whole.token_fields) {
+      const size_t more = piece.token_fields.at(name).data.size();
+      bytes += string_growth(field.data, static_cast<int64_t>(field.data.size() + more));
+    }
+  }
+  return bytes;
 }
 
 // ORs into `nonzero` (one flag per MoE layer) whether a covered row of the
@@ -155,7 +210,7 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
       return absl::DataLossError(absl::StrCat("open sample \"", id, "\" is stored twice"));
     }
     plan.action = PieceAction::kRestoreOpen;
-    plan.new_bytes = piece.MemoryBytes();
+    plan.new_bytes = MemoryBytes(piece);
     return plan;
   }
   const PieceMessage& message = *piece.piece_message;
@@ -177,9 +232,17 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
     // A new sample, opened (a piece 0 that seals is a whole sample).
     const int64_t n = piece.num_tokens();
     plan.action = PieceAction::kOpen;
-    plan.new_bytes = piece.MemoryBytes() - static_cast<int64_t>(piece.experts.size()) -
-                     static_cast<int64_t>(piece.row_valid.size()) + n * row_bytes +
-                     (row_bytes > 0 ? n : 0) + static_cast<int64_t>(sizeof(PieceBounds));
+    // The open sample is the piece with its id assigned afresh, its rows
+    // laid out over all its tokens and its first bounds (ApplyPiece).
+    const int64_t inline_capacity = InlineStringCapacity();
+    plan.new_bytes =
+        MemoryBytes(piece) - StringHeapBytes(piece.sample_id) - StringHeapBytes(piece.experts) -
+        VectorHeapBytes(piece.row_valid) - VectorHeapBytes(piece.pieces) +
+        StringBufferBytes(
+            GrownCapacity(inline_capacity, static_cast<int64_t>(piece.sample_id.size()),
+                          /*last=*/false)) +
+        StringBufferBytes(GrownCapacity(inline_capacity, n * row_bytes, /*last=*/false)) +
+        VectorBufferBytes<uint8_t>(row_bytes > 0 ? n : 0) + VectorBufferBytes<PieceBounds>(1);
     return plan;
   }
   if (stored == nullptr) {
@@ -273,12 +336,12 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
   }
   plan.action = PieceAction::kExtend;
   plan.seals = !message.partial;
-  plan.new_bytes = t * static_cast<int64_t>(sizeof(int32_t)) + t * row_bytes +
-                   (row_bytes > 0 ? t : 0) + field_bytes +
-                   static_cast<int64_t>(sizeof(PieceBounds));
+  plan.new_bytes = ExtendedBytes(whole, piece, row_bytes, plan.seals);
   // Compaction writes a sample as one log record: it must stay under the
   // log's record limit (a whole sample is bounded by --max-message-bytes).
-  const int64_t encoded = EncodedSampleBytes(whole) + plan.new_bytes;
+  const int64_t encoded = EncodedSampleBytes(whole) + t * static_cast<int64_t>(sizeof(int32_t)) +
+                          t * row_bytes + (row_bytes > 0 ? t : 0) + field_bytes +
+                          static_cast<int64_t>(sizeof(PieceBounds));
   if (encoded > kMaxEncodedSampleBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         Who(piece), "the sample would take ", encoded, " bytes, at most ",
@@ -287,8 +350,8 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
   return plan;
 }
 
-void SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece,
-                             int64_t now_nanos) {
+int64_t SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece,
+                                int64_t now_nanos) {
   const int64_t row_bytes = ExpertRowBytes(pool.model);
   const int num_moe = pool.model.stored_layers();  // MoE layers, then routed MTP layers
   const std::string id = piece.sample_id;
@@ -298,7 +361,7 @@ void SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample pie
   OpenSample* open = nullptr;
   switch (plan.action) {
     case PieceAction::kDuplicate:
-      return;
+      return 0;
     case PieceAction::kRestoreOpen: {
       open = &pool.open[id];
       open->sample = std::move(piece);
@@ -347,34 +410,47 @@ void SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample pie
     case PieceAction::kExtend: {
       open = &pool.open.at(id);
       StoredSample& s = open->sample;
-      before = s.MemoryBytes();
+      before = MemoryBytes(s);
       s.logged_bytes += piece_log_bytes;
       const PieceMessage message = *piece.piece_message;
       const int64_t n_new = s.num_tokens() + piece.num_tokens();
       const int64_t rows = static_cast<int64_t>(piece.row_valid.size());
+      // Amortised growth: appending piece after piece stays linear; the
+      // piece that seals sizes the buffers exactly (nothing follows it).
+      // PlanPiece counted what this adds (ExtendedBytes).
+      const bool last = plan.seals;
+      Grow(s.tokens, n_new, last);
       s.tokens.insert(s.tokens.end(), piece.tokens.begin(), piece.tokens.end());
       if (piece.num_tokens() > 0) {
-        for (auto& [name, field] : s.token_fields) field.data += piece.token_fields.at(name).data;
+        for (auto& [name, field] : s.token_fields) {
+          const std::string& more = piece.token_fields.at(name).data;
+          Grow(field.data, static_cast<int64_t>(field.data.size() + more.size()), last);
+          field.data += more;
+        }
       }
-      // Amortised growth: appending piece after piece stays linear.
+      Grow(s.experts, n_new * row_bytes, last);
       s.experts.resize(static_cast<size_t>(n_new * row_bytes), '\0');
-      if (row_bytes > 0) s.row_valid.resize(static_cast<size_t>(n_new), 0);
+      if (row_bytes > 0) {
+        Grow(s.row_valid, n_new, last);
+        s.row_valid.resize(static_cast<size_t>(n_new), 0);
+      }
       PlaceRows(piece, message, row_bytes, &s, &open->rows_end);
       open->covered_rows += AccumulateLayers(piece.experts, piece.row_valid, num_moe, row_bytes,
                                              &open->layer_nonzero);
       // Staleness is judged by the oldest tokens.
       s.policy_version = std::min(s.policy_version, piece.policy_version);
       const int64_t no_rows_at = std::max<int64_t>(open->rows_end, 0);
+      Grow(s.pieces, static_cast<int64_t>(s.pieces.size()) + 1, last);
       s.pieces.push_back({n_new, message.rows_sent ? message.rows_begin : no_rows_at,
                           message.rows_sent ? message.rows_begin + rows : no_rows_at,
                           piece.policy_version, message.partial, message.rows_sent});
       break;
     }
   }
-  const int64_t added = open->sample.MemoryBytes() - before;
+  const int64_t added = MemoryBytes(open->sample) - before;
   pool.stored_bytes += added;
   stored_bytes_ += added;
-  if (!plan.seals) return;
+  if (!plan.seals) return added;
 
   // Sealed: from now on it is a sample like any other, free and selectable;
   // its ingest time is now.
@@ -388,13 +464,14 @@ void SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample pie
   auto stored = std::make_shared<const StoredSample>(std::move(sealed));
   pool.free_by_arrival.emplace(arrival, stored);
   pool.samples.emplace(id, std::move(stored));
+  return added;
 }
 
 void SampleStore::EraseOpen(Pool& pool, absl::Span<const std::string> ids) {
   for (const std::string& id : ids) {
     auto it = pool.open.find(id);
     if (it == pool.open.end()) continue;
-    const int64_t bytes = it->second.sample.MemoryBytes();
+    const int64_t bytes = MemoryBytes(it->second.sample);
     if (it->second.sample.grouped()) {
       auto group = pool.groups.find(it->second.sample.group_id);
       if (group != pool.groups.end() && --group->second.open == 0 && group->second.stored == 0) {

@@ -119,7 +119,7 @@ TEST(SampleStoreTest, TokenFieldsMustMatchThePool) {
 }
 
 TEST(SampleStoreTest, MemoryLimitGivesResourceExhaustedAndReleaseFrees) {
-  const int64_t one = Sample("x", 100).MemoryBytes();
+  const int64_t one = SampleStore::MemoryBytes(Sample("x", 100));
   SampleStore store(one * 3);
   ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
   ASSERT_TRUE(store.Put("p", {Sample("a", 100), Sample("b", 100), Sample("c", 100)}).ok());
@@ -136,14 +136,18 @@ TEST(SampleStoreTest, MemoryLimitGivesResourceExhaustedAndReleaseFrees) {
 }
 
 TEST(SampleStoreTest, WhatCanNeverFitIsFailedPreconditionNotResourceExhausted) {
-  const int64_t one = Sample("x", 100).MemoryBytes();
+  const int64_t one = SampleStore::MemoryBytes(Sample("x", 100));
   SampleStore store(one * 3);
   ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
   // A sample larger than the whole limit: no release makes room for it.
-  absl::StatusOr<PutResult> huge = store.Put("p", {Sample("huge", 400)});
+  // (Ten times the tokens: with its object, map node and index entries
+  // counted, ~900 bytes here, four times the tokens is not three times the
+  // bytes.)
+  absl::StatusOr<PutResult> huge = store.Put("p", {Sample("huge", 1000)});
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kFailedPrecondition);
+  const int64_t huge_bytes = SampleStore::MemoryBytes(Sample("huge", 1000));
   EXPECT_THAT(huge.status().message(),
-              HasSubstr("sample \"huge\" takes " + std::to_string(Sample("huge", 400).MemoryBytes()) +
+              HasSubstr("sample \"huge\" takes " + std::to_string(huge_bytes) +
                         " bytes, more than --max-memory"));
   // Samples that fit alone, in a message that never can: send smaller ones.
   absl::StatusOr<PutResult> batch = store.Put(
@@ -152,7 +156,7 @@ TEST(SampleStoreTest, WhatCanNeverFitIsFailedPreconditionNotResourceExhausted) {
   EXPECT_THAT(batch.status().message(), HasSubstr("send smaller messages"));
   // The pool's own limit too.
   store.set_max_pool_bytes(one * 2);
-  absl::StatusOr<PutResult> pool = store.Put("p", {Sample("e", 250)});
+  absl::StatusOr<PutResult> pool = store.Put("p", {Sample("e", 400)});
   EXPECT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(pool.status().message(), HasSubstr("more than --max-pool-memory"));
   EXPECT_EQ(store.Stats().stored_bytes, 0);

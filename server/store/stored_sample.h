@@ -72,6 +72,8 @@ struct PieceMessage {
   bool rows_sent = false;
 };
 
+// What holding one costs in memory, the unit of the store's limits, is
+// SampleStore::MemoryBytes.
 struct StoredSample {
   std::string sample_id;
   std::string group_id;
@@ -103,9 +105,6 @@ struct StoredSample {
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   bool grouped() const { return group_size > 0 && !group_id.empty(); }
-  // Bytes this sample holds in memory (payloads plus bookkeeping), the unit
-  // of the store's memory limit.
-  int64_t MemoryBytes() const;
 
   friend bool operator==(const StoredSample& a, const StoredSample& b) {
     return a.sample_id == b.sample_id && a.group_id == b.group_id &&
