@@ -111,7 +111,7 @@ inline std::vector<std::string> InterleavedIds(int per_member) {
 class ClusterFixture : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
+    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start(1, etcd_options_);
     ASSERT_TRUE(etcd.ok()) << etcd.status();
     etcd_ = *std::move(etcd);
     absl::StatusOr<std::unique_ptr<EtcdClient>> client =
@@ -198,6 +198,8 @@ class ClusterFixture : public ::testing::Test {
   }
 
   const std::string name_ = "test-cluster";
+  // How SetUp starts etcd (a test fixture's constructor may change them).
+  EtcdProcessOptions etcd_options_;
   bool durable_ = false;
   // More rollpackd flags for every member StartMember starts.
   std::vector<std::string> member_args_;

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -59,6 +60,9 @@ struct EtcdProcessOptions {
   std::string server_cert;
   std::string server_key;
   std::string client_ca;
+  // etcd's --max-request-bytes: docs/cluster.md asks a cluster's etcd for
+  // 16 MiB; a test of a step record past the limit lowers it.
+  int64_t max_request_bytes = 16777216;
 };
 
 // `size` etcd members forming one etcd cluster.
@@ -101,6 +105,15 @@ class EtcdProcess {
     kill(m.pid, SIGKILL);
     waitpid(m.pid, nullptr, 0);
     m.pid = -1;
+  }
+  // SIGSTOP of member `i`: its sockets stay open and nothing answers (a
+  // frozen host, a long GC or I/O stall); Resume() lets it go on, with its
+  // clock having run meanwhile (leases past their TTL expire then).
+  void Pause(int i = 0) {
+    if (members_[i].pid > 0) kill(members_[i].pid, SIGSTOP);
+  }
+  void Resume(int i = 0) {
+    if (members_[i].pid > 0) kill(members_[i].pid, SIGCONT);
   }
   absl::Status Restart(int i = 0) {
     Stop(i);
@@ -157,7 +170,7 @@ class EtcdProcess {
         "--initial-cluster-token=rollpack-test",
         // As docs/cluster.md asks of a cluster's etcd: a step record holds
         // its sample ids and lengths (tens of bytes a sample).
-        "--max-request-bytes=16777216",
+        absl::StrCat("--max-request-bytes=", options_.max_request_bytes),
         "--log-level=error",
         "--logger=zap"};
     if (!options_.server_cert.empty()) {

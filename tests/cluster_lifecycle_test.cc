@@ -4,6 +4,7 @@
 // budgets, staleness, reuse and options hold over every member.
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -303,6 +304,64 @@ TEST_F(ClusterLifecycleTest, ListStepsAndListPoolsSeeTheWholeCluster) {
   absl::StatusOr<v1::ListStepsResponse> after = Client(2).ListSteps("pool");
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->steps_size(), 0);
+}
+
+// Issue 36: etcd frozen (SIGSTOP) past the members' lease TTL revokes their
+// leases when it goes on, and every member key with them. Until each member
+// had noticed and joined again, GetPool through any member counted only the
+// members whose key was back (fewer free samples), and CreateStep selected
+// over those alone. Now every answer once etcd is back counts every member.
+TEST_F(ClusterLifecycleTest, FreeSamplesAreCountedAgainRightAfterEtcdReturns) {
+  StartThree(v1::PoolOptions());
+  for (size_t m = 0; m < 3; ++m) PutGroup(m, absl::StrCat("g", m), 0, 0, 4);
+  absl::StatusOr<v1::PoolInfo> before = Client(0).GetPool("pool");
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->members_size(), 3);
+  ASSERT_EQ(before->num_free_samples(), 12);
+
+  for (int round = 0; round < 2; ++round) {
+    etcd_->Pause();
+    absl::SleepFor(absl::Seconds(3 * kLeaseSeconds));
+    etcd_->Resume();
+    const absl::Time resumed = absl::Now();
+    if (round == 1) {
+      // The first call once etcd is back selects over every member.
+      v1::CreateStepRequest all = Request("all");
+      all.set_num_samples(12);
+      absl::StatusOr<v1::StepInfo> step = Client(1).CreateStep(all);
+      ASSERT_TRUE(step.ok()) << step.status();
+      EXPECT_EQ(step->num_samples(), 12);
+      break;
+    }
+    // Every member asked at once, again and again, from the moment etcd
+    // answers: no answer may miss a member or its samples.
+    std::vector<std::thread> askers;
+    std::vector<int> answers(3, 0);
+    std::vector<std::string> wrong(3);
+    for (size_t m = 0; m < 3; ++m) {
+      askers.emplace_back([&, m] {
+        RollpackClient client = Client(m);
+        while (absl::Now() - resumed < absl::Seconds(2 * kLeaseSeconds)) {
+          absl::StatusOr<v1::PoolInfo> pool = client.GetPool("pool");
+          if (!pool.ok()) {
+            if (wrong[m].empty()) wrong[m] = pool.status().ToString();
+            continue;
+          }
+          ++answers[m];
+          if (wrong[m].empty() && (pool->members_size() != 3 || pool->num_free_samples() != 12)) {
+            wrong[m] = absl::StrCat(absl::FormatDuration(absl::Now() - resumed),
+                                    " after etcd returned: ", pool->members_size(),
+                                    " members, ", pool->num_free_samples(), " free samples");
+          }
+        }
+      });
+    }
+    for (std::thread& t : askers) t.join();
+    for (size_t m = 0; m < 3; ++m) {
+      EXPECT_GT(answers[m], 0) << "member " << m << " never answered GetPool";
+      EXPECT_EQ(wrong[m], "") << "GetPool through member " << m;
+    }
+  }
 }
 
 }  // namespace

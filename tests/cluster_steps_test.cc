@@ -76,6 +76,15 @@ v1::CreateStepRequest StepRequest(const std::string& step_id, const std::vector<
   return request;
 }
 
+// Every sample id a plan lists, in its order.
+std::vector<std::string> PlanSampleIds(const v1::Plan& plan) {
+  std::vector<std::string> ids;
+  for (const auto& mb : plan.microbatches()) {
+    for (const auto& g : mb.groups()) ids.insert(ids.end(), g.sample_ids().begin(), g.sample_ids().end());
+  }
+  return ids;
+}
+
 class ClusterStepsTest : public ClusterFixture {
  protected:
   // Bytes of samples member `i` pulled from other members to serve ranks.
@@ -396,10 +405,10 @@ TEST_F(ClusterStepsTest, AForgedStepRecordIsRefusedNeverServed) {
   record.set_num_tokens(0, forged);
   ASSERT_TRUE(etcd_client_->Put(key, record.SerializeAsString()).ok());
 
-  // A member that cached the true record serves the true step; one that
-  // reads the forged record plans from it, and may serve micro-batches that
-  // do not hold the victim (their samples are whole); none that holds it
-  // unless it is the true step's.
+  // Every member reads the forged record (plans are cached by the record's
+  // modification revision: AnEditedStepRecordIsReadAgainNeverServedFromTheOldPlan)
+  // and plans from it; it may serve micro-batches that do not hold the victim
+  // (their samples are whole), none that holds it unless it is the true step's.
   int refused = 0;
   for (Delivery delivery : {Delivery::kProxy, Delivery::kDirect}) {
     for (const v1::RankCoords& rank : AllRanks(HybridTopology())) {
@@ -455,6 +464,84 @@ TEST_F(ClusterStepsTest, AForgedStepRecordIsRefusedNeverServed) {
   for (size_t m = 0; m < 3; ++m) {
     EXPECT_TRUE(Client(m).GetPool("pool").ok()) << "member " << m << " went down";
   }
+}
+
+// Issue 36: a member's plan of a step was cached by its record's creation
+// revision, so once a member had looked the step up (the planner at once),
+// a record put over in etcd (by hand, or forged) kept being served from the
+// plan of the old bytes, on some members and not others. Now the plan is
+// keyed by the record's modification revision: every member reads the new
+// bytes, checks them, and uses them or refuses them.
+TEST_F(ClusterStepsTest, AnEditedStepRecordIsReadAgainNeverServedFromTheOldPlan) {
+  StartThreeWithSamples();
+  const std::vector<std::string> ids = InterleavedIds(6);
+  ASSERT_TRUE(Client(1).CreateStep(StepRequest("step-e", ids)).ok());
+  const v1::RankCoords rank = AllRanks(HybridTopology())[0];
+  std::vector<std::vector<std::string>> before(3);
+  for (size_t m = 0; m < 3; ++m) {
+    absl::StatusOr<v1::Plan> plan = Client(m).GetPlan("step-e");
+    ASSERT_TRUE(plan.ok()) << "member " << m << ": " << plan.status();
+    ASSERT_EQ(PlanSampleIds(*plan).size(), 18u);
+    absl::StatusOr<std::vector<std::string>> got =
+        FetchRank(members_[m]->address(), "step-e", rank, Delivery::kProxy);
+    ASSERT_TRUE(got.ok()) << "member " << m << ": " << got.status();
+    before[m] = *got;
+  }
+  const std::string key = "/" + name_ + "/steps/step-e";
+  absl::StatusOr<std::optional<std::string>> held = etcd_client_->Get(key);
+  ASSERT_TRUE(held.ok() && held->has_value()) << held.status();
+  const std::string original = **held;
+  v1::ClusterStepRecord record;
+  ASSERT_TRUE(record.ParseFromString(original));
+
+  // A record as a planner writes it, its last sample left out: every member
+  // plans from it now, the planner and those that planned before included.
+  v1::ClusterStepRecord shorter = record;
+  const std::string dropped = shorter.sample_ids(shorter.sample_ids_size() - 1);
+  shorter.mutable_sample_ids()->RemoveLast();
+  shorter.mutable_num_tokens()->RemoveLast();
+  shorter.mutable_owner()->RemoveLast();
+  ASSERT_TRUE(etcd_client_->Put(key, shorter.SerializeAsString()).ok());
+  for (size_t m = 0; m < 3; ++m) {
+    absl::StatusOr<v1::Plan> plan = Client(m).GetPlan("step-e");
+    ASSERT_TRUE(plan.ok()) << "member " << m << ": " << plan.status();
+    const std::vector<std::string> planned = PlanSampleIds(*plan);
+    EXPECT_EQ(planned.size(), 17u) << "member " << m << " planned from the old record";
+    EXPECT_THAT(planned, ::testing::Not(::testing::Contains(dropped))) << "member " << m;
+  }
+
+  // A length past the ranks' budget: refused on every member, as a record
+  // read for the first time is, for the plan and for both delivery modes.
+  v1::ClusterStepRecord forged = record;
+  forged.set_num_tokens(0, 40000000);
+  ASSERT_TRUE(etcd_client_->Put(key, forged.SerializeAsString()).ok());
+  for (size_t m = 0; m < 3; ++m) {
+    absl::StatusOr<v1::Plan> plan = Client(m).GetPlan("step-e");
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kDataLoss) << "member " << m << ": "
+                                                                 << plan.status();
+    EXPECT_THAT(plan.status().message(), HasSubstr("its record does not plan"));
+    for (Delivery delivery : {Delivery::kProxy, Delivery::kDirect}) {
+      absl::StatusOr<std::vector<std::string>> got =
+          FetchRank(members_[m]->address(), "step-e", rank, delivery);
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << "member " << m << ": "
+                                                                  << got.status();
+    }
+  }
+
+  // The true bytes back (yet another revision): the step as it was.
+  ASSERT_TRUE(etcd_client_->Put(key, original).ok());
+  for (size_t m = 0; m < 3; ++m) {
+    absl::StatusOr<v1::Plan> plan = Client(m).GetPlan("step-e");
+    ASSERT_TRUE(plan.ok()) << "member " << m << ": " << plan.status();
+    EXPECT_EQ(PlanSampleIds(*plan).size(), 18u);
+    absl::StatusOr<std::vector<std::string>> got =
+        FetchRank(members_[m]->address(), "step-e", rank, Delivery::kProxy);
+    ASSERT_TRUE(got.ok()) << "member " << m << ": " << got.status();
+    EXPECT_EQ(*got, before[m]) << "member " << m;
+  }
+  absl::StatusOr<v1::ReleaseStepResponse> released = Client(2).ReleaseStep("step-e");
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->released_samples(), 18);
 }
 
 // Issue 36: a step record deleted from etcd by hand (no ReleaseStep) left
@@ -592,6 +679,59 @@ TEST_F(ClusterStepsTest, AMemberJoiningMidRunTakesPartInTheNextStep) {
   ASSERT_TRUE(via_new.ok()) << via_new.status();
   EXPECT_EQ(*via_old, *via_new);
   EXPECT_EQ(FreeSamples(3), 0);
+}
+
+// An etcd that takes at most 64 KiB a request (--max-request-bytes; 1.5 MiB
+// by default), so that a step record past it needs few samples.
+class ClusterSmallEtcdTest : public ClusterStepsTest {
+ protected:
+  ClusterSmallEtcdTest() { etcd_options_.max_request_bytes = 64 << 10; }
+};
+
+// Issue 36: a step whose record etcd does not take is RESOURCE_EXHAUSTED
+// naming the record's size and the limit, and holds nothing. Past etcd's
+// limit plus its 512 KiB gRPC allowance, etcd's gRPC server refuses the
+// message itself, which was reported UNAVAILABLE (as if etcd were away).
+TEST_F(ClusterSmallEtcdTest, AStepRecordTooLargeForEtcdIsResourceExhaustedAndHoldsNothing) {
+  for (size_t i = 0; i < 3; ++i) StartMember(i);
+  ASSERT_TRUE(Client(0).RegisterModel("pool", ClusterModel()).ok());
+  // Ids of about 900 bytes: about 920 bytes of record a sample.
+  for (size_t i = 0; i < 3; ++i) {
+    for (int batch = 0; batch < 3; ++batch) {
+      std::vector<v1::Sample> samples = ClusterSamples(
+          100, 50 + 10 * i + batch, absl::StrCat(std::string(900, 'x'), "-m", i, "-b", batch, "-"));
+      absl::StatusOr<v1::PutSamplesResponse> put = Client(i).PutSamples("pool", samples);
+      ASSERT_TRUE(put.ok()) << put.status();
+    }
+  }
+  ASSERT_EQ(FreeSamples(0), 900);
+  struct Case {
+    int num_samples;
+    std::string limit;  // what the refusal says of etcd's limit
+  };
+  // ~92 KB: etcd's own refusal ("request is too large", no number in it);
+  // ~830 KB: gRPC's, which tells the limit.
+  for (const Case& c : {Case{100, "--max-request-bytes"},
+                        Case{900, "etcd's request limit of 65536 bytes"}}) {
+    const absl::Time asked = absl::Now();
+    absl::StatusOr<v1::StepInfo> step =
+        Client(1).CreateStep(StepRequest(absl::StrCat("big-", c.num_samples), {}, c.num_samples));
+    EXPECT_LT(absl::Now() - asked, absl::Seconds(5)) << "refused at once, not retried";
+    ASSERT_EQ(step.status().code(), absl::StatusCode::kResourceExhausted) << step.status();
+    const std::string message(step.status().message());
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("step \"big-", c.num_samples, "\": its record (",
+                                                c.num_samples, " samples) is ")));
+    EXPECT_THAT(message, ::testing::ContainsRegex("is [0-9]+ bytes, more than etcd takes"));
+    EXPECT_THAT(message, HasSubstr(c.limit));
+    EXPECT_EQ(FreeSamples(2), 900) << "a refused step holds nothing: " << message;
+  }
+  // A record that fits: the step is made and served as any other.
+  absl::StatusOr<v1::StepInfo> fits = Client(1).CreateStep(StepRequest("fits", {}, 40));
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(FreeSamples(0), 860);
+  absl::StatusOr<std::vector<std::string>> got =
+      FetchRank(members_[2]->address(), "fits", AllRanks(HybridTopology())[0]);
+  ASSERT_TRUE(got.ok()) << got.status();
 }
 
 }  // namespace

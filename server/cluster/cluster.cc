@@ -122,9 +122,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& opt
   ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Create(options.etcd));
   std::unique_ptr<Cluster> cluster(new Cluster(options, std::move(etcd)));
   RETURN_IF_ERROR(cluster->Register());
-  if (absl::StatusOr<std::vector<ClusterMember>> members = cluster->Members(); members.ok()) {
+  if (absl::StatusOr<std::vector<ClusterMember>> members = cluster->ListMembers(); members.ok()) {
     absl::MutexLock lock(&cluster->mu_);
     cluster->last_member_count_ = static_cast<int>(members->size());
+    cluster->settled_ = *std::move(members);
   }
   cluster->keep_alive_ = std::thread([c = cluster.get()] { c->KeepAliveLoop(); });
   return cluster;
@@ -266,24 +267,38 @@ absl::Status Cluster::Register() {
 void Cluster::KeepAliveLoop() {
   // A third of the TTL: two renewals can fail before the member is dropped.
   const absl::Duration period = options_.lease_ttl / 3;
+  // After a failure, sooner: the moment etcd answers again, a lease it
+  // revoked meanwhile (it ran out while etcd was away) is replaced, and the
+  // others' lists (Members(), waiting for this member) are whole again.
+  const absl::Duration retry = std::min(period, absl::Milliseconds(200));
+  absl::Duration wait = period;
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    mu_.AwaitWithTimeout(absl::Condition(&stop_), period);
+    mu_.AwaitWithTimeout(absl::Condition(this, &Cluster::RenewDue), wait);
     if (stop_) break;
+    renew_now_ = false;
     const int64_t lease = lease_;
     mu_.Unlock();
     absl::Status s = etcd_->KeepAlive(lease);
     int64_t current = lease;
     if (absl::IsNotFound(s)) {
+      {
+        absl::MutexLock relock(&mu_);
+        own_key_lost_ = absl::Now();
+      }
       s = Register();  // etcd forgot us: join again, on a new lease
       absl::MutexLock relock(&mu_);
       current = lease_;
     }
     if (s.ok()) s = Reassert(current);
     absl::StatusOr<std::vector<ClusterMember>> members =
-        s.ok() ? Members() : absl::StatusOr<std::vector<ClusterMember>>(s);
+        s.ok() ? ListMembers() : absl::StatusOr<std::vector<ClusterMember>>(s);
     mu_.Lock();
-    if (members.ok()) last_member_count_ = static_cast<int>(members->size());
+    if (members.ok()) {
+      last_member_count_ = static_cast<int>(members->size());
+      if (absl::Now() >= RejoinDeadline()) settled_ = *std::move(members);
+    }
+    wait = s.ok() ? period : retry;
   }
 }
 
@@ -303,7 +318,43 @@ absl::Status Cluster::Reassert(int64_t lease) {
   return etcd_->Put(MemberKey(self_.id), registration_, lease);
 }
 
+absl::Time Cluster::RejoinDeadline() const {
+  // A live member whose lease etcd revoked renews within a third of the TTL
+  // (at once if a renewal was waiting on etcd), finds it gone and joins
+  // again; etcd revokes what ran out within a second of answering again.
+  return std::max(etcd_->last_trouble(), own_key_lost_) + options_.lease_ttl + absl::Seconds(1);
+}
+
 absl::StatusOr<std::vector<ClusterMember>> Cluster::Members() {
+  ASSIGN_OR_RETURN(std::vector<ClusterMember> listed, ListMembers());
+  // Bounded per call, however long etcd keeps giving trouble.
+  const absl::Time give_up = absl::Now() + options_.lease_ttl + absl::Seconds(1);
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      const auto listed_has = [&listed](const std::string& id) {
+        return std::any_of(listed.begin(), listed.end(),
+                           [&id](const ClusterMember& m) { return m.id == id; });
+      };
+      if (!listed_has(self_.id) && !stop_) {
+        // This member is alive and joined: its key is back at its next
+        // renewal, which is now.
+        if (absl::Now() - own_key_lost_ > options_.lease_ttl) own_key_lost_ = absl::Now();
+        renew_now_ = true;
+      }
+      const bool missing = std::any_of(settled_.begin(), settled_.end(),
+                                       [&](const ClusterMember& m) { return !listed_has(m.id); });
+      if (!missing || absl::Now() >= std::min(RejoinDeadline(), give_up)) {
+        settled_ = listed;
+        return listed;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSIGN_OR_RETURN(listed, ListMembers());
+  }
+}
+
+absl::StatusOr<std::vector<ClusterMember>> Cluster::ListMembers() {
   ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs, etcd_->ListPrefix(MemberKey("")));
   std::vector<ClusterMember> members;
   members.reserve(kvs.size());

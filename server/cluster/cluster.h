@@ -69,7 +69,14 @@ class Cluster {
   const ClusterMember& self() const { return self_; }
   const ClusterOptions& options() const { return options_; }
 
-  // The live members, this one included, in id order.
+  // The live members, this one included, in id order. Right after etcd
+  // gave trouble (away, slow, or back from away, when it revokes the leases
+  // that ran out meanwhile: EtcdClient::last_trouble) or while this
+  // member's own key is missing, a member of the last settled list that
+  // etcd no longer lists is waited for (it joins again within moments),
+  // up to the lease TTL and a second, instead of being counted out: the
+  // cluster's view (GetPool, CreateStep's selection) is whole from etcd's
+  // first answer on.
   absl::StatusOr<std::vector<ClusterMember>> Members();
   // Members last seen by the keep-alive thread (for metrics; no etcd call).
   int last_member_count() const;
@@ -114,6 +121,13 @@ class Cluster {
   // Puts this member's key back when it is not its registration on `lease`.
   absl::Status Reassert(int64_t lease);
   void KeepAliveLoop();
+  // The member keys etcd holds now, as Members() counts them, without
+  // waiting for any.
+  absl::StatusOr<std::vector<ClusterMember>> ListMembers();
+  // Whether a member missing from etcd's list may be one whose lease etcd
+  // revoked while it was away: until `trouble + rejoin window`.
+  absl::Time RejoinDeadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RenewDue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || renew_now_; }
   std::string MemberKey(const std::string& id) const;
   std::string PoolKey(const std::string& pool) const;
   std::string SchemaKey(const std::string& pool) const;
@@ -127,6 +141,12 @@ class Cluster {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int last_member_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // The members etcd listed when nothing was amiss (Members()).
+  std::vector<ClusterMember> settled_ ABSL_GUARDED_BY(mu_);
+  // When this member last found its own lease gone or its key missing.
+  absl::Time own_key_lost_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Set to have the keep-alive thread renew (and re-register) now.
+  bool renew_now_ ABSL_GUARDED_BY(mu_) = false;
   // Member keys Members() ignored (warned about once each).
   std::set<std::string> ignored_keys_ ABSL_GUARDED_BY(mu_);
   std::thread keep_alive_;

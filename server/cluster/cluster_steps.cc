@@ -157,11 +157,20 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
   }
   const std::string bytes = DeterministicBytes(record);
   bool created = false;
-  absl::StatusOr<std::string> holder = cluster->etcd()->CreateIfAbsent(key, bytes, &created);
+  int64_t revision = 0;  // of the record created: what tells it from any later value
+  absl::StatusOr<std::string> holder =
+      cluster->etcd()->CreateIfAbsent(key, bytes, &created, /*lease=*/0, &revision);
   // A retried create whose first try committed finds this very record.
   if (holder.ok() && *holder == bytes) created = true;
   if (!holder.ok() || !created) {
     DropAll(cluster, record);
+    if (absl::IsResourceExhausted(holder.status())) {
+      // Past etcd's request limit: the step cannot exist; nothing is held.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "step \"", step_id, "\": its record (", record.sample_ids_size(), " samples) is ",
+          bytes.size(), " bytes, more than etcd takes; no sample was taken (docs/cluster.md, "
+          "\"Sizing\"): ", holder.status().message()));
+    }
     if (!holder.ok()) return Prefixed(step_id, holder.status());
     v1::ClusterStepRecord other;
     if (other.ParseFromString(*holder) && !other.aborted_by().empty()) {
@@ -181,23 +190,25 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
                    request.selection.policy_version, reported.ToString());
     }
   }
-  // The revision that tells this step from one created later under its id.
-  absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(key);
-  if (!revision.ok() || *revision == 0) return step;  // looked up (and cached) later
-  auto cached = std::make_shared<CachedStep>();
-  cached->revision = *revision;
-  cached->record = std::move(record);
-  cached->step = *step;
-  cached->owner = std::make_shared<const std::vector<int32_t>>(cached->record.owner().begin(),
-                                                               cached->record.owner().end());
-  {
-    absl::MutexLock lock(&cached->mu);
-    cached->samples.resize(cached->record.sample_ids_size());
-    cached->routing.resize(cached->recompute() ? cached->record.sample_ids_size() : 0);
-  }
+  if (revision == 0) return step;  // looked up (and cached) later
+  std::shared_ptr<CachedStep> cached = NewCachedStep(revision, std::move(record), *step);
   absl::MutexLock lock(&mu_);
   cache_[step_id] = std::move(cached);
   return step;
+}
+
+std::shared_ptr<ClusterSteps::CachedStep> ClusterSteps::NewCachedStep(
+    int64_t revision, v1::ClusterStepRecord record, std::shared_ptr<const Step> step) {
+  auto cached = std::make_shared<CachedStep>();
+  cached->revision = revision;
+  cached->record = std::move(record);
+  cached->step = std::move(step);
+  cached->owner = std::make_shared<const std::vector<int32_t>>(cached->record.owner().begin(),
+                                                               cached->record.owner().end());
+  absl::MutexLock lock(&cached->mu);
+  cached->samples.resize(cached->record.sample_ids_size());
+  cached->routing.resize(cached->recompute() ? cached->record.sample_ids_size() : 0);
+  return cached;
 }
 
 absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
@@ -297,16 +308,18 @@ void ClusterSteps::ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& rec
 }
 
 absl::StatusOr<v1::ClusterStepRecord> ClusterSteps::ReadRecord(Cluster* cluster,
-                                                              const std::string& step_id) {
+                                                              const std::string& step_id,
+                                                              int64_t* mod_revision) {
   const std::string key = StepKey(cluster, step_id);
-  ASSIGN_OR_RETURN(std::optional<std::string> value, cluster->etcd()->Get(key));
+  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> entry, cluster->etcd()->GetEntry(key));
   v1::ClusterStepRecord record;
-  if (value.has_value() && !record.ParseFromString(*value)) {
+  if (entry.has_value() && !record.ParseFromString(entry->value)) {
     return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold a step record"));
   }
-  if (!value.has_value() || !record.aborted_by().empty()) {
+  if (!entry.has_value() || !record.aborted_by().empty()) {
     return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));
   }
+  if (mod_revision != nullptr) *mod_revision = entry->mod_revision;
   return record;
 }
 
@@ -320,7 +333,7 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
     auto it = cache_.find(step_id);
     if (it != cache_.end()) cached = it->second;
   }
-  absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(StepKey(cluster, step_id));
+  absl::StatusOr<int64_t> revision = cluster->etcd()->ModRevision(StepKey(cluster, step_id));
   if (!revision.ok()) {
     // etcd away: steps this member knows keep serving.
     if (cached != nullptr) return cached;
@@ -331,30 +344,31 @@ absl::StatusOr<std::shared_ptr<ClusterSteps::CachedStep>> ClusterSteps::Find(
     cache_.erase(step_id);
     return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));
   }
-  if (cached != nullptr) {
-    int64_t known = 0;  // a step committed here: its revision learnt now
-    if (cached->revision.compare_exchange_strong(known, *revision) || known == *revision) {
-      return cached;
+  // The plan of exactly these bytes: a record put over since (by hand, or
+  // forged) is read and checked again, never served from the old plan.
+  if (cached != nullptr && cached->revision == *revision) return cached;
+  int64_t read_at = 0;  // the revision of the bytes read (the key may change again meanwhile)
+  absl::StatusOr<v1::ClusterStepRecord> record = ReadRecord(cluster, step_id, &read_at);
+  absl::StatusOr<std::shared_ptr<const Step>> step =
+      record.ok() ? StepFromRecord(step_id, *record) : record.status();
+  if (!step.ok()) {
+    // A record refused (or gone) is not this member's step any more: the
+    // plan of the bytes before it is not served either.
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(step_id);
+    if (it != cache_.end() && it->second->revision < std::max(*revision, read_at)) {
+      cache_.erase(it);
     }
+    return step.status();
   }
-  ASSIGN_OR_RETURN(v1::ClusterStepRecord record, ReadRecord(cluster, step_id));
-  ASSIGN_OR_RETURN(std::shared_ptr<const Step> step, StepFromRecord(step_id, record));
-  cached = std::make_shared<CachedStep>();
-  cached->revision = *revision;
-  cached->record = std::move(record);
-  cached->step = std::move(step);
-  cached->owner = std::make_shared<const std::vector<int32_t>>(cached->record.owner().begin(),
-                                                               cached->record.owner().end());
-  {
-    absl::MutexLock lock(&cached->mu);
-    cached->samples.resize(cached->record.sample_ids_size());
-    cached->routing.resize(cached->recompute() ? cached->record.sample_ids_size() : 0);
-  }
+  cached = NewCachedStep(read_at, *std::move(record), *std::move(step));
   absl::MutexLock lock(&mu_);
   // Two first lookups racing: both get the one cached, so every caller of
   // a step shares its owner vector and samples.
   std::shared_ptr<CachedStep>& slot = cache_[step_id];
-  if (slot != nullptr && slot->revision.load() == *revision) return slot;
+  if (slot != nullptr && slot->revision == read_at) return slot;
+  // The newer of the two when lookups of two revisions race.
+  if (slot != nullptr && slot->revision > read_at) return slot;
   slot = cached;
   return cached;
 }

@@ -122,8 +122,10 @@ class ClusterSteps final : public StepDirectory {
   // A committed step as this member knows it: the plan rebuilt from the
   // record, and the samples pulled so far to serve ranks.
   struct CachedStep {
-    // Of the record's key: an id deleted and created again is another step.
-    std::atomic<int64_t> revision{0};
+    // The etcd modification revision of the record this was built from:
+    // a record put over (edited by hand, forged) or deleted and created
+    // again has another, and is read, checked and planned again.
+    int64_t revision = 0;
     v1::ClusterStepRecord record;
     std::shared_ptr<const Step> step;
     // record.owner(), shared with the piece streams (GetPiecesForRank).
@@ -149,15 +151,23 @@ class ClusterSteps final : public StepDirectory {
   std::string ReleaseKey(Cluster* cluster, const std::string& member,
                          const std::string& step_id) const;
 
-  // The committed record of the step; NOT_FOUND when there is none (or a
-  // tombstone).
   // DATA_LOSS naming the step, the sample and both lengths unless every
   // sample holds as many tokens as the record says for its sequence.
   static absl::Status CheckLengths(const v1::ClusterStepRecord& record,
                                    const std::vector<int>& sequences,
                                    const std::vector<std::shared_ptr<const StoredSample>>& samples);
-  absl::StatusOr<v1::ClusterStepRecord> ReadRecord(Cluster* cluster, const std::string& step_id);
+  // The committed record of the step, and with `mod_revision` the etcd
+  // revision of those bytes; NOT_FOUND when there is none (or a tombstone).
+  absl::StatusOr<v1::ClusterStepRecord> ReadRecord(Cluster* cluster, const std::string& step_id,
+                                                  int64_t* mod_revision = nullptr);
+  // The step as its record in etcd is now: the cached plan while the
+  // record's modification revision is the one it was built from (one
+  // keys-only read), else the record read, checked (StepFromRecord) and
+  // planned again. With etcd away, the plan last built.
   absl::StatusOr<std::shared_ptr<CachedStep>> Find(const std::string& step_id);
+  // A CachedStep of `record` at `revision`, its sample slots empty.
+  static std::shared_ptr<CachedStep> NewCachedStep(int64_t revision, v1::ClusterStepRecord record,
+                                                   std::shared_ptr<const Step> step);
   // Selects over every member's listing (lifecycle.md holds cluster-wide:
   // a group's samples may sit on several members).
   absl::StatusOr<Choice> Choose(Cluster* cluster, const std::vector<ClusterMember>& members,

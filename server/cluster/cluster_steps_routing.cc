@@ -53,19 +53,10 @@ void ClusterSteps::DropStaleRoutingStages() { uploads_.DropStale(); }
 
 absl::StatusOr<HeldStep> ClusterSteps::HeldShare(const std::string& step_id, int64_t attempt) {
   ASSIGN_OR_RETURN(Cluster * cluster, Joined());
-  // This member's hold of that attempt proves the step live (a release
-  // drops it), so a step known here needs no etcd read per upload.
-  std::shared_ptr<CachedStep> cached;
-  if (store_->HoldAttempt(step_id) == attempt) {
-    absl::MutexLock lock(&mu_);
-    auto it = cache_.find(step_id);
-    if (it != cache_.end() && it->second->record.created_unix_nanos() == attempt) {
-      cached = it->second;
-    }
-  }
-  if (cached == nullptr) {
-    ASSIGN_OR_RETURN(cached, Find(step_id));
-  }
+  // The plan of the record as etcd holds it now (one keys-only read while
+  // it is unchanged): this member's hold of the attempt proves the step
+  // live, not that its record is still the bytes a cached plan was made of.
+  ASSIGN_OR_RETURN(std::shared_ptr<CachedStep> cached, Find(step_id));
   if (cached->record.created_unix_nanos() != attempt) {
     return absl::FailedPreconditionError(absl::StrCat(
         "step \"", step_id, "\" was released and created again meanwhile (another attempt)"));

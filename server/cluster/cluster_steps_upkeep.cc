@@ -199,17 +199,20 @@ void ClusterSteps::ReleaseOrphanedHolds(Cluster* cluster) {
 }
 
 void ClusterSteps::PruneCache(Cluster* cluster) {
-  std::vector<std::string> ids;
+  std::vector<std::pair<std::string, int64_t>> known;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, cached] : cache_) ids.push_back(id);
+    for (const auto& [id, cached] : cache_) known.emplace_back(id, cached->revision);
   }
-  for (const std::string& id : ids) {
-    absl::StatusOr<int64_t> revision = cluster->etcd()->CreateRevision(StepKey(cluster, id));
+  // Plans of records gone or put over since (their pulled samples with
+  // them); a step still looked up is planned again from its record.
+  for (const auto& [id, built_from] : known) {
+    absl::StatusOr<int64_t> revision = cluster->etcd()->ModRevision(StepKey(cluster, id));
     if (!revision.ok()) return;
-    if (*revision == 0) {
+    if (*revision != built_from) {
       absl::MutexLock lock(&mu_);
-      cache_.erase(id);
+      auto it = cache_.find(id);
+      if (it != cache_.end() && it->second->revision == built_from) cache_.erase(it);
     }
   }
 }

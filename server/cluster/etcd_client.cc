@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -21,6 +23,27 @@ namespace {
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
+}
+
+// etcd's gRPC server takes messages of --max-request-bytes plus this much
+// (etcd 3.4, v3rpc/grpc.go grpcOverheadBytes).
+constexpr int64_t kEtcdGrpcOverheadBytes = 512 << 10;
+// etcd's --max-request-bytes when not given.
+constexpr int64_t kEtcdDefaultMaxRequestBytes = 1536 << 10;
+
+// The limit in gRPC's refusal "received message larger than max (N vs. M)"
+// (M: etcd's --max-request-bytes plus its gRPC overhead); 0 when the message
+// does not say it.
+int64_t GrpcMessageLimit(absl::string_view message) {
+  const size_t open = message.find("larger than max (");
+  if (open == absl::string_view::npos) return 0;
+  absl::string_view rest = message.substr(open + std::strlen("larger than max ("));
+  const size_t vs = rest.find(" vs. ");
+  const size_t close = rest.find(')');
+  if (vs == absl::string_view::npos || close == absl::string_view::npos || close < vs) return 0;
+  int64_t limit = 0;
+  if (!absl::SimpleAtoi(rest.substr(vs + 5, close - vs - 5), &limit)) return 0;
+  return limit;
 }
 
 }  // namespace
@@ -129,21 +152,49 @@ grpc::Status EtcdClient::Call(
   const absl::Time give_up = absl::Now() + total_timeout_;
   while (true) {
     grpc::ClientContext context;
-    const absl::Duration left = std::max(give_up - absl::Now(), absl::Milliseconds(1));
+    const absl::Time started = absl::Now();
+    const absl::Duration left = std::max(give_up - started, absl::Milliseconds(1));
     SetDeadline(&context, std::min(timeout_, left));
     grpc::Status s = rpc(&context);
     const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                            s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!transient || absl::Now() + absl::Milliseconds(100) >= give_up) return s;
+    // What the cluster's member list watches for (Cluster::Members): etcd
+    // away, slow, or answering again after it was away.
+    const absl::Time now = absl::Now();
+    const bool was_failing = failing_.exchange(transient);
+    if (transient || was_failing || now - started > absl::Seconds(1)) {
+      trouble_nanos_.store(absl::ToUnixNanos(now));
+    }
+    if (!transient || now + absl::Milliseconds(100) >= give_up) return s;
     absl::SleepFor(absl::Milliseconds(100));
   }
 }
 
+absl::Time EtcdClient::last_trouble() const {
+  const int64_t nanos = trouble_nanos_.load();
+  return nanos == 0 ? absl::InfinitePast() : absl::FromUnixNanos(nanos);
+}
+
 absl::Status EtcdClient::Error(const grpc::Status& status, absl::string_view what) const {
-  if (absl::StrContains(status.error_message(), "request is too large")) {
+  // A request over etcd's --max-request-bytes: etcd refuses it ("request is
+  // too large"), or, past that limit plus etcd's gRPC overhead, gRPC does
+  // (RESOURCE_EXHAUSTED "received message larger than max (N vs. M)"). etcd's
+  // other RESOURCE_EXHAUSTED (too many requests, database full) pass or need
+  // an operator: UNAVAILABLE below.
+  const std::string& message = status.error_message();
+  const int64_t grpc_limit = status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
+                                 ? GrpcMessageLimit(message)
+                                 : 0;
+  if (grpc_limit > 0 || absl::StrContains(message, "request is too large")) {
+    const std::string limit =
+        grpc_limit > kEtcdGrpcOverheadBytes
+            ? absl::StrCat("etcd's request limit of ", grpc_limit - kEtcdGrpcOverheadBytes,
+                           " bytes (--max-request-bytes)")
+            : absl::StrCat("etcd's request limit (--max-request-bytes; ",
+                           kEtcdDefaultMaxRequestBytes, " bytes by default)");
     return absl::ResourceExhaustedError(absl::StrCat(
-        "etcd (", endpoints_, "): ", what, ": ", status.error_message(),
-        " (raise etcd's --max-request-bytes; docs/cluster.md, sizing)"));
+        "etcd (", endpoints_, "): ", what, ": the request is over ", limit, ": \"", message,
+        "\"; raise etcd's --max-request-bytes (docs/cluster.md, \"Sizing\")"));
   }
   // Whatever went wrong between us and etcd, the cluster's coordination is
   // unavailable for now; callers retry or refuse with UNAVAILABLE.
@@ -157,7 +208,7 @@ absl::StatusOr<std::optional<std::string>> EtcdClient::Get(const std::string& ke
   return std::optional<std::string>(std::move(entry->value));
 }
 
-absl::StatusOr<int64_t> EtcdClient::CreateRevision(const std::string& key) {
+absl::StatusOr<EtcdClient::KeyRevisions> EtcdClient::Revisions(const std::string& key) {
   etcdserverpb::RangeRequest request;
   request.set_key(key);
   request.set_keys_only(true);
@@ -166,8 +217,18 @@ absl::StatusOr<int64_t> EtcdClient::CreateRevision(const std::string& key) {
     return kv_->Range(context, request, &response);
   });
   if (!s.ok()) return Error(s, absl::StrCat("get ", key));
-  if (response.kvs_size() == 0) return 0;
-  return response.kvs(0).create_revision();
+  if (response.kvs_size() == 0) return KeyRevisions{};
+  return KeyRevisions{response.kvs(0).create_revision(), response.kvs(0).mod_revision()};
+}
+
+absl::StatusOr<int64_t> EtcdClient::CreateRevision(const std::string& key) {
+  ASSIGN_OR_RETURN(KeyRevisions revisions, Revisions(key));
+  return revisions.create;
+}
+
+absl::StatusOr<int64_t> EtcdClient::ModRevision(const std::string& key) {
+  ASSIGN_OR_RETURN(KeyRevisions revisions, Revisions(key));
+  return revisions.mod;
 }
 
 absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::ListPrefix(const std::string& prefix) {
@@ -248,8 +309,9 @@ absl::Status EtcdClient::Put(const std::string& key, const std::string& value, i
 
 absl::StatusOr<std::string> EtcdClient::CreateIfAbsent(const std::string& key,
                                                        const std::string& value, bool* created,
-                                                       int64_t lease) {
+                                                       int64_t lease, int64_t* mod_revision) {
   *created = false;
+  if (mod_revision != nullptr) *mod_revision = 0;
   etcdserverpb::TxnRequest request;
   etcdserverpb::Compare* absent = request.add_compare();
   absent->set_key(key);
@@ -268,11 +330,15 @@ absl::StatusOr<std::string> EtcdClient::CreateIfAbsent(const std::string& key,
   if (!s.ok()) return Error(s, absl::StrCat("create ", key));
   if (response.succeeded()) {
     *created = true;
+    // The transaction's revision is the put's.
+    if (mod_revision != nullptr) *mod_revision = response.header().revision();
     return value;
   }
   if (response.responses_size() == 1 && response.responses(0).has_response_range() &&
       response.responses(0).response_range().kvs_size() == 1) {
-    return response.responses(0).response_range().kvs(0).value();
+    const auto& kv = response.responses(0).response_range().kvs(0);
+    if (mod_revision != nullptr) *mod_revision = kv.mod_revision();
+    return kv.value();
   }
   // Deleted between the compare and the read: nothing holds it now.
   return absl::AbortedError(absl::StrCat("etcd: ", key, " changed during its creation; retry"));

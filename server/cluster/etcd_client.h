@@ -2,10 +2,12 @@
 // membership and cluster-wide facts (docs/cluster.md). Every call has a
 // deadline and transient failures are retried within a total budget; an
 // unreachable etcd is UNAVAILABLE naming the endpoints, a request past
-// etcd's --max-request-bytes RESOURCE_EXHAUSTED.
+// etcd's --max-request-bytes RESOURCE_EXHAUSTED naming the limit when etcd
+// tells it.
 #ifndef ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_
 #define ROLLPACK_SERVER_CLUSTER_ETCD_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +68,10 @@ class EtcdClient {
   // The revision that created `key` (it tells a key from one deleted and
   // created again), 0 when it does not exist; the value is not read.
   absl::StatusOr<int64_t> CreateRevision(const std::string& key);
+  // The revision of `key`'s last modification (it tells a value from any
+  // other the key held: a put over it, or the key deleted and created
+  // again), 0 when it does not exist; the value is not read.
+  absl::StatusOr<int64_t> ModRevision(const std::string& key);
   // Every key starting with `prefix` and its value, in key order.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
       const std::string& prefix);
@@ -82,9 +88,11 @@ class EtcdClient {
   // Creates `key` = `value` unless the key exists, atomically; returns the
   // value the key holds afterwards (`value`, or what another writer put
   // first) and sets *created. Two racing creators: exactly one wins, both
-  // see its value.
+  // see its value. `mod_revision`, when given, is set to the modification
+  // revision of the value returned.
   absl::StatusOr<std::string> CreateIfAbsent(const std::string& key, const std::string& value,
-                                             bool* created, int64_t lease = 0);
+                                             bool* created, int64_t lease = 0,
+                                             int64_t* mod_revision = nullptr);
   absl::Status Delete(const std::string& key);
 
   // A lease that expires `ttl` after its last keep-alive; returns its id.
@@ -96,7 +104,20 @@ class EtcdClient {
 
   const std::string& endpoints() const { return endpoints_; }
 
+  // When etcd last gave trouble: an attempt that failed or took over a
+  // second, or the first answer after failed ones (the end of an outage,
+  // when etcd revokes the leases that ran out meanwhile). InfinitePast
+  // when never.
+  absl::Time last_trouble() const;
+
  private:
+  struct KeyRevisions {
+    int64_t create = 0;  // 0: the key does not exist
+    int64_t mod = 0;
+  };
+  // `key`'s revisions from a keys-only read.
+  absl::StatusOr<KeyRevisions> Revisions(const std::string& key);
+
   EtcdClient(std::shared_ptr<grpc::Channel> channel, std::string endpoints,
              absl::Duration timeout, absl::Duration total_timeout);
   grpc::Status Call(const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const;
@@ -108,6 +129,10 @@ class EtcdClient {
   const std::string endpoints_;
   const absl::Duration timeout_;
   const absl::Duration total_timeout_;
+  // last_trouble(), in Unix nanoseconds (0: never); whether the last
+  // attempt failed.
+  mutable std::atomic<int64_t> trouble_nanos_{0};
+  mutable std::atomic<bool> failing_{false};
 };
 
 // The end of the key range that holds every key starting with `prefix`
