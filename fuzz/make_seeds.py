@@ -147,3 +147,101 @@ for j, (dp, cp, tp, pp, experts, count) in enumerate(
     if j == 5:
         r.replay_source = scheduler_pb2.REPLAY_SOURCE_RECOMPUTE
     write("step_record", "seed_%02d" % j, r.SerializeToString())
+
+# member_service: calls of the Member RPCs on a member that stores s0..s7 in
+# pool "p" (MoE, E=8 K=2 L=4; s0, s1 in its live step L1; s4, s5 held for
+# cluster step c1 of attempt 1700000000000000001 with o1, o2 on another
+# member; s2, s3 free with recompute routing; s6, s7 of the incomplete group
+# g3) and d0, d1 in the dense pool "d" (fuzz/member_service_fuzzer.cc).
+# Each call: [selector][length, 2 bytes little endian][request]. Selectors:
+# 0 ListFreeSamples, 1 HoldSamples, 2 ConfirmHold, 3 DropHold, 4 ReleaseHold,
+# 5 DropGroups, 6 ReadSamples, 7 StageRouting, 8 CheckRouting,
+# 9 CommitRouting, 10-12 the owner's R2 stage, check and commit; +0x80: a
+# member with mutual TLS, called without a member certificate.
+# Its own generator, so the seeds above stay as they were.
+member_rng = random.Random(361)
+C1 = 1700000000000000001
+OTHER = "127.0.0.1:50052"
+
+
+def call(selector, message):
+    data = message.SerializeToString()
+    return bytes([selector]) + struct.pack("<H", len(data)) + data
+
+
+def list_free(**kw):
+    return member_pb2.ListFreeSamplesRequest(**kw)
+
+
+def hold(step, pool, ids, attempt, **kw):
+    return member_pb2.HoldSamplesRequest(step_id=step, pool=pool, sample_ids=ids, coordinator=OTHER,
+                                         attempt=attempt, **kw)
+
+
+def step_hold(step, attempt=0):
+    return member_pb2.StepHoldRequest(step_id=step, attempt=attempt)
+
+
+def read(step, ids):
+    return member_pb2.ReadSamplesRequest(step_id=step, sample_ids=ids)
+
+
+def stage(step, attempt, rows, uploaded_rows, index=0, dtype=ndarray_pb2.UINT8, fmt="B"):
+    r = member_pb2.StageRoutingRequest(attempt=attempt, uploaded_rows=uploaded_rows)
+    r.routing.step_id = step
+    r.routing.index = index
+    ids = []
+    for _ in range(rows * 4):
+        ids += member_rng.sample(range(8), 2)  # distinct within a (token, layer)
+    r.routing.experts.CopyFrom(array(dtype, [rows, 4, 2], fmt, ids))
+    return r
+
+
+def routing(step, attempt):
+    return member_pb2.MemberRoutingRequest(step_id=step, attempt=attempt)
+
+
+member_seeds = {
+    "list": [call(0, list_free(pool="p", limit=10)), call(0, list_free(pool="p", all_with_metadata=True)),
+             call(0, list_free(pool="p", sample_ids=["s0", "s2", "s4", "s9"])),
+             call(0, list_free(pool="d", limit=1)), call(0, list_free(pool="nope"))],
+    "hold_read_release": [call(1, hold("h1", "p", ["s6", "s7"], 5)), call(2, step_hold("h1")),
+                          call(6, read("h1", ["s7", "s6"])), call(3, step_hold("h1", 4)),
+                          call(4, step_hold("h1")), call(0, list_free(pool="p", limit=-1))],
+    "hold_drop": [call(1, hold("h1", "p", ["s2", "s6"], 6)), call(3, step_hold("h1", 6)),
+                  call(1, hold("h2", "p", ["s2", "s6"], 7)), call(0, list_free(pool="p", all_with_metadata=True))],
+    "recompute_hold": [call(1, hold("h2", "p", ["s2", "s3"], 7, reuse_samples=True,
+                                    replay_source=scheduler_pb2.REPLAY_SOURCE_RECOMPUTE)),
+                       call(6, read("h2", ["s3", "s2"])), call(4, step_hold("h2")),
+                       call(1, hold("h3", "p", ["s6"], 8, replay_source=scheduler_pb2.REPLAY_SOURCE_RECOMPUTE)),
+                       call(0, list_free(pool="p", sample_ids=["s2", "s3"]))],
+    "read_c1": [call(6, read("c1", ["s4", "s5"])), call(6, read("c1", ["s5"])), call(6, read("c1", ["s0"])),
+                call(6, read("L1", ["s0"])), call(6, read("c1", []))],
+    "conflicts": [call(1, hold("h3", "p", ["s0"], 1)), call(1, hold("L1", "p", ["s6"], 1)),
+                  call(1, hold("c1", "p", ["s6"], C1)), call(1, hold("h4", "p", ["s6", "nope"], 2)),
+                  call(1, hold("h5", "d", ["d0", "d1"], 3)), call(1, hold("h6", "p", ["s6", "s6"], 4)),
+                  call(2, step_hold("nope")), call(3, step_hold("c1", 1))],
+    "drop_groups": [call(5, member_pb2.DropGroupsRequest(pool="p", group_ids=["g3"])),
+                    call(5, member_pb2.DropGroupsRequest(pool="p", group_ids=["g0", "g1", "g2", "g3"])),
+                    call(5, member_pb2.DropGroupsRequest(pool="d", group_ids=[""])),
+                    call(0, list_free(pool="p", all_with_metadata=True))],
+    "routing_handlers": [call(7, stage("c1", C1, 11, 22)), call(8, routing("c1", C1)), call(9, routing("c1", C1))],
+    "stage_c1": [call(10, stage("c1", C1, 11, 22)), call(11, routing("c1", C1)), call(12, routing("c1", C1)),
+                 call(12, routing("c1", C1)), call(6, read("c1", ["s4", "s5"])), call(4, step_hold("c1"))],
+    "stage_int32": [call(10, stage("c1", C1, 11, 22, dtype=ndarray_pb2.INT32, fmt="i")),
+                    call(10, stage("c1", C1, 11, 22, index=1)), call(11, routing("c1", C1))],
+    "stage_new_hold": [call(1, hold("h6", "p", ["s6", "s7"], 9, reuse_samples=True)),
+                       call(10, stage("h6", 9, 16, 19)), call(11, routing("h6", 9)), call(12, routing("h6", 9)),
+                       call(4, step_hold("h6")),
+                       call(1, hold("h7", "p", ["s6", "s7"], 11, replay_source=scheduler_pb2.REPLAY_SOURCE_RECOMPUTE)),
+                       call(6, read("h7", ["s6", "s7"]))],
+    "stage_dense": [call(1, hold("h8", "d", ["d0", "d1"], 3)), call(10, stage("h8", 3, 13, 16)),
+                    call(12, routing("h8", 3))],
+    "mtls": [call(0x80, list_free(pool="p", limit=10)), call(0x81, hold("h1", "p", ["s6"], 5)),
+             call(0x84, step_hold("c1")), call(0x86, read("c1", ["s4"])), call(0x85,
+             member_pb2.DropGroupsRequest(pool="p", group_ids=["g3"])), call(0x89, routing("c1", C1))],
+    "release_by_name": [call(4, step_hold("L1")), call(4, step_hold("c1")), call(3, step_hold("c1")),
+                        call(0, list_free(pool="p", all_with_metadata=True))],
+}
+for name, calls in member_seeds.items():
+    write("member_service", "seed_" + name, b"".join(calls))
