@@ -1,4 +1,6 @@
 // rollpackd: the rollpack sidecar server.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <pthread.h>
 #include <sys/stat.h>
@@ -88,13 +90,33 @@ ABSL_FLAG(absl::Duration, stream_write_timeout, absl::Minutes(10),
 ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(15),
           "close a client connection with no call for this long (GOAWAY: clients reconnect "
           "when they next call); 0 = never");
-ABSL_FLAG(int64_t, stream_buffer_memory, 0,
+ABSL_FLAG(int64_t, stream_buffer_memory, -1,
           "bytes of micro-batches encoded for trainer streams and not yet taken by the "
-          "transport; a stream past it waits for bytes to come back. Size it above every "
-          "rank's prefetch (ranks x (prefetch + 1) x the largest micro-batch); 0 = no bound");
+          "transport; a stream past it waits for bytes to come back. Above every rank's "
+          "prefetch (ranks x (prefetch + 1) x the largest micro-batch); -1 = --max-memory; 0 = "
+          "no bound");
 ABSL_FLAG(int64_t, transport_memory, int64_t{1} << 30,
           "bytes gRPC's transport may hold for all connections (a gRPC resource quota): under "
           "pressure it shrinks windows, then cancels streams; 0 = no quota");
+ABSL_FLAG(std::string, h2_guard, "auto",
+          "front a plaintext gRPC port with rollpackd's HTTP/2 guard (per-client-host "
+          "stream-reset budgets against HTTP/2 rapid reset, connection limits, the token check "
+          "of --auth-tokens from the headers): true, false, or auto = when the port is not on a "
+          "loopback address. TLS ports are never fronted");
+ABSL_FLAG(int64_t, stream_reset_budget, 1000,
+          "RST_STREAM frames one client host may send at once through the HTTP/2 guard; refills "
+          "in 30 s. Over it its connection is closed (GOAWAY ENHANCE_YOUR_CALM) and the host "
+          "cools down; 0 = no limit");
+ABSL_FLAG(absl::Duration, abuse_cooldown, absl::Seconds(10),
+          "how long the HTTP/2 guard refuses new connections of a client host that overdrew its "
+          "stream-reset budget or flooded header blocks");
+ABSL_FLAG(int, max_connections_per_client, 1024,
+          "connections one client host may hold at once on a plaintext port (HTTP/2 guard); 0 = "
+          "no limit");
+ABSL_FLAG(int, max_connections, 16384,
+          "connections all clients together may hold on a plaintext port (HTTP/2 guard; each "
+          "takes 3 file descriptors, and the limit is lowered to what RLIMIT_NOFILE allows); 0 = "
+          "only RLIMIT_NOFILE's bound");
 ABSL_FLAG(bool, accept_compressed_requests, false,
           "accept gzip/deflate-compressed requests (off: refused from their headers, before a "
           "message is inflated)");
@@ -161,6 +183,13 @@ std::vector<std::string> NormalizeFlagSpelling(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   rollpack::KeepFreedMemory();
+  // Each client connection of a plaintext port takes 3 descriptors (the
+  // HTTP/2 guard's relay): the soft limit, often 1024, goes up to the hard
+  // one, as Go's runtime does for every server.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   absl::SetProgramUsageMessage("rollpackd --listen 127.0.0.1:50051 [--max-memory BYTES]");
   std::vector<std::string> args = NormalizeFlagSpelling(argc, argv);
   std::vector<char*> arg_ptrs;
@@ -241,6 +270,30 @@ int main(int argc, char** argv) {
   options.max_pool_memory_bytes = absl::GetFlag(FLAGS_max_pool_memory);
   options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory);
   options.accept_compressed_requests = absl::GetFlag(FLAGS_accept_compressed_requests);
+  if (const std::string guard = absl::GetFlag(FLAGS_h2_guard); guard == "auto") {
+    options.h2_guard = rollpack::H2GuardMode::kAuto;
+  } else if (guard == "true") {
+    options.h2_guard = rollpack::H2GuardMode::kOn;
+  } else if (guard == "false") {
+    options.h2_guard = rollpack::H2GuardMode::kOff;
+  } else {
+    std::fprintf(stderr, "rollpackd: --h2-guard is \"%s\": auto, true or false\n", guard.c_str());
+    return 2;
+  }
+  options.h2_guard_options.limits.reset_budget = absl::GetFlag(FLAGS_stream_reset_budget);
+  options.h2_guard_options.limits.cooldown = absl::GetFlag(FLAGS_abuse_cooldown);
+  options.h2_guard_options.limits.max_connections_per_client =
+      absl::GetFlag(FLAGS_max_connections_per_client);
+  options.h2_guard_options.max_connections = absl::GetFlag(FLAGS_max_connections);
+  if (options.h2_guard_options.limits.reset_budget < 0 ||
+      options.h2_guard_options.limits.max_connections_per_client < 0 ||
+      options.h2_guard_options.max_connections < 0 ||
+      options.h2_guard_options.limits.cooldown < absl::ZeroDuration()) {
+    std::fprintf(stderr,
+                 "rollpackd: --stream-reset-budget, --max-connections-per-client, "
+                 "--max-connections and --abuse-cooldown must be >= 0\n");
+    return 2;
+  }
   options.fetch.first_microbatch_priority = absl::GetFlag(FLAGS_first_microbatch_priority);
   // Each message in flight may hold up to --max-message-bytes.
   options.ingest.messages_in_flight =

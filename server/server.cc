@@ -93,7 +93,60 @@ std::string WhyCannotBind(const std::string& listen) {
   return err == EADDRINUSE ? ": address in use" : absl::StrCat(": ", std::strerror(err));
 }
 
+// The guard's counters as metric families, declared on every server (a port
+// the guard does not front reports zeros): dashboards see the same series.
+void AddGuardMetrics(metrics::ScrapeRegistry& registry,
+                     std::shared_ptr<const H2GuardCounters> guard) {
+  registry.AddCollectCallback(
+      [guard = std::move(guard), open = &registry.AddGauge("rollpack_h2_guard_connections",
+                                        "Client connections the HTTP/2 guard relays now "
+                                        "(plaintext ports; docs/operations.md, \"Hardening\")"),
+       refused = &registry.AddCounter(
+           "rollpack_h2_guard_refused_connections_total",
+           "Connections closed at accept by the HTTP/2 guard: reason=\"cooling_down\" (the "
+           "client host overdrew its stream-reset budget lately), \"per_client\" "
+           "(--max-connections-per-client), \"total\" (--max-connections)"),
+       closed = &registry.AddCounter(
+           "rollpack_h2_guard_closed_connections_total",
+           "Connections the HTTP/2 guard closed: reason=\"stream_resets\" (over the client "
+           "host's --stream-reset-budget, HTTP/2 rapid reset), \"header_block\" (a "
+           "CONTINUATION flood), \"unauthenticated\" (calls without a valid token sent more "
+           "than 1 MiB of requests), \"not_http2\""),
+       resets = &registry.AddCounter(
+           "rollpack_h2_guard_stream_resets_total",
+           "RST_STREAM frames clients sent through the HTTP/2 guard")] {
+        // Zeros without a guard (TLS, loopback): the series exist either way.
+        static const H2GuardCounters kNone;
+        const H2GuardCounters& c = guard != nullptr ? *guard : kNone;
+        open->Add({}).Set(static_cast<double>(c.open.load()));
+        auto catch_up = [](prometheus::Counter& counter, int64_t value) {
+          counter.Increment(static_cast<double>(value) - counter.Value());
+        };
+        catch_up(refused->Add({{"reason", "cooling_down"}}), c.refused_cooling_down.load());
+        catch_up(refused->Add({{"reason", "per_client"}}), c.refused_per_client.load());
+        catch_up(refused->Add({{"reason", "total"}}), c.refused_total.load());
+        catch_up(closed->Add({{"reason", "stream_resets"}}), c.closed_stream_resets.load());
+        catch_up(closed->Add({{"reason", "header_block"}}), c.closed_header_block.load());
+        catch_up(closed->Add({{"reason", "not_http2"}}), c.closed_not_http2.load());
+        catch_up(closed->Add({{"reason", "unauthenticated"}}), c.closed_unauthenticated.load());
+        catch_up(resets->Add({}), c.streams_reset.load());
+      });
+}
+
 }  // namespace
+
+bool IsLoopbackListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
 
 int RollpackServer::metrics_port() const {
   return exporter_ != nullptr ? exporter_->port() : 0;
@@ -125,10 +178,11 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
                                                    options.fetch.max_streams_per_client,
                                                    ": >= 0 (0 = no limit)"));
   }
-  if (options.fetch.stream_buffer_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--stream-buffer-memory is ",
-                                                   options.fetch.stream_buffer_bytes,
-                                                   ": bytes, >= 0 (0 = no bound)"));
+  if (options.fetch.stream_buffer_bytes < 0 &&
+      options.fetch.stream_buffer_bytes != FetchOptions::kStreamBufferAuto) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stream-buffer-memory is ", options.fetch.stream_buffer_bytes,
+        ": bytes, >= 0 (0 = no bound), or -1 (the default: --max-memory)"));
   }
   if (options.fetch.write_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -256,8 +310,13 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->scheduler_ = std::make_unique<SchedulerService>(
       server->steps_.get(), server->metrics_.get(), server->auth_.get(),
       server->step_activity_.get(), options.max_samples_per_step);
+  FetchOptions fetch = options.fetch;
+  if (fetch.stream_buffer_bytes == FetchOptions::kStreamBufferAuto) {
+    fetch.stream_buffer_bytes =
+        options.max_memory_bytes > 0 ? options.max_memory_bytes : DefaultMaxMemoryBytes();
+  }
   server->trainer_ = std::make_unique<TrainerService>(server->steps_.get(), server->metrics_.get(),
-                                                      server->auth_.get(), options.fetch,
+                                                      server->auth_.get(), fetch,
                                                       server->step_activity_.get());
   server->registry_->AddCollectCallback(
       [budget = &server->trainer_->send_budget(),
@@ -286,7 +345,20 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, credentials, &port);
+  const bool guarded =
+      options.tls_cert.empty() &&
+      (options.h2_guard == H2GuardMode::kOn ||
+       (options.h2_guard == H2GuardMode::kAuto && !IsLoopbackListen(options.listen)));
+  if (guarded) {
+    // rollpackd accepts the port's connections itself and hands each to gRPC
+    // once started (server/ops/h2_guard.h); gRPC listens on nothing.
+    H2GuardOptions guard_options = options.h2_guard_options;
+    guard_options.auth = server->auth_.get();
+    ASSIGN_OR_RETURN(server->h2_guard_, H2Guard::Listen(options.listen, std::move(guard_options)));
+    port = server->h2_guard_->port();
+  } else {
+    builder.AddListeningPort(options.listen, credentials, &port);
+  }
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(server->metrics_->InterceptorFactory());
   server->call_log_ = std::make_unique<CallLog>(server->auth_.get());
@@ -376,6 +448,11 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
         absl::StrCat("cannot listen on ", options.listen, WhyCannotBind(options.listen)));
   }
   server->port_ = port;
+  if (guarded) {
+    server->h2_guard_->Start(server->server_.get());
+  }
+  AddGuardMetrics(*server->registry_,
+                  guarded ? server->h2_guard_->counters() : nullptr);
   if (!cluster_mode) {
     SampleStore* const store = server->store_.get();
     server->group_expiry_ = std::make_unique<PeriodicThread>(absl::Seconds(1), [store] {
@@ -546,8 +623,10 @@ void RollpackServer::Shutdown(absl::Duration grace) {
                  "stream(s) in flight get up to {}",
                  streams, absl::FormatDuration(grace));
   }
+  if (h2_guard_ != nullptr) h2_guard_->StopAccepting();
   server_->Shutdown(absl::ToChronoTime(start + grace));
   server_->Wait();
+  h2_guard_.reset();
   if (grace > absl::ZeroDuration()) {
     const absl::Duration took = absl::Now() - start;
     spdlog::info("rollpackd: calls ended in {}{}", absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))),

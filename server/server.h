@@ -19,6 +19,7 @@
 #include "grpcpp/server.h"
 #include "server/delivery/fetch_options.h"
 #include "server/ingest/ingest_options.h"
+#include "server/ops/h2_guard.h"
 #include "server/store/durable_log.h"
 
 namespace rollpack {
@@ -44,6 +45,12 @@ namespace metrics {
 class MetricsEndpoint;
 class ScrapeRegistry;
 }  // namespace metrics
+
+enum class H2GuardMode { kAuto, kOn, kOff };
+
+// Whether `listen` ("host:port") is reachable from this host only
+// (127.0.0.0/8, ::1, localhost).
+bool IsLoopbackListen(const std::string& listen);
 
 struct ServerOptions {
   // host:port; port 0 picks a free one (see RollpackServer::port()).
@@ -105,6 +112,13 @@ struct ServerOptions {
   // is refused (UNIMPLEMENTED) from its headers, before gRPC inflates a
   // message: a 498 KB gzip request inflated to 1.25 GB before its refusal.
   bool accept_compressed_requests = false;
+  // Whether a plaintext port is fronted by rollpackd's HTTP/2 guard
+  // (server/ops/h2_guard.h): stream-reset budgets, connection limits per
+  // client host and the token check that gRPC 1.51 lacks. kAuto: when the
+  // port is reachable from other hosts (not a loopback address), since every
+  // byte then crosses the relay. TLS ports are never fronted.
+  H2GuardMode h2_guard = H2GuardMode::kAuto;
+  H2GuardOptions h2_guard_options;
   // Delivery (server/delivery/trainer_service.h).
   FetchOptions fetch;
   // Ingest (server/ingest/put_samples_reactor.h).
@@ -206,6 +220,8 @@ class RollpackServer {
   std::unique_ptr<RoutingAgreementBook> routing_agreement_;
   std::unique_ptr<TelemetryService> telemetry_;
   std::unique_ptr<grpc::Server> server_;
+  // After server_: stops relaying before gRPC goes.
+  std::unique_ptr<H2Guard> h2_guard_;
   // Joined once the port is known; leaves (revokes its lease) at shutdown,
   // after the calls in flight that may use it.
   std::unique_ptr<Cluster> cluster_;

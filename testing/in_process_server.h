@@ -16,13 +16,15 @@ namespace rollpack {
 class InProcessServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start({});
+    absl::StatusOr<std::unique_ptr<RollpackServer>> server = RollpackServer::Start(Options());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     channel_ = MakeChannel(server_->address());
     client_ = std::make_unique<RollpackClient>(channel_);
   }
   void TearDown() override { server_->Shutdown(absl::Seconds(1)); }
+
+  virtual ServerOptions Options() const { return {}; }
 
   std::unique_ptr<RollpackServer> server_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libspdlog-dev libcpp-httplib-dev prometheus-cpp-dev
+  libabsl-dev libspdlog-dev libcpp-httplib-dev prometheus-cpp-dev libnghttp2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-dev python3-grpcio python3-protobuf python3-numpy
 )

@@ -23,11 +23,15 @@ struct FetchOptions {
   // infinite = never.
   absl::Duration write_timeout = absl::Minutes(10);
   // Bytes of micro-batches encoded for all streams and not yet taken by the
-  // transport (server/delivery/send_budget.h); 0 = no bound. Off by
-  // default: ranks that wait on each other (TP/PP collectives) while some
-  // hold the budget with full prefetch queues would stall until the write
-  // timeout ended the holders; it must exceed every rank's prefetch.
-  int64_t stream_buffer_bytes = 0;
+  // transport (server/delivery/send_budget.h); 0 = no bound. It must exceed
+  // every rank's prefetch: ranks that wait on each other (TP/PP
+  // collectives) while some hold the budget with full prefetch queues would
+  // stall until the write timeout ended the holders. kStreamBufferAuto (the
+  // default) is the store's --max-memory: what ranks prefetch is a part of
+  // the samples held, so it never waits there, while streams whose clients
+  // stopped reading hold at most that much besides the samples.
+  static constexpr int64_t kStreamBufferAuto = -1;
+  int64_t stream_buffer_bytes = kStreamBufferAuto;
   // Hold prefetch writes while other streams' first micro-batches are in
   // flight (server/delivery/first_delivery_gate.h).
   bool first_microbatch_priority = true;

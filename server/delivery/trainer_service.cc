@@ -16,6 +16,7 @@
 #include "server/delivery/client_stream_quota.h"
 #include "server/delivery/microbatch_encoder.h"
 #include "server/ops/call_log.h"
+#include "server/ops/guarded_peers.h"
 #include "server/store/convert.h"
 
 namespace rollpack {
@@ -554,7 +555,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TrainerService::StartStream(
         options_.max_concurrent_streams, " FetchMicrobatches streams are in flight "
         "(--max-concurrent-streams); retry later")));
   }
-  std::string client = PeerHost(context->peer());
+  std::string client = PeerHost(CallPeer(context->peer()));
   if (!client_quota_.Acquire(client)) {
     active_streams_.fetch_sub(1);
     if (metrics_ != nullptr) metrics_->OnClientStreamRefused();

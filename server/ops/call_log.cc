@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/descriptor.h"
+#include "server/ops/guarded_peers.h"
 #include "server/ops/server_metrics.h"
 #include "spdlog/spdlog.h"
 
@@ -136,7 +137,7 @@ class CallLogInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
       // Who is calling, while the context surely exists.
-      if (context_ != nullptr) peer_ = context_->peer();
+      if (context_ != nullptr) peer_ = CallPeer(context_->peer());
       if (log_->auth_ != nullptr && log_->auth_->enabled()) {
         std::string authorization;
         if (auto* metadata = methods->GetRecvInitialMetadata(); metadata != nullptr) {

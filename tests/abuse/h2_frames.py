@@ -277,7 +277,7 @@ class H2Connection:
     the constructor (0: don't)."""
 
     def __init__(self, address, connect_timeout=10.0, recv_window=1 << 24, grant_window=True,
-                 answer_pings=True, wait_settings=5.0, authority=None, tls=None):
+                 answer_pings=True, wait_settings=5.0, authority=None, tls=None, source=None):
         host, port = address.rsplit(":", 1)
         self.address = address
         self.authority = authority or address
@@ -316,7 +316,9 @@ class H2Connection:
         self._header_block = bytearray()
         self._header_end_stream = False
 
-        self.sock = socket.create_connection((host, int(port)), timeout=connect_timeout)
+        self.sock = socket.create_connection(
+            (host, int(port)), timeout=connect_timeout,
+            source_address=None if source is None else (source, 0))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if tls is not None:  # an ssl.SSLContext (ALPN h2): HTTP/2 over TLS
             try:

@@ -51,10 +51,11 @@ EXPERIMENTS = {
     "oversized_unauthenticated": {
         "what": "8 concurrent 530 MB GetPool requests without a token (--auth-tokens on)",
         "auth": True,
-        "args": ["--max-message-bytes", str(600 << 20)],
-        "unprotected": ["--transport-memory", "0"],
-        "mitigation": "--transport-memory (gRPC resource quota, default 1 GiB); on TLS ports the "
-                      "token gate refuses from the headers",
+        "args": ["--max-message-bytes", str(600 << 20), "--h2-guard=true"],
+        "unprotected": ["--transport-memory", "0", "--h2-guard=false"],
+        "mitigation": "plaintext: the HTTP/2 guard checks each call's token from its headers and "
+                      "closes a connection whose refused calls sent 1 MiB; TLS: the token gate "
+                      "refuses from the headers; --transport-memory bounds the rest",
         "run": lambda s, scale: message_probes.oversized_unauthenticated(
             s, calls=8, request_bytes=int(_mb(530) * scale)),
         "headline": ["peak_rss_mb", "codes", "server_alive", "normal_client_during"],
@@ -81,19 +82,22 @@ EXPERIMENTS = {
 
 if transport_probes is not None:
     EXPERIMENTS["rapid_reset"] = {
-        "what": "HTTP/2 rapid reset (HEADERS + RST_STREAM in a loop, 4 connections, no token)",
-        "args": [],
-        # gRPC 1.51 cannot refuse it on a plaintext port, quota or not: the
-        # row to compare with is the same server behind mutual TLS.
-        "unprotected": ["--transport-memory", "0"],
+        "what": "HTTP/2 rapid reset (HEADERS + RST_STREAM in a loop, 4 connections from "
+                "127.0.0.2 that reconnect when closed, no token)",
+        # The guard's default (auto) leaves loopback ports alone.
+        "args": ["--h2-guard=true"],
+        # gRPC 1.51 cannot refuse it, quota or not: "before" is the same
+        # server without the HTTP/2 guard.
+        "unprotected": ["--h2-guard=false"],
         "mutual_tls": True,
-        "mitigation": "none in gRPC 1.51's transport (the quota does not bound it); mutual TLS "
-                      "refuses the attacker at the handshake (docs/operations.md, Hardening); "
-                      "the stop is bounded by --shutdown-grace-seconds + 10 s",
+        "mitigation": "the HTTP/2 guard in front of plaintext ports: a stream-reset budget per "
+                      "client host, GOAWAY(ENHANCE_YOUR_CALM) and a cool-down past it; on TLS "
+                      "ports mutual TLS refuses the attacker at the handshake",
         "run": lambda s, scale: transport_probes.rapid_reset(
-            s, seconds=max(2.0, 10 * scale), connections=4, settle_seconds=max(2.0, 20 * scale)),
-        "headline": ["streams_opened", "peak_rss_mb", "rss_settled_mb", "normal_client_during",
-                     "sigterm_seconds"],
+            s, seconds=max(2.0, 10 * scale), connections=4, settle_seconds=max(2.0, 20 * scale),
+            source="127.0.0.2", reconnect=True),
+        "headline": ["streams_opened", "refused_reconnects", "peak_rss_mb", "rss_settled_mb",
+                     "normal_client_during", "normal_client_after", "sigterm_seconds"],
     }
     EXPERIMENTS["stalled_put"] = {
         "what": "4 PutSamples streams declaring 400 MB messages, sending 300 MB, then stalling",
@@ -110,10 +114,10 @@ if transport_probes is not None:
 EXPERIMENTS["stalled_fetch"] = {
     "what": "200 FetchMicrobatches streams that never read, ~9.4 MB micro-batches, "
             "--max-memory 200000000",
-    "args": ["--max-memory", "200000000", "--stream-buffer-memory", str(256 << 20)],
+    "args": ["--max-memory", "200000000"],
     "unprotected": ["--stream-buffer-memory", "0"],
-    "mitigation": "--stream-buffer-memory (here 256 MiB; off by default): streams past it wait "
-                  "holding nothing; --stream-write-timeout ends the stalled ones",
+    "mitigation": "--stream-buffer-memory (by default --max-memory, here 200 MB): streams past "
+                  "it wait holding nothing; --stream-write-timeout ends the stalled ones",
     "run": lambda s, scale: fetch_probes.stalled_fetch(
         s, streams=max(8, int(200 * scale)), hold_seconds=max(4.0, 20 * scale)),
     "headline": ["peak_rss_mb", "microbatch_mb", "normal_client_during"],

@@ -44,7 +44,10 @@ class AbuseTest(unittest.TestCase):
         # 2-core VM under stress_ctest's load, where more requests are read
         # whole before the quota's reclamation catches up). What is asserted:
         # the quota kept at least a third of the flood out of memory.
-        args = ["--max-message-bytes", str(48 * MB), "--transport-memory", str(64 * MB)]
+        # Measured without the HTTP/2 guard, whose token check (next test)
+        # keeps such requests out before the quota is needed.
+        args = ["--max-message-bytes", str(48 * MB), "--transport-memory", str(64 * MB),
+                "--h2-guard=false"]
         with harness.Server(binary(), args, auth=True) as server:
             figures = message_probes.oversized_unauthenticated(
                 server, calls=8, request_bytes=40 * MB)
@@ -55,6 +58,27 @@ class AbuseTest(unittest.TestCase):
         self.assertTrue(figures["normal_client_after"]["ok"], figures)
         self.assertEqual(set(figures["codes"]) - {"UNAUTHENTICATED", "RESOURCE_EXHAUSTED",
                                                   "UNAVAILABLE"}, set(), figures)
+
+    def test_the_guard_reads_no_more_than_a_megabyte_of_refused_calls(self):
+        # The same 8 x 40 MB without a token, on a plaintext port with the
+        # HTTP/2 guard: each call's token is checked from its headers and a
+        # connection whose refused calls send more than 1 MiB is closed, so
+        # the server holds far less than the transport quota (64 MiB), let
+        # alone the 320 MB sent.
+        args = ["--max-message-bytes", str(48 * MB), "--transport-memory", str(64 * MB),
+                "--h2-guard=true"]
+        with harness.Server(binary(), args, auth=True, metrics=True) as server:
+            figures = message_probes.oversized_unauthenticated(
+                server, calls=8, request_bytes=40 * MB)
+            metrics = server.metrics()
+        # Every series of the family: only refused calls closed connections.
+        self.assertGreater(metrics.get("rollpack_h2_guard_closed_connections_total", 0), 0,
+                           (metrics, figures))
+        self.assertTrue(figures["server_alive"], figures)
+        self.assertLess(figures["peak_rss_mb"] - figures["rss_before_mb"], 64, figures)
+        self.assertEqual(set(figures["codes"]) - {"UNAVAILABLE", "UNAUTHENTICATED"}, set(),
+                         figures)
+        self.assertTrue(figures["normal_client_after"]["ok"], figures)
 
     def test_stalled_uploads_are_bounded_by_the_transport_quota(self):
         # 4 streams x 48 MB sent of a declared 64 MB message: 192 MB if held
@@ -77,10 +101,39 @@ class AbuseTest(unittest.TestCase):
         self.assertEqual(figures["normal_client_after"]["failed"], 0, figures)
         self.assertGreater(figures["normal_client_after"]["calls"], 0, figures)
 
+    def test_the_guard_closes_a_rapid_reset_flood_on_a_plaintext_port(self):
+        # The attacker is another host (127.0.0.2) and reconnects whenever
+        # closed, for 4 s. Without the guard (--h2-guard=false) 4 such
+        # connections made gRPC take ~100,000 reset streams in 4 s and hold
+        # ~1.2 GB; with it the attacker's host overdraws its budget of 1000
+        # resets within milliseconds, every connection gets GOAWAY, and its
+        # new connections are refused for the cool-down.
+        # The server listens on 127.0.0.1, where the guard is off unless
+        # asked for (--h2-guard auto fronts non-loopback ports).
+        with harness.Server(binary(), ["--shutdown-grace-seconds", "2",
+                                       "--h2-guard=true"]) as server:
+            figures = transport_probes.rapid_reset(server, seconds=4, connections=4,
+                                                   settle_seconds=3, source="127.0.0.2",
+                                                   reconnect=True)
+        calm = [g for g in figures["goaways"] if g["error"] == "ENHANCE_YOUR_CALM"]
+        self.assertGreater(len(calm), 0, figures)
+        self.assertIn("stream resets", calm[0]["debug"], figures)
+        self.assertGreater(figures["refused_reconnects"], 0, figures)
+        self.assertEqual(figures["reconnects"], figures["refused_reconnects"], figures)
+        self.assertLess(figures["peak_rss_mb"], 150, figures)
+        # Clients of other hosts are served throughout.
+        for phase in ("normal_client_during", "normal_client_after"):
+            self.assertGreater(figures[phase]["calls"], 0, figures)
+            self.assertEqual(figures[phase]["failed"], 0, figures)
+        self.assertIsNotNone(figures["sigterm_seconds"], figures)
+        self.assertLess(figures["sigterm_seconds"], 2 + 1, figures)
+
     def test_sigterm_stops_within_the_grace_period_after_a_flood(self):
-        # On plaintext gRPC 1.51 takes the flood in; the stop stays bounded
-        # by --shutdown-grace-seconds + 10 s however long gRPC would drain.
-        with harness.Server(binary(), ["--shutdown-grace-seconds", "1"]) as server:
+        # Without the guard gRPC 1.51 takes the flood in; the stop stays
+        # bounded by --shutdown-grace-seconds + 10 s however long gRPC would
+        # drain.
+        with harness.Server(binary(), ["--shutdown-grace-seconds", "1",
+                                       "--h2-guard=false"]) as server:
             figures = transport_probes.rapid_reset(server, seconds=2, connections=2,
                                                    settle_seconds=1)
         self.assertGreater(figures["streams_opened"], 0, figures)

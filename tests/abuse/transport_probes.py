@@ -104,7 +104,8 @@ def _close_all(conns):
 
 def rapid_reset(server, seconds=10, connections=4, token=None, settle_seconds=20,
                 measure_sigterm=True, batch=100, path=GET_POOL, close_after_flood=False,
-                rss_limit=None, max_streams=None, normal_token=None):
+                rss_limit=None, max_streams=None, normal_token=None, source=None,
+                reconnect=False):
     """`connections` connections each send, for `seconds`, batches of `batch`
     (HEADERS for a new `path` stream, no END_STREAM, then RST_STREAM(CANCEL)),
     one write per batch, with `token` if given. A NormalClient (with
@@ -117,7 +118,13 @@ def rapid_reset(server, seconds=10, connections=4, token=None, settle_seconds=20
     `rss_limit` bytes (default 60% of the host's memory), and with
     `max_streams` once that many streams were sent in all (split evenly over
     the connections): a fixed count compares servers whose read rate differs
-    (on a loaded host the rate varies by 2x from run to run).
+    (on a loaded host the rate varies by 2x from run to run). `source` is
+    the attacker's own address (e.g. "127.0.0.2": another host to a server
+    that keys its budgets on the client's IP, as the HTTP/2 guard does),
+    the normal client keeps 127.0.0.1. With `reconnect`, a connection the
+    server closes is replaced by a new one until the flood's time is up, as
+    a determined attacker would (reconnects and refused_reconnects count
+    them; a connection the server closes before its SETTINGS is refused).
 
     Returns: streams_opened, streams_reset (written to the socket; the server
     may read the last of them after the flood), streams_per_s, flood_s,
@@ -138,7 +145,7 @@ def rapid_reset(server, seconds=10, connections=4, token=None, settle_seconds=20
     normal_token = _normal_token(server, token, normal_token)
     extra = _auth_headers(token)
     figures = {"connections": connections, "seconds": seconds, "batch": batch,
-               "max_streams": max_streams}
+               "max_streams": max_streams, "source": source}
     rss_start = _rss(server)
     conns = []
     threads = []
@@ -151,15 +158,46 @@ def rapid_reset(server, seconds=10, connections=4, token=None, settle_seconds=20
             # Against a mutual-TLS server the attacker speaks TLS, trusting the
             # server, but has no client certificate.
             try:
-                conns.append(h2_frames.H2Connection(server.address, tls=_attacker_tls(server)))
+                conns.append(h2_frames.H2Connection(server.address, tls=_attacker_tls(server),
+                                                    source=source))
             except (OSError, h2_frames.ConnectionClosed, h2_frames.H2Error, TimeoutError) as e:
                 figures.setdefault("connect_refused", []).append("%s: %s" % (type(e).__name__, e))
 
         per_conn = None if max_streams is None else -(-max_streams // connections)
 
+        reconnects = [0] * connections
+        refused_reconnects = [0] * connections
+
+        def replacement(i):
+            """A new connection for flood i, or None when the server refused it."""
+            reconnects[i] += 1
+            try:
+                c = h2_frames.H2Connection(server.address, tls=_attacker_tls(server),
+                                           source=source, wait_settings=1.0)
+            except (OSError, h2_frames.ConnectionClosed, h2_frames.H2Error, TimeoutError):
+                refused_reconnects[i] += 1
+                return None
+            if c.closed or not c.settings_received.is_set():
+                refused_reconnects[i] += 1
+                c.close()
+                return None
+            conns.append(c)
+            return c
+
         def flood(i, conn, deadline):
             try:
                 while not stop.is_set():
+                    if conn is None and not reconnect:
+                        stopped_by[i] = "connect_refused"
+                        return
+                    if reconnect and (conn is None or conn.closed):
+                        if time.monotonic() >= deadline:
+                            stopped_by[i] = "time"
+                            return
+                        conn = replacement(i)
+                        if conn is None:
+                            time.sleep(0.01)
+                        continue
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         stopped_by[i] = "time"
@@ -170,10 +208,16 @@ def rapid_reset(server, seconds=10, connections=4, token=None, settle_seconds=20
                     if server.peak > rss_limit:
                         stopped_by[i] = "rss_limit"
                         return
-                    if conn.closed:
+                    if conn.closed and not reconnect:
                         stopped_by[i] = "closed"
                         return
-                    conn.send_rapid_reset_batch(batch, path, extra, timeout=remaining)
+                    try:
+                        conn.send_rapid_reset_batch(batch, path, extra, timeout=remaining)
+                    except h2_frames.ConnectionClosed:
+                        if not reconnect:
+                            raise
+                        conn.closed = True
+                        continue
                     last_write[i] = time.monotonic()
                 stopped_by[i] = "stopped"
             except h2_frames.ConnectionClosed:
@@ -187,8 +231,9 @@ def rapid_reset(server, seconds=10, connections=4, token=None, settle_seconds=20
         start = time.monotonic()
         with harness.NormalClient(server.address, token=normal_token, certs=server.certs) as during:
             deadline = start + seconds
+            first = list(conns) + [None] * (connections - len(conns))
             threads = [threading.Thread(target=flood, args=(i, c, deadline), daemon=True)
-                       for i, c in enumerate(conns)]
+                       for i, c in enumerate(first)]
             for t in threads:
                 t.start()
             next_sample = start
@@ -206,6 +251,7 @@ def rapid_reset(server, seconds=10, connections=4, token=None, settle_seconds=20
         rss_end = _rss(server)
         figures["rss_end_mb"] = _mb(rss_end)
         opened = sum(c.streams_opened for c in conns)
+        figures.update(reconnects=sum(reconnects), refused_reconnects=sum(refused_reconnects))
         figures.update(streams_opened=opened, streams_reset=sum(c.streams_reset for c in conns),
                        flood_s=round(flood_s, 2), streams_per_s=int(opened / max(flood_s, 1e-3)),
                        stopped_by=stopped_by,
@@ -395,6 +441,8 @@ def main(argv=None):
     rr.add_argument("--no-sigterm", action="store_true")
     rr.add_argument("--rss-limit-mb", type=int)
     rr.add_argument("--max-streams", type=int)
+    rr.add_argument("--source", help="the attacker's source address, e.g. 127.0.0.2")
+    rr.add_argument("--reconnect", action="store_true")
     sp = sub.add_parser("stalled_put")
     sp.add_argument("--streams", type=int, default=4)
     sp.add_argument("--declared-mb", type=int, default=400)
@@ -412,7 +460,7 @@ def main(argv=None):
                 settle_seconds=args.settle_seconds, measure_sigterm=not args.no_sigterm,
                 batch=args.batch, path=args.path, close_after_flood=args.close_after_flood,
                 rss_limit=None if args.rss_limit_mb is None else args.rss_limit_mb << 20,
-                max_streams=args.max_streams)
+                max_streams=args.max_streams, source=args.source, reconnect=args.reconnect)
         else:
             figures = stalled_put(
                 server, streams=args.streams, declared_bytes=args.declared_mb << 20,

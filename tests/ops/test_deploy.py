@@ -268,7 +268,7 @@ class DeployTest(unittest.TestCase):
         self.assertGreater(len(exprs), 20)
         used = set()
         for e in exprs:
-            used |= set(re.findall(r"\b((?:rollpack|exposer)_[a-z_]+?)(?:_bucket|_sum|_count)?\b(?=[{\[ )]|$)", e))
+            used |= set(re.findall(r"\b((?:rollpack|exposer)_[a-z0-9_]+?)(?:_bucket|_sum|_count)?\b(?=[{\[ )]|$)", e))
         # What a live rollpackd exports (families from # TYPE lines).
         with harness.tempdir() as d, harness.Rollpackd(d) as rp:
             text = rp.scrape()

@@ -29,6 +29,9 @@ _LIBS = {
     "absl_flags_usage": (["absl_flags_usage"], []),
     "spdlog": (["spdlog"], []),
     "cpp_httplib": (["cpp-httplib"], []),
+    # nghttp2's HPACK decoder: the HTTP/2 guard reads each call's method and
+    # token (server/ops/h2_token_check.h).
+    "nghttp2": (["libnghttp2"], []),
     # prometheus-cpp's pull exposer and the civetweb it runs on (its C++
     # wrapper's CivetCallbacks is used directly).
     "prometheus_cpp": (["prometheus-cpp-pull", "prometheus-cpp-core"], ["-lcivetweb-cpp", "-lcivetweb"]),

@@ -1,0 +1,45 @@
+// What the HTTP/2 guard (server/ops/h2_guard.h) is configured with and what
+// it counts, shared with its relay loops (server/ops/h2_relay_loop.h).
+#ifndef ROLLPACK_SERVER_OPS_H2_GUARD_OPTIONS_H_
+#define ROLLPACK_SERVER_OPS_H2_GUARD_OPTIONS_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "server/ops/auth.h"
+#include "server/ops/client_abuse_ledger.h"
+
+namespace rollpack {
+
+struct H2GuardOptions {
+  ClientAbuseLimits limits;
+  // With tokens on, each call's token is checked from its headers and the
+  // request bytes of refused calls are bounded (server/ops/h2_token_check.h).
+  // Not owned; null = no check.
+  const Authorizer* auth = nullptr;
+  // Connections open at once, from all clients; 0 = no limit.
+  int max_connections = 16384;
+  // Event loops relaying bytes; connections are spread over them.
+  int relay_threads = 2;
+  // Bytes of one direction a relay holds while they are in flight (taken
+  // from a pool, given back when drained).
+  size_t buffer_bytes = size_t{256} << 10;
+};
+
+// Why the guard refused or closed connections, counted since start.
+struct H2GuardCounters {
+  std::atomic<int64_t> open{0};
+  std::atomic<int64_t> refused_cooling_down{0};
+  std::atomic<int64_t> refused_per_client{0};
+  std::atomic<int64_t> refused_total{0};
+  std::atomic<int64_t> closed_stream_resets{0};
+  std::atomic<int64_t> closed_header_block{0};
+  std::atomic<int64_t> closed_not_http2{0};
+  std::atomic<int64_t> closed_unauthenticated{0};
+  std::atomic<int64_t> streams_reset{0};
+};
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_OPS_H2_GUARD_OPTIONS_H_
