@@ -12,6 +12,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import fetch_probes  # noqa: E402
 import harness  # noqa: E402
 import host_probes  # noqa: E402
 import message_probes  # noqa: E402
@@ -79,6 +80,18 @@ class AbuseTest(unittest.TestCase):
         self.assertEqual(set(figures["codes"]) - {"UNAVAILABLE", "UNAUTHENTICATED"}, set(),
                          figures)
         self.assertTrue(figures["normal_client_after"]["ok"], figures)
+
+    def test_stalled_trainer_streams_are_bounded_by_default(self):
+        # 40 FetchMicrobatches streams that never read, on ~9.5 MB
+        # micro-batches: ~380 MB if each held its own (--stream-buffer-memory
+        # 0). By default the streams hold at most --max-memory (here 50 MB)
+        # together; the rest wait holding nothing.
+        with harness.Server(binary(), ["--max-memory", str(50 * 1000 * 1000)]) as server:
+            figures = fetch_probes.stalled_fetch(server, streams=40, hold_seconds=4, samples=6)
+        self.assertTrue(figures["server_alive"], figures)
+        self.assertGreater(figures["microbatch_mb"], 8, figures)
+        self.assertLess(figures["peak_rss_mb"] - figures["rss_before_mb"], 150, figures)
+        self.assertEqual(figures["normal_client_during"]["failed"], 0, figures)
 
     def test_stalled_uploads_are_bounded_by_the_transport_quota(self):
         # 4 streams x 48 MB sent of a declared 64 MB message: 192 MB if held
