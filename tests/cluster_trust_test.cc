@@ -31,6 +31,7 @@
 #include "server/cluster/etcd_client.h"
 #include "testing/cluster_fixture.h"
 #include "testing/exposition.h"
+#include "testing/synthetic_rollouts.h"
 #include "testing/test_certificates.h"
 
 namespace rollpack {
@@ -501,6 +502,77 @@ TEST_F(ClusterTrustTest, CertificatesAndTokensRotateWithoutARestart) {
     EXPECT_TRUE(Client(m, "trainer", new_trainer).GetPool("pool").ok()) << "member " << m;
     EXPECT_EQ(members_[m]->pid(), pid);
   }
+}
+
+
+// Peak resident bytes of process `pid` (VmHWM), 0 when unreadable.
+int64_t PeakRssBytes(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// A peer's ReadSamples reply larger than this member takes from peers
+// (--max-message-bytes + 5 MiB) never makes it hold more than twice that:
+// gRPC would refuse an oversize message only once it held all of it (a fake
+// member's 1.5 GB reply took a member to 3.05 GB), so the peers' channels
+// share a transport quota of twice the bound, past which the reply is reset.
+// Here the peer is a real member allowed larger messages, holding one 77 MB
+// sample; the member that serves the rank takes 13 MiB messages (a quota of
+// 26 MiB).
+TEST_F(ClusterFixture, APeersReplyOverTheReceiveBoundIsRefusedNotBuffered) {
+  member_args_ = {"--max-message-bytes=268435456", "--max-memory=400000000"};
+  StartMember(0);
+  member_args_ = {"--max-message-bytes=8388608"};
+  StartMember(1);
+  v1::ModelSpec model;
+  model.set_name("large");
+  model.set_num_layers(48);
+  model.set_num_experts(128);
+  model.set_topk(8);
+  ASSERT_TRUE(Client(0).RegisterModel("large", model).ok());
+  SyntheticOptions options;
+  options.num_samples = 1;
+  options.median_length = 200000;
+  options.min_length = options.max_length = 200000;
+  options.mixed_forms = false;
+  options.narrow_when_uniform = true;
+  options.token_fields = false;
+  std::vector<v1::Sample> sample = MakeSyntheticRollouts(model, options);
+  ASSERT_GT(sample[0].ByteSizeLong(), size_t{73} << 20);
+  absl::StatusOr<v1::PutSamplesResponse> put = Client(0).PutSamples("large", sample);
+  ASSERT_TRUE(put.ok()) << put.status();
+
+  v1::CreateStepRequest create;
+  create.set_step_id("step-large");
+  create.set_pool("large");
+  create.set_num_samples(1);
+  create.mutable_topology()->set_dp(1);
+  create.mutable_topology()->set_max_tokens_per_rank(262144);
+  absl::StatusOr<v1::StepInfo> info = Client(1).CreateStep(create);
+  ASSERT_TRUE(info.ok()) << info.status();
+
+  const int64_t peak_before = PeakRssBytes(members_[1]->pid());
+  TrainerStreamOptions stream_options;
+  stream_options.max_resumes = 0;
+  stream_options.delivery = Delivery::kProxy;
+  TrainerStream stream(MakeChannel(members_[1]->address()), "step-large", v1::RankCoords(),
+                       stream_options);
+  absl::StatusOr<std::optional<v1::Microbatch>> first = stream.Next();
+  ASSERT_FALSE(first.ok()) << "a 77 MB sample came through a 13 MiB receive bound";
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kResourceExhausted) << first.status();
+  EXPECT_THAT(std::string(first.status().message()),
+              ::testing::HasSubstr(members_[0]->address()))
+      << "the refusal names the peer: " << first.status();
+  // At most the quota (26 MiB) and some slack was held to refuse it.
+  const int64_t peak_after = PeakRssBytes(members_[1]->pid());
+  EXPECT_LT(peak_after - peak_before, int64_t{34} << 20)
+      << "peak RSS " << peak_before << " -> " << peak_after;
+  // The member that refused goes on serving.
+  EXPECT_TRUE(Client(1).GetPool("large").ok());
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "base/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/resource_quota.h"
 #include "rollpack/v1/member.grpc.pb.h"
 #include "rollpack/v1/rollouts.grpc.pb.h"
 #include "rollpack/v1/scheduler.grpc.pb.h"
@@ -59,7 +60,14 @@ class Cluster::Peers {
       : credentials_(credentials != nullptr ? std::move(credentials)
                                             : grpc::InsecureChannelCredentials()),
         max_receive_bytes_(static_cast<int>(
-            std::clamp<int64_t>(max_receive_bytes, 1, std::numeric_limits<int>::max()))) {}
+            std::clamp<int64_t>(max_receive_bytes, 1, std::numeric_limits<int>::max()))),
+        quota_("rollpack-peers") {
+    // gRPC refuses a message over the receive bound only once it holds all
+    // of it: what the peers' channels may hold together is bounded here, so
+    // that a reply of any size is reset at twice the bound (one message up
+    // to the bound still fits beside another in flight).
+    quota_.Resize(static_cast<size_t>(2 * static_cast<int64_t>(max_receive_bytes_)));
+  }
 
   v1::Rollouts::Stub* Rollouts(const ClusterMember& member) {
     absl::MutexLock lock(&mu_);
@@ -94,9 +102,9 @@ class Cluster::Peers {
       // A restarted member is found again quickly.
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      // ReadSamples batches hold whole samples, as large as the owner took;
-      // a peer cannot make this member buffer more than that at once.
+      // ReadSamples batches hold whole samples, as large as the owner took.
       args.SetMaxReceiveMessageSize(max_receive_bytes_);
+      args.SetResourceQuota(quota_);
       peer.channel = grpc::CreateCustomChannel(member.address, credentials_, args);
     }
     return peer;
@@ -104,6 +112,7 @@ class Cluster::Peers {
 
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const int max_receive_bytes_;
+  grpc::ResourceQuota quota_;
   absl::Mutex mu_;
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
 };
