@@ -4,8 +4,9 @@
 // rollpackd's whole time per 8k-token choice is 2 ms). Measured on the
 // 2-core VM for 8.4 MB of it (best of 30): AVX2 0.25 ms (~30 GB/s), the
 // table-driven scalar decoder here 1.65 ms, absl::Base64Unescape 2.63 ms
-// (OpenSSL's EVP_DecodeBlock ~2.5 ms; docs/capture-design.md). The AVX2 kernel follows Muła and Lemire, "Faster
-// Base64 Encoding and Decoding using AVX2 Instructions" (2018).
+// (OpenSSL's EVP_DecodeBlock ~2.5 ms; docs/capture-design.md). The AVX2
+// kernel follows Muła and Lemire, "Faster Base64 Encoding and Decoding using
+// AVX2 Instructions" (2018).
 #ifndef ROLLPACK_SERVER_CAPTURE_BASE64_H_
 #define ROLLPACK_SERVER_CAPTURE_BASE64_H_
 

@@ -92,7 +92,8 @@ class HeaderReader {
     while (!Take(')')) {
       Skip();
       size_t digits = 0;
-      while (digits < text_.size() && absl::ascii_isdigit(static_cast<unsigned char>(text_[digits]))) {
+      while (digits < text_.size() &&
+             absl::ascii_isdigit(static_cast<unsigned char>(text_[digits]))) {
         ++digits;
       }
       int64_t dim = 0;

@@ -25,7 +25,9 @@ std::string Headers(uint32_t stream, bool end_headers = true, size_t size = 10) 
   return Frame(0x1, end_headers ? 0x4 : 0, stream, std::string(size, 'h'));
 }
 std::string Reset(uint32_t stream) { return Frame(0x3, 0, stream, std::string(4, '\0')); }
-std::string Data(uint32_t stream, size_t size) { return Frame(0x0, 0, stream, std::string(size, 'd')); }
+std::string Data(uint32_t stream, size_t size) {
+  return Frame(0x0, 0, stream, std::string(size, 'd'));
+}
 
 TEST(H2FrameWatchTest, CountsOpenedAndResetStreamsWhateverTheChunking) {
   std::string bytes = kPreface + Frame(0x4, 0, 0, std::string(12, 's'));  // SETTINGS

@@ -123,7 +123,8 @@ absl::StatusOr<std::unique_ptr<H2Guard>> H2Guard::Listen(const std::string& list
   int bound_port = port;
   int err = 0;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) {
       err = errno;
       continue;

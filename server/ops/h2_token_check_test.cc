@@ -117,7 +117,8 @@ TEST_F(H2TokenCheckTest, TooManyOpenRefusedCallsCloseTheConnection) {
 }
 
 TEST_F(H2TokenCheckTest, OpenMethodsNeedNoToken) {
-  ASSERT_TRUE(check_.OnHeaderBlock(1, client_.Call("/grpc.health.v1.Health/Check", ""), false).ok());
+  ASSERT_TRUE(
+      check_.OnHeaderBlock(1, client_.Call("/grpc.health.v1.Health/Check", ""), false).ok());
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(check_.OnData(1, 16384, false).ok());
 }
 
