@@ -28,6 +28,9 @@ packages+=(etcd-server etcd-client golang-etcd-server-dev golang-github-gogo-pro
            golang-github-grpc-ecosystem-grpc-gateway-dev)
 # Bazel 4.2.3 for `make bazel-test` (docs/bazel.md), offline.
 packages+=(bazel-bootstrap)
+# The HTTP capture port (issue 37, docs/capture-design.md): Boost.Beast/Asio
+# (header-only) for the proxy, simdjson for the engines' responses.
+packages+=(libboost1.74-dev libsimdjson-dev)
 # A compiler cache for the CMake trees (docs/build.md): CI runs right after a
 # session on the same machine, so its compiles are usually cached.
 packages+=(ccache)

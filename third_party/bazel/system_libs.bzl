@@ -32,6 +32,9 @@ _LIBS = {
     # nghttp2's HPACK decoder: the HTTP/2 guard reads each call's method and
     # token (server/ops/h2_token_check.h).
     "nghttp2": (["libnghttp2"], []),
+    # The capture port (server/capture): simdjson for the engines' JSON;
+    # Boost.Beast/Asio is header-only and needs only pthreads.
+    "simdjson": (["simdjson"], []),
     # prometheus-cpp's pull exposer and the civetweb it runs on (its C++
     # wrapper's CivetCallbacks is used directly).
     "prometheus_cpp": (["prometheus-cpp-pull", "prometheus-cpp-core"], ["-lcivetweb-cpp", "-lcivetweb"]),

@@ -1,0 +1,97 @@
+// What the capture port adds to a generation request and takes out of the
+// engine's answer (shared/spec/capture.md sections 3 and 4), per engine and
+// endpoint: the only file that knows the engines' JSON field names. The
+// proxy (capture_server.h) moves bytes; the store sees ordinary samples
+// (captured_sample.h).
+#ifndef ROLLPACK_SERVER_CAPTURE_ENGINE_EXCHANGE_H_
+#define ROLLPACK_SERVER_CAPTURE_ENGINE_EXCHANGE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rollpack {
+
+enum class Engine { kVllm, kSglang };
+
+// The captured endpoints of capture.md section 3.1.
+enum class CaptureEndpoint {
+  kVllmCompletions,     // POST /v1/completions
+  kVllmChat,            // POST /v1/chat/completions
+  kVllmGenerate,        // POST /inference/v1/generate
+  kSglangGenerate,      // POST /generate
+  kSglangChat,          // POST /v1/chat/completions
+  kSglangCompletions,   // POST /v1/completions
+};
+
+// "vllm /v1/chat/completions"-like name for logs and the metric label.
+absl::string_view EndpointName(CaptureEndpoint endpoint);
+
+// The captured endpoint `method` `target` is on `engine`, or nullopt (the
+// request is passed through unchanged). `target` may carry a query string.
+std::optional<CaptureEndpoint> CapturedEndpoint(Engine engine, absl::string_view method,
+                                                absl::string_view target);
+
+// The request as forwarded, and what the response parser needs to undo it.
+struct ForwardedRequest {
+  std::string body;  // the client's JSON with the capture fields it lacked
+  // Fields rollpackd added (each also in `body`), as the parser names them:
+  // the response keys they caused are removed or set back (section 4).
+  std::vector<std::string> added;
+  bool streaming = false;  // "stream": true
+  // Choices asked for (n, or SGLang's sampling_params.n / batch size).
+  int64_t choices_asked = 1;
+  // Prompt ids read from the request where the response lacks them
+  // (SGLang /generate input_ids, vLLM /inference/v1/generate token_ids,
+  // SGLang /v1/completions prompt as ids); one list per batch item.
+  std::vector<std::vector<int32_t>> request_prompt_ids;
+  int64_t start_offset = 0;  // the routing start asked for (0: none)
+};
+
+// `body` with the capture fields of section 3.1 the client did not set,
+// and the start offset (section 6) when `start_offset` > 0. INVALID_ARGUMENT
+// naming the problem when `body` is not a JSON object the endpoint takes:
+// the caller then forwards the client's bytes unchanged, not captured.
+absl::StatusOr<ForwardedRequest> ForwardRequest(CaptureEndpoint endpoint, absl::string_view body,
+                                                int64_t start_offset);
+
+// One returned choice, as section 3.1 reads it.
+struct EngineChoice {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> generated_ids;
+  std::vector<float> logprobs;  // one per generated id; empty: none returned
+  // The routing payload: base64 text as the engine wrote it (a view into
+  // the response body given to ParseEngineResponse), empty when absent or
+  // null. vLLM: a .npy file; SGLang: raw values of `routing_dtype`.
+  absl::string_view routing_base64;
+  std::string routing_dtype;  // SGLang's routed_experts_dtype; "" = absent
+  std::string engine_id;      // the choice's id where the engine gives one
+  // Why this choice cannot be stored (no routing, no token ids, ...), or OK.
+  absl::Status unusable;
+};
+
+struct EngineResponse {
+  std::vector<EngineChoice> choices;  // in the order the engine returned them
+  std::string response_id;            // section 2's default base id B
+  // The client's body (section 4): the engine's bytes with the routing
+  // payload and what the added fields caused removed, every other byte kept.
+  std::string client_body;
+  int64_t stripped_bytes = 0;  // routing payload bytes removed
+};
+
+// Parses the engine's non-streaming 2xx answer to `request`. `body` must be
+// followed by simdjson::SIMDJSON_PADDING readable bytes (the routing views
+// point into it). With `keep_routing` the routing payload stays in the
+// client's body. INVALID_ARGUMENT naming the field when the body is not the
+// endpoint's JSON; then nothing is stored and the client gets `body`.
+absl::StatusOr<EngineResponse> ParseEngineResponse(CaptureEndpoint endpoint,
+                                                   const ForwardedRequest& request,
+                                                   absl::string_view body, bool keep_routing);
+
+}  // namespace rollpack
+
+#endif  // ROLLPACK_SERVER_CAPTURE_ENGINE_EXCHANGE_H_
