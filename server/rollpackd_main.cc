@@ -62,6 +62,28 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "127.0.0.1:PORT keeps them on loopback");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "write the bound metrics port to this file once serving (for port 0)");
+// The HTTP capture port (docs/capture.md, shared/spec/capture.md).
+ABSL_FLAG(std::string, capture_listen, "",
+          "serve the HTTP capture port on host:port: a reverse proxy for --capture-upstream "
+          "that stores every generation it forwards as a sample; empty = off");
+ABSL_FLAG(std::string, capture_upstream, "",
+          "the inference server the capture port forwards to, http://HOST:PORT");
+ABSL_FLAG(std::string, capture_engine, "vllm", "the upstream's engine: vllm or sglang");
+ABSL_FLAG(std::string, capture_pool, "",
+          "the pool captured samples go to unless a request names one (X-Rollpack-Pool)");
+ABSL_FLAG(std::string, capture_model, "",
+          "a rollpack.v1.ModelSpec in protobuf JSON, registered on --capture-pool at start "
+          "like RegisterModel");
+ABSL_FLAG(bool, capture_keep_routing, false,
+          "leave the routing payload in the responses the capture port returns");
+ABSL_FLAG(int64_t, capture_timeout_seconds, 600,
+          "how long the capture port waits for the engine's response headers, then between "
+          "body reads (also a client connection's idle limit)");
+ABSL_FLAG(int64_t, capture_max_body_bytes, int64_t{1} << 30,
+          "requests larger than this are refused 413 on the capture port; larger responses "
+          "are passed through and not captured");
+ABSL_FLAG(std::string, capture_port_file, "",
+          "write the bound capture port to this file once serving (for port 0)");
 ABSL_FLAG(std::string, log_level, "info",
           "trace, debug, info, warning, error or off: control calls are logged at info, "
           "refusals at warning (rate-limited), data calls and health checks at debug");
@@ -179,6 +201,15 @@ std::vector<std::string> NormalizeFlagSpelling(int argc, char** argv) {
   return args;
 }
 
+// Written whole (a rename) so a reader never sees half a number; nothing
+// when `path` is empty or the port is off.
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty() || port <= 0) return;
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), path.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -294,6 +325,33 @@ int main(int argc, char** argv) {
                  "--max-connections and --abuse-cooldown must be >= 0\n");
     return 2;
   }
+  options.capture.listen = absl::GetFlag(FLAGS_capture_listen);
+  options.capture.upstream = absl::GetFlag(FLAGS_capture_upstream);
+  if (const std::string engine = absl::GetFlag(FLAGS_capture_engine); engine == "vllm") {
+    options.capture.engine = rollpack::Engine::kVllm;
+  } else if (engine == "sglang") {
+    options.capture.engine = rollpack::Engine::kSglang;
+  } else {
+    std::fprintf(stderr, "rollpackd: --capture-engine is \"%s\": vllm or sglang\n",
+                 engine.c_str());
+    return 2;
+  }
+  options.capture.pool = absl::GetFlag(FLAGS_capture_pool);
+  options.capture.model_file = absl::GetFlag(FLAGS_capture_model);
+  options.capture.keep_routing = absl::GetFlag(FLAGS_capture_keep_routing);
+  if (absl::GetFlag(FLAGS_capture_timeout_seconds) < 1 ||
+      absl::GetFlag(FLAGS_capture_max_body_bytes) < 1) {
+    std::fprintf(stderr,
+                 "rollpackd: --capture-timeout-seconds and --capture-max-body-bytes must be "
+                 ">= 1\n");
+    return 2;
+  }
+  options.capture.timeout = absl::Seconds(absl::GetFlag(FLAGS_capture_timeout_seconds));
+  options.capture.max_body_bytes = absl::GetFlag(FLAGS_capture_max_body_bytes);
+  if (!options.capture.listen.empty() && options.capture.upstream.empty()) {
+    std::fprintf(stderr, "rollpackd: --capture-listen needs --capture-upstream\n");
+    return 2;
+  }
   options.fetch.first_microbatch_priority = absl::GetFlag(FLAGS_first_microbatch_priority);
   // Each message in flight may hold up to --max-message-bytes.
   options.ingest.messages_in_flight =
@@ -352,18 +410,10 @@ int main(int argc, char** argv) {
       spdlog::warn("rollpackd: durable log: removed a half-written compaction (killed during it)");
     }
   }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << (*server)->port() << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());
-  }
-  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
-  if (!metrics_port_file.empty() && (*server)->metrics_port() > 0) {
-    const std::string tmp = metrics_port_file + ".tmp";
-    std::ofstream(tmp) << (*server)->metrics_port() << "\n";
-    std::rename(tmp.c_str(), metrics_port_file.c_str());
-  }
+  // The gRPC port's file last: once it exists, every port is serving.
+  WritePortFile(absl::GetFlag(FLAGS_capture_port_file), (*server)->capture_port());
+  WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port());
+  WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
   if ((*server)->metrics_port() > 0) {
     spdlog::info("rollpackd: metrics on {} (port {})", options.metrics_listen,
                  (*server)->metrics_port());

@@ -587,6 +587,15 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
           q.Increment(static_cast<double>(steps->pulled_bytes()) - q.Value());
         });
   }
+  // After the join: in cluster mode the capture port stores into this
+  // member, which must be in its cluster to adopt a pool's model.
+  server->capture_metrics_ = std::make_unique<CaptureMetrics>(*server->registry_);
+  if (!options.capture.listen.empty()) {
+    if (absl::Status started = server->StartCapture(options.capture); !started.ok()) {
+      server->Shutdown(absl::ZeroDuration());
+      return started;
+    }
+  }
   return server;
 }
 
@@ -616,6 +625,9 @@ void RollpackServer::Shutdown(absl::Duration grace) {
   const absl::Time start = absl::Now();
   group_expiry_.reset();
   step_expiry_.reset();
+  // Its requests in flight are dropped: their clients see the connection
+  // close, as they would if the engine went away.
+  capture_.reset();
   server_->GetHealthCheckService()->Shutdown();
   const int streams = trainer_ != nullptr ? trainer_->active_streams() : 0;
   if (grace > absl::ZeroDuration()) {

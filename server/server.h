@@ -19,6 +19,9 @@
 #include "grpcpp/server.h"
 #include "server/delivery/fetch_options.h"
 #include "server/ingest/ingest_options.h"
+#include "server/capture/capture_metrics.h"
+#include "server/capture/capture_options.h"
+#include "server/capture/capture_server.h"
 #include "server/ops/h2_guard.h"
 #include "server/store/durable_log.h"
 
@@ -121,6 +124,9 @@ struct ServerOptions {
   H2GuardOptions h2_guard_options;
   // Delivery (server/delivery/trainer_service.h).
   FetchOptions fetch;
+  // The HTTP capture port (shared/spec/capture.md); off when capture.listen
+  // is empty.
+  CaptureOptions capture;
   // Ingest (server/ingest/put_samples_reactor.h).
   IngestOptions ingest;
 
@@ -174,6 +180,8 @@ class RollpackServer {
   const RecoveryInfo& recovery() const { return recovery_; }
   // Port of the metrics endpoint, 0 when off.
   int metrics_port() const;
+  // Port of the capture port, 0 when off.
+  int capture_port() const { return capture_ != nullptr ? capture_->port() : 0; }
   metrics::ScrapeRegistry& metrics_registry() { return *registry_; }
   // Null unless cluster mode.
   Cluster* cluster() { return cluster_.get(); }
@@ -192,6 +200,9 @@ class RollpackServer {
 
  private:
   RollpackServer() = default;
+  // --capture-model registered, then the capture port listening
+  // (server/server_capture.cc).
+  absl::Status StartCapture(const CaptureOptions& options);
 
   std::string host_;
   int port_ = 0;
@@ -222,6 +233,8 @@ class RollpackServer {
   std::unique_ptr<grpc::Server> server_;
   // After server_: stops relaying before gRPC goes.
   std::unique_ptr<H2Guard> h2_guard_;
+  std::unique_ptr<CaptureMetrics> capture_metrics_;
+  std::unique_ptr<CaptureServer> capture_;
   // Joined once the port is known; leaves (revokes its lease) at shutdown,
   // after the calls in flight that may use it.
   std::unique_ptr<Cluster> cluster_;

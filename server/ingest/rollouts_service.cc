@@ -52,7 +52,7 @@ grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerCon
     }
     options = *parsed;
   }
-  absl::StatusOr<bool> created = RegisterHere(request->pool(), FromProto(request->model()), options);
+  absl::StatusOr<bool> created = Register(request->pool(), FromProto(request->model()), options);
   if (created.ok()) {
     response->set_created(*created);
     *response->mutable_model() = request->model();
@@ -63,7 +63,7 @@ grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerCon
   return reactor;
 }
 
-absl::StatusOr<bool> RolloutsService::RegisterHere(const std::string& pool,
+absl::StatusOr<bool> RolloutsService::Register(const std::string& pool,
                                                    const ModelSpec& model,
                                                    const std::optional<PoolOptions>& options) {
   Cluster* const cluster = cluster_.load();

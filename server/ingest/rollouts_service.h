@@ -32,6 +32,13 @@ class RolloutsService final
   // The cluster this member joined once its port was known.
   void AttachCluster(Cluster* cluster) { cluster_.store(cluster); }
 
+  // RegisterModel without a call (rollpackd --capture-model): in cluster
+  // mode the pool's model and options are fixed cluster-wide first (etcd),
+  // then here. True when the pool was created. `options`: nullopt leaves
+  // them as they are.
+  absl::StatusOr<bool> Register(const std::string& pool, const ModelSpec& model,
+                                const std::optional<PoolOptions>& options);
+
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
                                           const v1::RegisterModelRequest* request,
                                           v1::RegisterModelResponse* response) override;
@@ -45,11 +52,6 @@ class RolloutsService final
                                       v1::ListPoolsResponse* response) override;
 
  private:
-  // RegisterModel: in cluster mode the pool's model is fixed cluster-wide
-  // first (etcd), then here.
-  // `options`: nullopt when the request had none (see RegisterModel).
-  absl::StatusOr<bool> RegisterHere(const std::string& pool, const ModelSpec& model,
-                                    const std::optional<PoolOptions>& options);
   // This server's share of a pool (a single server's whole GetPool).
   absl::StatusOr<v1::PoolInfo> LocalPool(const std::string& pool) const;
   // The whole cluster's share of a pool (GetPool without local_only).

@@ -154,6 +154,23 @@ class SampleStore {
                                 std::vector<StoredSample> samples);
 
   absl::StatusOr<PoolStats> GetPool(const std::string& pool) const;
+
+  // Where a sample sent in pieces stands (lifecycle.md section 5), for a
+  // producer that extends it without keeping its own copy (the capture
+  // port's sessions): its tokens so far, where its routing rows end (-1:
+  // none yet), the pieces stored and its scalars. NOT_FOUND when `pool` has
+  // no sample `sample_id`; FAILED_PRECONDITION when it is sealed.
+  struct OpenSampleState {
+    std::vector<int32_t> tokens;
+    int64_t rows_end = -1;
+    int32_t pieces = 0;
+    std::map<std::string, double> scalars;
+    // Its token fields' dtypes and trailing shapes: every later piece
+    // carries the same.
+    std::map<std::string, FieldSchema> token_fields;
+  };
+  absl::StatusOr<OpenSampleState> GetOpenSample(const std::string& pool,
+                                                const std::string& sample_id) const;
   // Names of the pools with a registered model, sorted.
   std::vector<std::string> PoolNames() const;
 

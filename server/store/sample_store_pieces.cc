@@ -484,4 +484,32 @@ void SampleStore::EraseOpen(Pool& pool, absl::Span<const std::string> ids) {
   }
 }
 
+absl::StatusOr<SampleStore::OpenSampleState> SampleStore::GetOpenSample(
+    const std::string& pool_name, const std::string& sample_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto pool = pools_.find(pool_name);
+  if (pool == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+  }
+  auto open = pool->second.open.find(sample_id);
+  if (open == pool->second.open.end()) {
+    if (pool->second.samples.contains(sample_id)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sample \"", sample_id, "\" of pool \"", pool_name, "\" is sealed"));
+    }
+    return absl::NotFoundError(
+        absl::StrCat("pool \"", pool_name, "\" has no sample \"", sample_id, "\""));
+  }
+  const StoredSample& sample = open->second.sample;
+  OpenSampleState state;
+  state.tokens = sample.tokens;
+  state.rows_end = open->second.rows_end;
+  state.pieces = static_cast<int32_t>(sample.pieces.size());
+  state.scalars = sample.scalars;
+  for (const auto& [name, field] : sample.token_fields) {
+    state.token_fields[name] = FieldSchema{field.dtype, field.trailing_shape};
+  }
+  return state;
+}
+
 }  // namespace rollpack

@@ -1,0 +1,131 @@
+#include "server/capture/captured_sample.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "server/capture/base64.h"
+#include "server/capture/npy_header.h"
+#include "server/capture/routing_rows.h"
+#include "server/capture/sglang_routing.h"
+
+namespace rollpack {
+namespace {
+
+template <typename T>
+v1::NDArray Vector1d(v1::DType dtype, const std::vector<T>& values) {
+  v1::NDArray array;
+  array.set_dtype(dtype);
+  array.add_shape(static_cast<int64_t>(values.size()));
+  array.mutable_data()->assign(reinterpret_cast<const char*>(values.data()),
+                               values.size() * sizeof(T));
+  return array;
+}
+
+absl::Status Named(const std::string& sample_id, absl::string_view field,
+                   const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("sample \"", sample_id, "\": ", field, ": ", status.message()));
+}
+
+// The choice's routing as routed_experts of a sample of `num_tokens`
+// tokens, and its row offset.
+absl::StatusOr<std::pair<v1::NDArray, int64_t>> Routing(Engine engine,
+                                                        const EngineChoice& choice,
+                                                        const ModelSpec& model,
+                                                        int64_t num_tokens, int64_t start) {
+  std::string decoded(Base64DecodedSize(choice.routing_base64), '\0');
+  ASSIGN_OR_RETURN(size_t size,
+                   DecodeBase64(choice.routing_base64, absl::MakeSpan(decoded)));
+  decoded.resize(size);
+  if (engine == Engine::kVllm) {
+    ASSIGN_OR_RETURN(NpyArray npy, ParseNpy(decoded));
+    ASSIGN_OR_RETURN(int64_t offset, PlaceRoutingRows(npy.shape, num_tokens, model, start));
+    ASSIGN_OR_RETURN(v1::NDArray array, RoutingNdArray(npy));
+    return std::make_pair(std::move(array), offset);
+  }
+  ASSIGN_OR_RETURN(PlacedRouting placed,
+                   PlaceSglangRouting(decoded, choice.routing_dtype, num_tokens, model, start));
+  ASSIGN_OR_RETURN(v1::NDArray array, RoutingNdArray(placed.array));
+  return std::make_pair(std::move(array), placed.row_offset);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Sample> CapturedSample(Engine engine, const EngineChoice& choice,
+                                          const ModelSpec& model, int64_t start_offset,
+                                          const CapturedIdentity& identity) {
+  const std::string& id = identity.sample_id;
+  if (!choice.unusable.ok()) return Named(id, "choice", choice.unusable);
+  if (choice.routing_base64.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample \"", id, "\": the engine returned no routed experts"));
+  }
+  if (choice.generated_ids.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample \"", id, "\": the engine returned no generated token ids"));
+  }
+  if (!choice.logprobs.empty() && choice.logprobs.size() != choice.generated_ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sample \"", id, "\": ", choice.logprobs.size(), " logprobs for ",
+        choice.generated_ids.size(), " generated tokens"));
+  }
+  const int64_t prompt = static_cast<int64_t>(choice.prompt_ids.size());
+  const int64_t total = prompt + static_cast<int64_t>(choice.generated_ids.size());
+  if (identity.stored_tokens >= total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample \"", id, "\": the turn has ", total, " tokens, ",
+                     identity.stored_tokens, " are stored already"));
+  }
+
+  v1::Sample sample;
+  sample.set_sample_id(id);
+  sample.set_group_id(identity.group_id);
+  sample.set_group_size(identity.group_size);
+  sample.set_policy_version(identity.policy_version);
+  sample.set_partial(identity.partial);
+  sample.set_piece(identity.piece);
+  for (const auto& [name, value] : identity.scalars) (*sample.mutable_scalars())[name] = value;
+
+  // Token i of the whole sequence, for i >= stored_tokens.
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> loss_mask;
+  std::vector<float> logprobs;
+  tokens.reserve(total - identity.stored_tokens);
+  loss_mask.reserve(total - identity.stored_tokens);
+  for (int64_t i = identity.stored_tokens; i < total; ++i) {
+    const bool generated = i >= prompt;
+    tokens.push_back(generated ? choice.generated_ids[i - prompt] : choice.prompt_ids[i]);
+    loss_mask.push_back(generated ? 1 : 0);
+    if (!choice.logprobs.empty()) {
+      logprobs.push_back(generated ? choice.logprobs[i - prompt] : 0.0f);
+    }
+  }
+  *sample.mutable_tokens() = Vector1d(v1::INT32, tokens);
+  (*sample.mutable_token_fields())["loss_mask"] = Vector1d(v1::UINT8, loss_mask);
+  if (!choice.logprobs.empty()) {
+    (*sample.mutable_token_fields())["logprobs"] = Vector1d(v1::FLOAT32, logprobs);
+  }
+
+  auto routing = Routing(engine, choice, model, total, start_offset);
+  if (!routing.ok()) return Named(id, "routed_experts", routing.status());
+  v1::NDArray& rows = routing->first;
+  int64_t offset = routing->second;
+  if (offset < start_offset) {
+    // An engine that ignored the start answered rows the session has
+    // stored already: they are never replaced (lifecycle.md section 5).
+    const int64_t skip = std::min<int64_t>(start_offset - offset, rows.shape(0));
+    const int64_t row_bytes =
+        rows.shape(0) > 0 ? static_cast<int64_t>(rows.data().size()) / rows.shape(0) : 0;
+    rows.mutable_data()->erase(0, static_cast<size_t>(skip * row_bytes));
+    rows.set_shape(0, rows.shape(0) - skip);
+    offset += skip;
+  }
+  *sample.mutable_routed_experts() = std::move(rows);
+  sample.set_routed_experts_row_offset(static_cast<int32_t>(offset));
+  return sample;
+}
+
+}  // namespace rollpack

@@ -1,0 +1,544 @@
+// The capture port end to end (shared/spec/capture.md): a stand-in vLLM or
+// SGLang server (testing/standin_engine.py, written from the engines'
+// documented formats) behind a real rollpackd with --capture-*, driven over
+// HTTP as a rollout worker would, and read back as a trainer would.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/cpp/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "rollpack/v1/trainer.grpc.pb.h"
+#include "simdjson.h"
+#include "testing/daemon_process.h"
+#include "testing/reference_layout.h"
+#include "testing/standin_engine.h"
+
+namespace rollpack {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kPython[] = "/usr/bin/python3";
+constexpr int kLayers = 4, kExperts = 8, kTopk = 2, kVocab = 32000;
+
+v1::ModelSpec Model() {
+  v1::ModelSpec m;
+  m.set_name("standin-moe");
+  m.set_num_layers(kLayers);
+  m.set_num_experts(kExperts);
+  m.set_topk(kTopk);
+  return m;
+}
+
+// The stand-in's outputs, from the formulas at the top of
+// testing/standin_engine.py. The tokens the stand-in generates for choice `choice` of `prompt`, and
+// their logprobs.
+std::pair<std::vector<int32_t>, std::vector<float>> Generated(const std::vector<int32_t>& prompt,
+                                                              int choice, int max_tokens) {
+  int64_t seed = 0;
+  for (size_t k = 0; k < prompt.size(); ++k) seed = (seed + (k + 1) * prompt[k]) % 1000003;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  for (int j = 0; j < max_tokens; ++j) {
+    const int32_t g = static_cast<int32_t>((seed + 7919 * j + 104729 * choice) % kVocab);
+    tokens.push_back(g);
+    logprobs.push_back(-static_cast<float>(((g + 3 * j + 5 * choice) % 64) + 1) / 64.0f);
+  }
+  return {tokens, logprobs};
+}
+
+// A whole sample as a producer would put it: `tokens` with `loss_mask`
+// and `logprobs`, routing rows for [0, n - 1) by the stand-in's formula
+// (uint8 ids, every layer MoE).
+v1::Sample WholeSample(const std::string& id, const std::vector<int32_t>& tokens,
+                       const std::vector<uint8_t>& loss_mask, const std::vector<float>& logprobs,
+                       int32_t routing_dtype_bytes = 1) {
+  v1::Sample s;
+  s.set_sample_id(id);
+  auto vector = [](v1::DType dtype, const void* data, size_t n, size_t size) {
+    v1::NDArray a;
+    a.set_dtype(dtype);
+    a.add_shape(static_cast<int64_t>(n));
+    a.set_data(std::string(static_cast<const char*>(data), n * size));
+    return a;
+  };
+  *s.mutable_tokens() = vector(v1::INT32, tokens.data(), tokens.size(), 4);
+  (*s.mutable_token_fields())["loss_mask"] =
+      vector(v1::UINT8, loss_mask.data(), loss_mask.size(), 1);
+  (*s.mutable_token_fields())["logprobs"] =
+      vector(v1::FLOAT32, logprobs.data(), logprobs.size(), 4);
+  const int64_t rows = static_cast<int64_t>(tokens.size()) - 1;
+  std::string routing;
+  for (int64_t p = 0; p < rows; ++p) {
+    for (int l = 0; l < kLayers; ++l) {
+      for (int k = 0; k < kTopk; ++k) {
+        const int32_t id = static_cast<int32_t>((7 * p + 3 * l + 11 * tokens[p] + k) % kExperts);
+        routing.append(reinterpret_cast<const char*>(&id), routing_dtype_bytes);
+      }
+    }
+  }
+  v1::NDArray& r = *s.mutable_routed_experts();
+  r.set_dtype(routing_dtype_bytes == 1 ? v1::UINT8 : v1::INT32);
+  r.add_shape(rows);
+  r.add_shape(kLayers);
+  r.add_shape(kTopk);
+  r.set_data(routing);
+  return s;
+}
+
+// What the engine generated for choice `choice` of `prompt`, as the sample
+// a producer would have put.
+v1::Sample ExpectedSample(const std::string& id, const std::vector<int32_t>& prompt, int choice,
+                          int max_tokens) {
+  auto [generated, generated_logprobs] = Generated(prompt, choice, max_tokens);
+  std::vector<int32_t> tokens = prompt;
+  tokens.insert(tokens.end(), generated.begin(), generated.end());
+  std::vector<uint8_t> loss_mask(prompt.size(), 0);
+  loss_mask.resize(tokens.size(), 1);
+  std::vector<float> logprobs(prompt.size(), 0.0f);
+  logprobs.insert(logprobs.end(), generated_logprobs.begin(), generated_logprobs.end());
+  return WholeSample(id, tokens, loss_mask, logprobs);
+}
+
+// `json` re-serialized with object members named in `drop` left out
+// (anywhere), so two bodies compare as JSON whatever their whitespace.
+std::string Canonical(simdjson::dom::element e, const std::set<std::string>& drop) {
+  switch (e.type()) {
+    case simdjson::dom::element_type::OBJECT: {
+      std::vector<std::string> members;
+      for (auto [key, value] : simdjson::dom::object(e)) {
+        if (drop.count(std::string(key)) > 0) continue;
+        members.push_back(absl::StrCat("\"", std::string(key), "\":", Canonical(value, drop)));
+      }
+      return absl::StrCat("{", absl::StrJoin(members, ","), "}");
+    }
+    case simdjson::dom::element_type::ARRAY: {
+      std::vector<std::string> items;
+      for (simdjson::dom::element item : simdjson::dom::array(e)) {
+        items.push_back(Canonical(item, drop));
+      }
+      return absl::StrCat("[", absl::StrJoin(items, ","), "]");
+    }
+    default:
+      return simdjson::to_string(e);
+  }
+}
+
+std::string Canonical(const std::string& json, const std::set<std::string>& drop = {}) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  if (parser.parse(json).get(root) != simdjson::SUCCESS) return "not JSON: " + json;
+  return Canonical(root, drop);
+}
+
+absl::StatusOr<std::vector<v1::Microbatch>> FetchAll(const std::string& address,
+                                                     const std::string& step_id) {
+  auto stub = v1::Trainer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::FetchRequest request;
+  request.set_step_id(step_id);
+  request.set_all_fields(true);
+  auto reader = stub->FetchMicrobatches(&context, request);
+  std::vector<v1::Microbatch> out;
+  v1::Microbatch mb;
+  while (reader->Read(&mb)) out.push_back(mb);
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return out;
+}
+
+class CaptureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/capture_test_XXXXXX";
+    ASSERT_NE(mkdtemp(dir_.data()), nullptr);
+    std::ofstream(dir_ + "/model.json")
+        << R"({"name": "standin-moe", "numLayers": 4, "numExperts": 8, "topk": 2})";
+  }
+
+  // A stand-in `engine` with `engine_args`, and rollpackd in front of it.
+  void Start(const std::string& engine, std::vector<std::string> engine_args = {},
+             std::vector<std::string> daemon_args = {}) {
+    engine_args.insert(engine_args.begin(), {"--engine", engine});
+    absl::StatusOr<std::unique_ptr<StandinEngine>> standin =
+        StandinEngine::Start(kPython, STANDIN_ENGINE_PATH, engine_args);
+    ASSERT_TRUE(standin.ok()) << standin.status();
+    engine_ = *std::move(standin);
+    daemon_args.insert(daemon_args.end(),
+                       {"--capture-listen=127.0.0.1:0", "--capture-upstream=" + engine_->url(),
+                        "--capture-engine=" + engine, "--capture-pool=rollouts",
+                        "--capture-model=" + dir_ + "/model.json",
+                        "--capture-port-file=" + dir_ + "/capture_port"});
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
+        DaemonProcess::Start(ROLLPACKD_PATH, daemon_args, dir_ + "/port");
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+    std::ifstream(dir_ + "/capture_port") >> capture_port_;
+    ASSERT_GT(capture_port_, 0);
+    client_ = std::make_unique<RollpackClient>(daemon_->address());
+  }
+
+  httplib::Result Post(const std::string& path, const std::string& body,
+                       httplib::Headers headers = {}) {
+    httplib::Client http("127.0.0.1", capture_port_);
+    http.set_read_timeout(30, 0);
+    return http.Post(path, headers, body, "application/json");
+  }
+
+  httplib::Result PostToEngine(const std::string& path, const std::string& body) {
+    httplib::Client http("127.0.0.1", engine_->port());
+    http.set_read_timeout(30, 0);
+    return http.Post(path, body, "application/json");
+  }
+
+  int64_t PoolSamples() {
+    absl::StatusOr<v1::PoolInfo> pool = client_->GetPool("rollouts");
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? pool->num_samples() : -1;
+  }
+
+  // Takes `expected` out of the pool in one step and checks every byte a
+  // trainer rank gets against the reference layout of the samples as a
+  // producer would have put them.
+  void ExpectStored(const std::vector<v1::Sample>& expected) {
+    v1::CreateStepRequest create;
+    create.set_step_id(absl::StrCat("verify-", ++steps_));
+    create.set_pool("rollouts");
+    std::map<std::string, const v1::Sample*> by_id;
+    for (const v1::Sample& s : expected) {
+      create.add_sample_ids(s.sample_id());
+      by_id[s.sample_id()] = &s;
+    }
+    create.mutable_topology()->set_dp(1);
+    create.mutable_topology()->set_max_tokens_per_rank(4096);
+    absl::StatusOr<v1::StepInfo> step = client_->CreateStep(create);
+    ASSERT_TRUE(step.ok()) << step.status();
+    absl::StatusOr<v1::Plan> plan = client_->GetPlan(create.step_id());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    absl::StatusOr<std::vector<v1::Microbatch>> mbs = FetchAll(daemon_->address(), create.step_id());
+    ASSERT_TRUE(mbs.ok()) << mbs.status();
+    ASSERT_EQ(static_cast<int>(mbs->size()), plan->microbatches_size());
+    for (const v1::Microbatch& mb : *mbs) {
+      absl::StatusOr<ExpectedMicrobatch> want =
+          ReferenceMicrobatch(*plan, Model(), by_id, v1::RankCoords(), mb.index());
+      ASSERT_TRUE(want.ok()) << want.status();
+      absl::Status check =
+          CheckMicrobatch(mb, *want, plan->topology(), v1::RankCoords(), Model(), true);
+      EXPECT_TRUE(check.ok()) << check;
+    }
+  }
+
+  std::string dir_;
+  std::unique_ptr<StandinEngine> engine_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<RollpackClient> client_;
+  int capture_port_ = 0;
+  int steps_ = 0;
+};
+
+// vLLM writes every response field, null when not asked: the client gets
+// them as the engine would have answered its request, minus the routing.
+const std::set<std::string> kVllmRouting = {"routed_experts"};
+
+TEST_F(CaptureTest, VllmCompletionsChoicesAreStoredAsAGroupWithTheEnginesBytes) {
+  Start("vllm");
+  const std::string request =
+      R"({"model": "standin-moe", "prompt": [101, 7, 2024, 55, 9], "max_tokens": 6, "n": 2})";
+  httplib::Result direct = PostToEngine("/v1/completions", request);
+  ASSERT_TRUE(direct);
+  httplib::Result captured = Post("/v1/completions", request, {{"X-Rollpack-Policy-Version", "3"}});
+  ASSERT_TRUE(captured);
+  ASSERT_EQ(captured->status, 200) << captured->body;
+  EXPECT_EQ(captured->get_header_value("X-Rollpack-Capture"), "stored");
+  simdjson::dom::parser parser;
+  const std::string id = std::string(parser.parse(direct->body)["id"].get_string().value());
+  EXPECT_EQ(captured->get_header_value("X-Rollpack-Sample-Ids"),
+            absl::StrCat(id, "#0,", id, "#1"));
+  EXPECT_EQ(Canonical(captured->body), Canonical(direct->body, kVllmRouting));
+  EXPECT_THAT(captured->body, ::testing::Not(HasSubstr("routed_experts")));
+  EXPECT_EQ(PoolSamples(), 2);
+
+  std::vector<v1::Sample> expected;
+  for (int i = 0; i < 2; ++i) {
+    expected.push_back(ExpectedSample(absl::StrCat(id, "#", i), {101, 7, 2024, 55, 9}, i, 6));
+  }
+  ExpectStored(expected);
+}
+
+TEST_F(CaptureTest, VllmChatClientGetsExactlyWhatItAskedFor) {
+  Start("vllm");
+  for (const std::string request : {
+           // Nothing asked: token ids and logprobs stay null for the client.
+           std::string(R"({"model": "standin-moe", "max_tokens": 4,
+               "messages": [{"role": "user", "content": "hello"}]})"),
+           // Logprobs asked with alternatives: the client's own values stand.
+           std::string(R"({"model": "standin-moe", "max_tokens": 4, "logprobs": true,
+               "top_logprobs": 2, "messages": [{"role": "user", "content": "hi there"}]})"),
+       }) {
+    httplib::Result direct = PostToEngine("/v1/chat/completions", request);
+    httplib::Result captured = Post("/v1/chat/completions", request);
+    ASSERT_TRUE(direct && captured);
+    ASSERT_EQ(captured->status, 200) << captured->body;
+    EXPECT_EQ(captured->get_header_value("X-Rollpack-Capture"), "stored") << request;
+    EXPECT_EQ(Canonical(captured->body), Canonical(direct->body, kVllmRouting)) << request;
+  }
+  EXPECT_EQ(PoolSamples(), 2);
+}
+
+TEST_F(CaptureTest, SglangGenerateListOfChoicesIsStoredAndStrippedOfWhatTheProxyAsked) {
+  Start("sglang");
+  const std::string request =
+      R"({"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 3, "n": 3}})";
+  httplib::Result direct = PostToEngine("/generate", request);
+  httplib::Result captured = Post("/generate", request, {{"X-Rollpack-Group-Id", "prompt-1"}});
+  ASSERT_TRUE(direct && captured);
+  ASSERT_EQ(captured->status, 200) << captured->body;
+  EXPECT_EQ(captured->get_header_value("X-Rollpack-Capture"), "stored");
+  // SGLang leaves out what is not asked: the bodies are the same JSON.
+  EXPECT_EQ(Canonical(captured->body), Canonical(direct->body));
+  const std::vector<std::string> ids =
+      absl::StrSplit(captured->get_header_value("X-Rollpack-Sample-Ids"), ',');
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(PoolSamples(), 3);
+}
+
+TEST_F(CaptureTest, ACaptureFailureNeverChangesWhatTheClientGets) {
+  Start("vllm", {}, {"--capture-timeout-seconds=2"});
+  const std::string request =
+      R"({"model": "standin-moe", "prompt": [1, 2, 3], "max_tokens": 2})";
+  // An unregistered pool: the engine's answer, not stored, named.
+  httplib::Result unregistered = Post("/v1/completions", request, {{"X-Rollpack-Pool", "nope"}});
+  ASSERT_TRUE(unregistered);
+  EXPECT_EQ(unregistered->status, 200);
+  EXPECT_THAT(unregistered->get_header_value("X-Rollpack-Capture"),
+              AllOf(StartsWith("not-stored; "), HasSubstr("nope")));
+  EXPECT_EQ(Canonical(unregistered->body),
+            Canonical(PostToEngine("/v1/completions", request)->body, kVllmRouting));
+
+  // The engine's own error passes through unchanged; nothing is stored.
+  const std::string failing =
+      R"({"model": "standin-moe", "prompt": [1, 2, 3], "max_tokens": 2, "standin_error": 503})";
+  httplib::Result error = Post("/v1/completions", failing);
+  httplib::Result direct_error = PostToEngine("/v1/completions", failing);
+  ASSERT_TRUE(error && direct_error);
+  EXPECT_EQ(error->status, 503);
+  EXPECT_EQ(error->body, direct_error->body);
+  EXPECT_THAT(error->get_header_value("X-Rollpack-Capture"), HasSubstr("status 503"));
+
+  // An aborted request (no routing): answered, not stored.
+  httplib::Result no_routing = Post(
+      "/v1/completions",
+      R"({"model": "standin-moe", "prompt": [1, 2], "max_tokens": 2, "standin_drop_routing": true})");
+  ASSERT_TRUE(no_routing);
+  EXPECT_EQ(no_routing->status, 200);
+  EXPECT_THAT(no_routing->get_header_value("X-Rollpack-Capture"),
+              HasSubstr("routed_experts is null"));
+
+  // Malformed headers: 400 before anything is forwarded.
+  httplib::Result malformed =
+      Post("/v1/completions", request, {{"X-Rollpack-Policy-Version", "v2"}});
+  ASSERT_TRUE(malformed);
+  EXPECT_EQ(malformed->status, 400);
+  EXPECT_THAT(malformed->body, HasSubstr("X-Rollpack-Policy-Version"));
+
+  // The engine too slow: 504 naming the upstream.
+  httplib::Result slow = Post(
+      "/v1/completions",
+      R"({"model": "standin-moe", "prompt": [1], "max_tokens": 1, "standin_sleep_ms": 4000})");
+  ASSERT_TRUE(slow);
+  EXPECT_EQ(slow->status, 504);
+  EXPECT_THAT(slow->body, AllOf(HasSubstr("rollpack_upstream"), HasSubstr(engine_->url())));
+  EXPECT_EQ(PoolSamples(), 0);
+
+  // The engine gone: 502.
+  engine_->Kill();
+  httplib::Result gone = Post("/v1/completions", request);
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(gone->status, 502);
+  EXPECT_THAT(gone->body, HasSubstr("rollpack_upstream"));
+}
+
+TEST_F(CaptureTest, OtherRequestsAndOpenAiStreamsPassThroughAsTheyArrive) {
+  Start("vllm", {"--stream-interval-ms", "150"});
+  httplib::Client http("127.0.0.1", capture_port_);
+  httplib::Result models = http.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200);
+  EXPECT_THAT(models->body, HasSubstr("standin-moe"));
+  EXPECT_EQ(models->get_header_value("X-Rollpack-Capture"), "");
+
+  const std::string request = R"({"model": "standin-moe", "prompt": [3, 4], "max_tokens": 6,
+      "stream": true})";
+  std::vector<std::chrono::steady_clock::time_point> arrivals;
+  std::string streamed;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = request;
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    arrivals.push_back(std::chrono::steady_clock::now());
+    streamed.append(data, size);
+    return true;
+  };
+  httplib::Result result = http.send(req);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 200);
+  httplib::Client direct("127.0.0.1", engine_->port());
+  httplib::Result direct_stream = direct.Post("/v1/completions", request, "application/json");
+  ASSERT_TRUE(direct_stream);
+  EXPECT_EQ(streamed, direct_stream->body);
+  EXPECT_THAT(streamed, HasSubstr("data: [DONE]"));
+  // Events were passed on as the engine sent them, 150 ms apart, not
+  // buffered to the end.
+  ASSERT_GE(arrivals.size(), 3u);
+  EXPECT_GT(arrivals.back() - arrivals.front(), std::chrono::milliseconds(450));
+  EXPECT_EQ(PoolSamples(), 0);
+}
+
+TEST_F(CaptureTest, OversizedRequestsAreRefusedAndTokensChecked) {
+  {
+    std::ofstream(dir_ + "/tokens") << "producer producer-token-0123456789\n"
+                                    << "trainer trainer-token-0123456789\n";
+  }
+  chmod((dir_ + "/tokens").c_str(), 0600);
+  Start("vllm", {}, {"--auth-tokens=" + dir_ + "/tokens", "--capture-max-body-bytes=4096"});
+  const std::string request = R"({"model": "standin-moe", "prompt": [1, 2], "max_tokens": 2})";
+  httplib::Result missing = Post("/v1/completions", request);
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 401);
+  httplib::Result trainer = Post("/v1/completions", request, {{"X-Rollpack-Token", "trainer-token-0123456789"}});
+  ASSERT_TRUE(trainer);
+  EXPECT_EQ(trainer->status, 403);
+  httplib::Result producer = Post("/v1/completions", request, {{"X-Rollpack-Token", "producer-token-0123456789"}});
+  ASSERT_TRUE(producer);
+  EXPECT_EQ(producer->status, 200);
+  EXPECT_EQ(producer->get_header_value("X-Rollpack-Capture"), "stored");
+  httplib::Result oversized = Post(
+      "/v1/completions",
+      absl::StrCat(R"({"model": "standin-moe", "max_tokens": 2, "prompt": ")",
+                   std::string(5000, 'a'), "\"}"),
+      {{"X-Rollpack-Token", "producer-token-0123456789"}});
+  ASSERT_TRUE(oversized);
+  EXPECT_EQ(oversized->status, 413);
+}
+
+// SGLang's int32 routing: the SGLang stand-in writes raw int32 ids.
+constexpr int32_t kSglangIdBytes = 4;
+
+TEST_F(CaptureTest, ASessionsTurnsSealIntoOneSampleWhoseLayoutIsExact) {
+  Start("sglang");
+  // Turn k's prompt: everything so far, plus a tool result (loss mask 0).
+  std::vector<int32_t> tokens, prompt = {10, 11, 12, 13};
+  std::vector<uint8_t> loss_mask;
+  std::vector<float> logprobs;
+  const std::vector<std::vector<int32_t>> tool_results = {{}, {50, 51}, {60}};
+  const int max_new[] = {3, 2, 4};
+  for (int turn = 0; turn < 3; ++turn) {
+    prompt.insert(prompt.end(), tool_results[turn].begin(), tool_results[turn].end());
+    const std::string request = absl::StrCat(
+        R"({"input_ids": [)", absl::StrJoin(prompt, ","),
+        R"(], "sampling_params": {"max_new_tokens": )", max_new[turn], "}}");
+    httplib::Headers headers = {{"X-Rollpack-Session", "agent-7"}};
+    if (turn == 2) headers.emplace("X-Rollpack-Final", "true");
+    httplib::Result r = Post("/generate", request, headers);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->get_header_value("X-Rollpack-Capture"), "stored") << "turn " << turn;
+    EXPECT_EQ(r->get_header_value("X-Rollpack-Sample-Ids"), "agent-7");
+    // The client's body is the engine's answer to its own request.
+    EXPECT_EQ(Canonical(r->body), Canonical(PostToEngine("/generate", request)->body));
+
+    auto [generated, generated_logprobs] = Generated(prompt, 0, max_new[turn]);
+    loss_mask.resize(prompt.size(), 0);
+    logprobs.resize(prompt.size(), 0.0f);
+    tokens = prompt;
+    tokens.insert(tokens.end(), generated.begin(), generated.end());
+    loss_mask.insert(loss_mask.end(), generated.size(), 1);
+    logprobs.insert(logprobs.end(), generated_logprobs.begin(), generated_logprobs.end());
+    prompt = tokens;
+
+    absl::StatusOr<v1::PoolInfo> pool = client_->GetPool("rollouts");
+    ASSERT_TRUE(pool.ok());
+    EXPECT_EQ(pool->num_open_samples(), turn < 2 ? 1 : 0) << "turn " << turn;
+    EXPECT_EQ(pool->num_samples(), turn < 2 ? 0 : 1) << "turn " << turn;
+  }
+  ExpectStored({WholeSample("agent-7", tokens, loss_mask, logprobs, kSglangIdBytes)});
+}
+
+TEST_F(CaptureTest, ASessionTurnThatRewroteHistoryOrOverlapsAnotherIsNotStored) {
+  Start("sglang");
+  auto turn = [&](const std::string& session, const std::vector<int32_t>& prompt,
+                  int sleep_ms = 0) {
+    return Post("/generate",
+                absl::StrCat(R"({"input_ids": [)", absl::StrJoin(prompt, ","),
+                             R"(], "sampling_params": {"max_new_tokens": 2}, "standin_sleep_ms": )",
+                             sleep_ms, "}"),
+                {{"X-Rollpack-Session", session}});
+  };
+  httplib::Result first = turn("s", {1, 2, 3});
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->get_header_value("X-Rollpack-Capture"), "stored");
+  // The harness truncated the history: answered, not stored.
+  httplib::Result rewritten = turn("s", {1, 2, 9, 9, 9});
+  ASSERT_TRUE(rewritten);
+  EXPECT_EQ(rewritten->status, 200);
+  EXPECT_THAT(rewritten->get_header_value("X-Rollpack-Capture"),
+              HasSubstr("session s: prompt differs from the stored tokens at position 2"));
+
+  // A second turn while one is in flight: answered, not stored.
+  std::thread slow([&] {
+    httplib::Result r = turn("t", {4, 5}, 1500);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->get_header_value("X-Rollpack-Capture"), "stored");
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  httplib::Result overlapping = turn("t", {4, 5});
+  slow.join();
+  ASSERT_TRUE(overlapping);
+  EXPECT_THAT(overlapping->get_header_value("X-Rollpack-Capture"),
+              HasSubstr("session t: a turn is in flight"));
+
+  // finish seals an open session once; unknown sessions are 404.
+  httplib::Result finished = Post("/rollpack/v1/sessions/s/finish", "");
+  ASSERT_TRUE(finished);
+  EXPECT_EQ(finished->status, 200) << finished->body;
+  EXPECT_EQ(Canonical(finished->body), Canonical(R"({"sample_id": "s", "tokens": 5})"));
+  httplib::Result again = Post("/rollpack/v1/sessions/s/finish", "");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 409) << again->body;
+  httplib::Result unknown = Post("/rollpack/v1/sessions/nobody/finish", "{}");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404) << unknown->body;
+  // A sealed session's next turn is answered, not stored.
+  httplib::Result after = turn("s", {1, 2, 3, 0, 0});
+  ASSERT_TRUE(after);
+  EXPECT_THAT(after->get_header_value("X-Rollpack-Capture"), HasSubstr("session s is sealed"));
+  absl::StatusOr<v1::PoolInfo> pool = client_->GetPool("rollouts");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_samples(), 1);
+  EXPECT_EQ(pool->num_open_samples(), 1);  // "t"
+}
+
+}  // namespace
+}  // namespace rollpack
