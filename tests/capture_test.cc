@@ -2,7 +2,11 @@
 // SGLang server (testing/standin_engine.py, written from the engines'
 // documented formats) behind a real rollpackd with --capture-*, driven over
 // HTTP as a rollout worker would, and read back as a trainer would.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -538,6 +542,118 @@ TEST_F(CaptureTest, ASessionTurnThatRewroteHistoryOrOverlapsAnotherIsNotStored) 
   ASSERT_TRUE(pool.ok());
   EXPECT_EQ(pool->num_samples(), 1);
   EXPECT_EQ(pool->num_open_samples(), 1);  // "t"
+}
+
+// The whole raw HTTP/1.1 exchange of `request` (sent with Connection:
+// close) on `port`: headers, chunks and trailers as they came.
+std::string RawExchange(int port, const std::string& path, const std::string& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return "connect failed";
+  }
+  const std::string request =
+      absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                   "Content-Type: application/json\r\nContent-Length: ", body.size(),
+                   "\r\n\r\n", body);
+  (void)!write(fd, request.data(), request.size());
+  std::string out;
+  char buffer[65536];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) out.append(buffer, n);
+  close(fd);
+  return out;
+}
+
+// The body of a raw chunked response (cpp-httplib refuses trailers).
+std::string Dechunk(const std::string& raw) {
+  size_t at = raw.find("\r\n\r\n");
+  if (at == std::string::npos) return "";
+  at += 4;
+  std::string body;
+  for (;;) {
+    const size_t line_end = raw.find("\r\n", at);
+    if (line_end == std::string::npos) return body;
+    const size_t size = std::stoul(raw.substr(at, line_end - at), nullptr, 16);
+    if (size == 0) return body;
+    body += raw.substr(line_end + 2, size);
+    at = line_end + 2 + size + 2;
+  }
+}
+
+// The JSON of each `data:` event of a server-sent event stream, canonical,
+// without `drop`'s members.
+std::vector<std::string> Events(const std::string& stream, const std::set<std::string>& drop) {
+  std::vector<std::string> events;
+  for (absl::string_view line : absl::StrSplit(stream, '\n')) {
+    if (!absl::ConsumePrefix(&line, "data: ") || line == "[DONE]") continue;
+    events.push_back(Canonical(std::string(line), drop));
+  }
+  return events;
+}
+
+TEST_F(CaptureTest, StreamedGenerationsAreStoredBeforeTheirFinalEventAndNamedInTrailers) {
+  Start("vllm");
+  const std::string request = R"({"model": "standin-moe", "token_ids": [9, 8, 7, 6],
+      "sampling_params": {"max_tokens": 4, "n": 2}, "stream": true})";
+  const std::string captured =
+      Dechunk(RawExchange(capture_port_, "/inference/v1/generate", request));
+  httplib::Result direct = PostToEngine("/inference/v1/generate", request);
+  ASSERT_TRUE(direct);
+  // Event by event what the engine sent to the request as asked, minus
+  // the routing.
+  EXPECT_EQ(Events(captured, {}), Events(direct->body, kVllmRouting));
+  EXPECT_THAT(captured, HasSubstr("data: [DONE]"));
+  EXPECT_THAT(captured, ::testing::Not(HasSubstr("routed_experts")));
+  simdjson::dom::parser parser;
+  const std::string first_event = Events(direct->body, {}).front();
+  const std::string id =
+      std::string(parser.parse(first_event)["request_id"].get_string().value());
+  ExpectStored({ExpectedSample(absl::StrCat(id, "#0"), {9, 8, 7, 6}, 0, 4),
+                ExpectedSample(absl::StrCat(id, "#1"), {9, 8, 7, 6}, 1, 4)});
+
+  // The outcome comes as trailers: the headers left before it was known.
+  const std::string raw = RawExchange(
+      capture_port_, "/inference/v1/generate",
+      R"({"model": "standin-moe", "token_ids": [1, 2], "sampling_params": {"max_tokens": 2},
+          "stream": true})");
+  EXPECT_THAT(raw, HasSubstr("Trailer: X-Rollpack-Sample-Ids, X-Rollpack-Capture"));
+  EXPECT_THAT(raw, HasSubstr("\r\n0\r\nX-Rollpack-Sample-Ids: generate-tokens-"));
+  EXPECT_THAT(raw, HasSubstr("X-Rollpack-Capture: stored\r\n"));
+}
+
+TEST_F(CaptureTest, SglangStreamedBatchItemsAreStoredUngroupedWithTheirOwnPrompts) {
+  Start("sglang");
+  const std::string request = R"({"input_ids": [[3, 1, 4], [1, 5, 9, 2]],
+      "sampling_params": {"max_new_tokens": 3}, "stream": true})";
+  const std::string captured = Dechunk(RawExchange(capture_port_, "/generate", request));
+  httplib::Result direct = PostToEngine("/generate", request);
+  ASSERT_TRUE(direct);
+  EXPECT_EQ(Events(captured, {}), Events(direct->body, {}));
+  absl::StatusOr<v1::PoolInfo> pool = client_->GetPool("rollouts");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->num_samples(), 2);
+  simdjson::dom::parser parser;
+  const std::string first = Events(direct->body, {}).front();
+  const std::string item0 =
+      std::string(parser.parse(first)["meta_info"]["id"].get_string().value());
+  auto sglang = [](v1::Sample s) {
+    // SGLang's ids are int32: widen the uint8 reference.
+    const std::string& narrow = s.routed_experts().data();
+    std::string wide;
+    for (char c : narrow) {
+      const int32_t id = static_cast<uint8_t>(c);
+      wide.append(reinterpret_cast<const char*>(&id), 4);
+    }
+    s.mutable_routed_experts()->set_dtype(v1::INT32);
+    s.mutable_routed_experts()->set_data(wide);
+    return s;
+  };
+  ExpectStored({sglang(ExpectedSample(absl::StrCat(item0, "#0"), {3, 1, 4}, 0, 3)),
+                sglang(ExpectedSample(absl::StrCat(item0, "#1"), {1, 5, 9, 2}, 0, 3))});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "server/capture/capture_recorder.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,11 +13,10 @@ namespace rollpack {
 namespace {
 
 // Section 2: B, then each choice's id, group and group size.
-std::vector<CapturedIdentity> Identities(const CapturedRequest& request,
-                                         const EngineResponse& response,
+std::vector<CapturedIdentity> Identities(const CapturedRequest& request, int64_t total,
                                          const std::string& base_id) {
   const CaptureHeaders& headers = request.headers;
-  const size_t choices = response.choices.size();
+  const size_t choices = static_cast<size_t>(total);
   // A batch of prompts (SGLang /generate with a list) is ungrouped; n > 1
   // choices of one prompt are a GRPO group.
   const bool batch = request.forwarded.batch_size > 1;
@@ -75,34 +75,51 @@ CaptureOutcome CaptureRecorder::Record(const CapturedRequest& request,
   outcome.client_body = std::move(response->client_body);
   outcome.body_changed = true;
   outcome.stripped_bytes = response->stripped_bytes;
+  Store(request, response->choices, /*first_index=*/0,
+        static_cast<int64_t>(response->choices.size()), response->response_id, outcome);
+  return outcome;
+}
 
-  const std::string base_id = request.headers.sample_id.value_or(response->response_id);
+CaptureOutcome CaptureRecorder::RecordStreamed(const CapturedRequest& request,
+                                               const EngineChoice& choice, int64_t index,
+                                               const std::string& response_id) const {
+  CaptureOutcome outcome;
+  outcome.pool = request.headers.pool.value_or(default_pool_);
+  Store(request, absl::MakeConstSpan(&choice, 1), index,
+        std::max<int64_t>(request.forwarded.choices_asked, index + 1), response_id, outcome);
+  return outcome;
+}
+
+void CaptureRecorder::Store(const CapturedRequest& request,
+                            absl::Span<const EngineChoice> choices, int64_t first_index,
+                            int64_t total, const std::string& response_id,
+                            CaptureOutcome& outcome) const {
+  const std::string base_id = request.headers.sample_id.value_or(response_id);
   if (base_id.empty()) {
     outcome.status = absl::InvalidArgumentError(
         "the engine's response has no id and the request no X-Rollpack-Sample-Id");
-    return outcome;
+    return;
   }
-  if (response->choices.empty()) {
+  if (choices.empty()) {
     outcome.status = absl::InvalidArgumentError("the engine's response has no choices");
-    return outcome;
+    return;
   }
   if (request.turn != nullptr) {
     const std::string& session = request.turn->session();
-    if (response->choices.size() != 1) {
+    if (total != 1) {
       outcome.status = absl::InvalidArgumentError(absl::StrCat(
-          "session ", session, ": the engine returned ", response->choices.size(),
-          " choices; a session has one"));
-      return outcome;
+          "session ", session, ": the engine returned ", total, " choices; a session has one"));
+      return;
     }
     if (std::optional<int64_t> at = CaptureSessions::PromptDiffers(
-            request.turn->stored_tokens(), response->choices[0].prompt_ids);
+            request.turn->stored_tokens(), choices[0].prompt_ids);
         at.has_value()) {
       outcome.status = absl::FailedPreconditionError(absl::StrCat(
           "session ", session, ": prompt differs from the stored tokens at position ", *at));
-      return outcome;
+      return;
     }
   }
-  const std::vector<CapturedIdentity> identities = Identities(request, *response, base_id);
+  const std::vector<CapturedIdentity> identities = Identities(request, total, base_id);
 
   absl::StatusOr<ModelSpec> model = store_->GetOrAdoptModel(outcome.pool);
   absl::StatusOr<PoolOptions> options =
@@ -111,17 +128,17 @@ CaptureOutcome CaptureRecorder::Record(const CapturedRequest& request,
     outcome.status = absl::Status(options.status().code(),
                                   absl::StrCat("pool \"", outcome.pool, "\": ",
                                                options.status().message()));
-    return outcome;
+    return;
   }
 
   // Each usable choice is stored; the first reason another was not is named.
   std::vector<StoredSample> samples;
   std::vector<std::string> ids;
   absl::Status first_problem;
-  for (size_t i = 0; i < identities.size(); ++i) {
-    absl::StatusOr<v1::Sample> sample =
-        CapturedSample(engine_, response->choices[i], *model,
-                       request.forwarded.start_offset, identities[i]);
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const CapturedIdentity& identity = identities[first_index + i];
+    absl::StatusOr<v1::Sample> sample = CapturedSample(engine_, choices[i], *model,
+                                                       request.forwarded.start_offset, identity);
     int64_t growth_budget = sample.ok() ? static_cast<int64_t>(sample->ByteSizeLong()) : 0;
     absl::StatusOr<StoredSample> stored =
         sample.ok() ? ValidateAndTakeSample(&*sample, *model, options->token_fields,
@@ -132,14 +149,14 @@ CaptureOutcome CaptureRecorder::Record(const CapturedRequest& request,
       continue;
     }
     samples.push_back(*std::move(stored));
-    ids.push_back(identities[i].sample_id);
+    ids.push_back(identity.sample_id);
   }
   if (!samples.empty()) {
     absl::StatusOr<PutResult> put = store_->Put(outcome.pool, std::move(samples));
     if (!put.ok()) {
       if (metrics_ != nullptr) metrics_->OnPutRefused(outcome.pool, put.status().code());
       outcome.status = put.status();
-      return outcome;
+      return;
     }
     if (metrics_ != nullptr) {
       metrics_->OnPut(outcome.pool, put->accepted, put->duplicates, put->stored_bytes);
@@ -148,7 +165,6 @@ CaptureOutcome CaptureRecorder::Record(const CapturedRequest& request,
     outcome.sample_ids = std::move(ids);
   }
   outcome.status = first_problem;
-  return outcome;
 }
 
 SessionFinish CaptureRecorder::FinishSession(

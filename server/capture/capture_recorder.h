@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "server/capture/capture_headers.h"
 #include "server/capture/capture_sessions.h"
 #include "server/capture/engine_exchange.h"
@@ -70,6 +71,12 @@ class CaptureRecorder {
   // readable bytes) to `request`: its choices stored, and the client's body.
   CaptureOutcome Record(const CapturedRequest& request, absl::string_view body) const;
 
+  // A streamed choice (stream_capture.h): choice `index` of the request's
+  // choices, complete once its final event is in. Its client body is the
+  // stream's business: only the store's outcome is filled in.
+  CaptureOutcome RecordStreamed(const CapturedRequest& request, const EngineChoice& choice,
+                                int64_t index, const std::string& response_id) const;
+
   // Seals the open session `session` of `pool` without a new turn, with
   // `scalars` when given (section 6). NOT_FOUND for an unknown session;
   // FAILED_PRECONDITION for one sealed or with a turn in flight, or scalars
@@ -78,6 +85,12 @@ class CaptureRecorder {
                               const std::optional<std::map<std::string, double>>& scalars) const;
 
  private:
+  // Stores `choices` (those from `first_index` of `total`) and fills in
+  // `outcome`'s ids and status.
+  void Store(const CapturedRequest& request, absl::Span<const EngineChoice> choices,
+             int64_t first_index, int64_t total, const std::string& response_id,
+             CaptureOutcome& outcome) const;
+
   SampleStore* const store_;
   ServerMetrics* const metrics_;
   const Engine engine_;

@@ -14,6 +14,7 @@
 #include "boost/asio/read.hpp"
 #include "boost/beast/http.hpp"
 #include "server/capture/http_fields.h"
+#include "server/capture/response_relay.h"
 #include "server/ops/log_format.h"
 #include "simdjson.h"
 #include "spdlog/spdlog.h"
@@ -27,7 +28,6 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kRelayChunk = 64 * 1024;
 constexpr uint32_t kHeaderLimit = 64 * 1024;
 // Beast 1.74 compares a Content-Length with an unset (boost::none) body
 // limit as exceeding it: "no limit" is spelled as the largest one.
@@ -197,15 +197,10 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
                                       absl::StrCat("the request: ", forwarded.status().message()));
       return;
     }
-    if (forwarded->streaming) {
-      const bool routed_stream = *endpoint_ == CaptureEndpoint::kVllmGenerate ||
-                                 *endpoint_ == CaptureEndpoint::kSglangGenerate;
+    if (forwarded->streaming && *endpoint_ != CaptureEndpoint::kVllmGenerate &&
+        *endpoint_ != CaptureEndpoint::kSglangGenerate) {
       // OpenAI streams carry no routing in either engine (section 3).
-      if (routed_stream) {
-        capture_problem_ = absl::UnimplementedError(
-            "streamed responses of the generate endpoints are not captured yet");
-      }
-      passthrough_stream_ = !routed_stream;
+      passthrough_stream_ = true;
       return;
     }
     if (headers_.session.has_value()) {
@@ -376,6 +371,7 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
           absl::StrCat("the engine answered status ", status));
       return StartRelay();
     }
+    if (forwarded_.streaming) return StartCapturedStream();
     const auto length = header_parser_->content_length();
     if (length.has_value() &&
         *length > static_cast<uint64_t>(context_->options.max_body_bytes)) {
@@ -468,8 +464,8 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
     auto response = std::make_shared<http::response<http::string_body>>();
     response->base() = response_header_;
     for (auto it = response->begin(); it != response->end();) {
-      it = IsHopByHop(View(it->name_string())) || IsFraming(View(it->name_string())) ? response->erase(it)
-                                                                           : std::next(it);
+      const absl::string_view name = View(it->name_string());
+      it = IsHopByHop(name) || IsFraming(name) ? response->erase(it) : std::next(it);
     }
     if (outcome.body_changed) {
       response->body() = std::move(outcome.client_body);
@@ -488,6 +484,15 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
     response->keep_alive(client_keep_alive_);
     response->prepare_payload();
 
+    Report(outcome);
+    WriteResponse(std::move(response), !client_keep_alive_);
+  }
+
+  // Metrics and the log line of a captured request. A stream's engine
+  // time runs to its last event: its overhead is only what the store
+  // added on top, which the histogram does not separate.
+  void Report(const CaptureOutcome& outcome) {
+    const bool stored = outcome.status.ok();
     const double upstream_seconds = Seconds(upstream_end_ - upstream_start_);
     const double overhead_seconds = Seconds(Clock::now() - start_) - upstream_seconds;
     Count(stored ? CaptureResult::kStored : CaptureResult::kNotStored);
@@ -495,30 +500,21 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
       context_->metrics->OnStored(outcome.samples_stored, outcome.stripped_bytes);
       context_->metrics->OnTimes(upstream_seconds, overhead_seconds);
     }
-    const auto level = stored ? spdlog::level::info : spdlog::level::warn;
-    spdlog::log(level,
+    spdlog::log(stored ? spdlog::level::info : spdlog::level::warn,
                 "capture {} {} peer={} pool={} samples=[{}] result={} engine={:.1f}ms "
                 "overhead={:.2f}ms",
                 request_.method_string().to_string(), request_.target().to_string(), peer_,
                 outcome.pool, absl::StrJoin(outcome.sample_ids, ","),
                 stored ? "stored" : absl::StrCat("not-stored: ", outcome.status.ToString()),
                 upstream_seconds * 1e3, overhead_seconds * 1e3);
-    WriteResponse(std::move(response), !client_keep_alive_);
   }
 
   // --- Relaying an answer as it arrives -----------------------------------
 
   void StartRelay() {
     turn_.reset();
-    relay_parser_.emplace(std::move(*header_parser_));
-    header_parser_.reset();
-    auto& message = relay_parser_->get();
-    for (auto it = message.begin(); it != message.end();) {
-      it = IsHopByHop(View(it->name_string())) ? message.erase(it) : std::next(it);
-    }
-    if (endpoint_.has_value() && !passthrough_stream_) {
-      message.set("X-Rollpack-Capture",
-                  HeaderValue(absl::StrCat("not-stored; ", capture_problem_.ToString())));
+    const bool not_stored = endpoint_.has_value() && !passthrough_stream_;
+    if (not_stored) {
       Count(CaptureResult::kNotStored);
       spdlog::warn("capture {} {} peer={} result=not-stored: {}",
                    request_.method_string().to_string(), request_.target().to_string(), peer_,
@@ -526,75 +522,38 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
     } else {
       Count(CaptureResult::kPassthrough);
     }
-    // An answer framed by the end of the connection ends this one too.
-    relay_until_eof_ = relay_parser_->get().need_eof();
-    message.keep_alive(client_keep_alive_ && !relay_until_eof_);
-    if (!relay_buffer_) relay_buffer_ = std::make_unique<char[]>(kRelayChunk);
-    relay_serializer_.emplace(message);
-    RelayRead();
+    const std::string capture_header =
+        not_stored ? HeaderValue(absl::StrCat("not-stored; ", capture_problem_.ToString())) : "";
+    RelayAsFramed(Streams(), std::move(*header_parser_), client_keep_alive_,
+                  [&capture_header](http::fields& fields) {
+                    if (!capture_header.empty()) fields.set("X-Rollpack-Capture", capture_header);
+                  },
+                  [self = shared_from_this()](RelayEnd end) { self->EndRelay(std::move(end)); });
+    header_parser_.reset();
   }
 
-  void RelayRead() {
-    auto& body = relay_parser_->get().body();
-    if (relay_parser_->is_done()) {
-      body.data = nullptr;
-      body.size = 0;
-      body.more = false;
-      return RelayWrite();
-    }
-    body.data = relay_buffer_.get();
-    body.size = kRelayChunk;
-    upstream_->stream.expires_after(ToChrono(context_->options.timeout));
-    http::async_read_some(upstream_->stream, upstream_->buffer, *relay_parser_,
-                          [self = shared_from_this()](beast::error_code ec, size_t) {
-                            self->OnRelayRead(ec);
-                          });
+  void StartCapturedStream() {
+    RelayCapturedStream(
+        Streams(), std::move(*header_parser_), client_keep_alive_, context_->recorder,
+        context_->record_workers, CapturedRequest{*endpoint_, headers_, forwarded_, turn_},
+        context_->options.keep_routing,
+        [self = shared_from_this()](RelayEnd end) {
+          self->upstream_end_ = Clock::now();
+          self->Report(end.outcome);
+          self->EndRelay(std::move(end));
+        });
+    header_parser_.reset();
   }
 
-  void OnRelayRead(beast::error_code ec) {
-    if (ec == http::error::need_buffer) ec = {};
-    auto& body = relay_parser_->get().body();
-    if (ec == http::error::end_of_stream && relay_until_eof_) ec = {};
-    if (ec) {
-      // The engine broke off mid-answer: so does the client's connection,
-      // which then sees what it would have seen from the engine.
-      spdlog::warn("capture {} {} peer={}: the engine at {} broke off its answer: {}",
-                   request_.method_string().to_string(), request_.target().to_string(), peer_,
-                   context_->upstream_name, ec.message());
-      upstream_.reset();
-      return Close();
-    }
-    body.size = kRelayChunk - body.size;
-    body.data = relay_buffer_.get();
-    body.more = !relay_parser_->is_done();
-    // Only a chunk's header was parsed: an empty buffer written now would
-    // go out as the chunked body's last chunk and end it for the client.
-    if (body.size == 0 && body.more) return RelayRead();
-    RelayWrite();
-  }
-
-  void RelayWrite() {
-    client_.expires_after(ToChrono(context_->options.timeout));
-    http::async_write(client_, *relay_serializer_,
-                      [self = shared_from_this()](beast::error_code ec, size_t) {
-                        self->OnRelayWrite(ec);
-                      });
-  }
-
-  void OnRelayWrite(beast::error_code ec) {
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) {
-      upstream_.reset();  // mid-answer: the engine's side cannot be reused
-      return Close();
-    }
-    if (!relay_serializer_->is_done()) return RelayRead();
-    const bool upstream_reusable = relay_parser_->is_done() && !relay_until_eof_ &&
-                                   relay_parser_->get().keep_alive();
-    relay_serializer_.reset();
-    relay_parser_.reset();
-    ReleaseUpstream(upstream_reusable);
-    if (!client_keep_alive_ || relay_until_eof_) return Close();
+  void EndRelay(RelayEnd end) {
+    turn_.reset();
+    ReleaseUpstream(end.upstream_reusable);
+    if (!end.client_reusable) return Close();
     ReadRequest();
+  }
+
+  RelayStreams Streams() {
+    return RelayStreams{client_, upstream_->stream, upstream_->buffer, context_->options.timeout};
   }
 
   // --- Answers of its own ----------------------------------------------------
@@ -676,10 +635,6 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
   std::string body_;  // the engine's body, then SIMDJSON_PADDING bytes
   uint64_t body_size_ = 0;
 
-  std::optional<http::response_parser<http::buffer_body>> relay_parser_;
-  std::optional<http::response_serializer<http::buffer_body>> relay_serializer_;
-  std::unique_ptr<char[]> relay_buffer_;
-  bool relay_until_eof_ = false;
 };
 
 }  // namespace
