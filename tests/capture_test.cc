@@ -656,5 +656,91 @@ TEST_F(CaptureTest, SglangStreamedBatchItemsAreStoredUngroupedWithTheirOwnPrompt
                 sglang(ExpectedSample(absl::StrCat(item0, "#1"), {1, 5, 9, 2}, 0, 3))});
 }
 
+// An engine whose model is not the pool's: each mismatch answered as the
+// engine answered, not stored, and named.
+TEST_F(CaptureTest, RoutingThePoolsModelDoesNotAllowIsNotStoredAndNamed) {
+  struct Case {
+    std::vector<std::string> engine_args;
+    std::string why;
+  };
+  const Case cases[] = {
+      {{"--num-layers", "5"}, "5 layers"},
+      {{"--topk", "3"}, "3 experts per token"},
+      {{"--num-experts", "300"}, "expert"},
+  };
+  for (const Case& c : cases) {
+    Start("vllm", c.engine_args);
+    const std::string request =
+        R"({"model": "standin-moe", "prompt": [1, 2, 3], "max_tokens": 3})";
+    httplib::Result r = Post("/v1/completions", request);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_THAT(r->get_header_value("X-Rollpack-Capture"),
+                AllOf(StartsWith("not-stored; "), HasSubstr("routed_experts"), HasSubstr(c.why)))
+        << c.why;
+    EXPECT_EQ(Canonical(r->body),
+              Canonical(PostToEngine("/v1/completions", request)->body, kVllmRouting));
+    EXPECT_EQ(PoolSamples(), 0);
+  }
+}
+
+TEST_F(CaptureTest, AFullStoreOrAnOversizedAnswerLeavesTheResponseAndThePoolAsTheyWere) {
+  Start("vllm", {}, {"--max-memory=6000", "--capture-max-body-bytes=20000",
+                     "--metrics-listen=127.0.0.1:0", "--metrics-port-file=" + dir_ + "/mport"});
+  int stored = 0;
+  std::string full;
+  for (int i = 0; i < 40 && full.empty(); ++i) {
+    const std::string request = absl::StrCat(
+        R"({"model": "standin-moe", "prompt": [1, 2, )", i, R"(], "max_tokens": 8})");
+    httplib::Result r = Post("/v1/completions", request);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    const std::string capture = r->get_header_value("X-Rollpack-Capture");
+    if (capture == "stored") {
+      ++stored;
+    } else {
+      full = capture;
+      EXPECT_EQ(Canonical(r->body),
+                Canonical(PostToEngine("/v1/completions", request)->body, kVllmRouting));
+    }
+  }
+  EXPECT_GT(stored, 0);
+  EXPECT_THAT(full, AllOf(StartsWith("not-stored; RESOURCE_EXHAUSTED"), HasSubstr("memory")));
+  EXPECT_EQ(PoolSamples(), stored);
+
+  // Larger than --capture-max-body-bytes: passed through as the engine
+  // sent it, routing included.
+  const std::string large =
+      R"({"model": "standin-moe", "prompt": [7, 7, 7], "max_tokens": 600})";
+  httplib::Result r = Post("/v1/completions", large);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_THAT(r->get_header_value("X-Rollpack-Capture"),
+              AllOf(StartsWith("not-stored; RESOURCE_EXHAUSTED"),
+                    HasSubstr("--capture-max-body-bytes")));
+  // As the engine sent it to the request as forwarded: too large to be read,
+  // it keeps what the capture fields added (spec section 4).
+  simdjson::dom::parser parser;
+  simdjson::dom::element passed;
+  ASSERT_EQ(parser.parse(r->body).get(passed), simdjson::SUCCESS);
+  EXPECT_TRUE(passed["choices"].at(0)["routed_experts"].is_string());
+  EXPECT_TRUE(passed["choices"].at(0)["token_ids"].is_array());
+  EXPECT_EQ(PoolSamples(), stored);
+
+  // Every outcome is counted.
+  int metrics_port = 0;
+  std::ifstream(dir_ + "/mport") >> metrics_port;
+  httplib::Client scrape("127.0.0.1", metrics_port);
+  httplib::Result metrics = scrape.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_THAT(metrics->body,
+              HasSubstr(absl::StrCat("rollpack_capture_requests_total{endpoint=\"vllm "
+                                     "/v1/completions\",result=\"stored\"} ",
+                                     stored)));
+  EXPECT_THAT(metrics->body, HasSubstr(absl::StrCat("rollpack_capture_samples_total ", stored)));
+  EXPECT_THAT(metrics->body, HasSubstr("rollpack_capture_overhead_seconds_count"));
+  EXPECT_THAT(metrics->body, HasSubstr("rollpack_capture_stripped_bytes_total"));
+}
+
 }  // namespace
 }  // namespace rollpack
