@@ -102,7 +102,15 @@ class DeployTest(unittest.TestCase):
         rp = containers["rollpackd"]
         flags = self.check_flags(rp["args"], "kubernetes rollpackd args")
         ports = {p["name"]: p["containerPort"] for p in rp["ports"]}
-        self.assertEqual(ports, {"grpc": GRPC_PORT, "metrics": METRICS_PORT})
+        expected_ports = {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+        if "capture-listen" in flags:
+            # The capture port in front of the engine container's port.
+            expected_ports["capture"] = port_of(flags["capture-listen"])
+            engine_ports = [p["containerPort"] for p in containers["vllm"]["ports"]]
+            self.assertIn(port_of(flags["capture-upstream"].removeprefix("http://")), engine_ports)
+            self.assertTrue(any(flags["capture-model"].startswith(m["mountPath"] + "/")
+                                for m in rp["volumeMounts"]), flags["capture-model"])
+        self.assertEqual(ports, expected_ports)
         # gRPC probes speak plaintext: a TLS port is probed with tcpSocket.
         probe_kind = "tcpSocket" if "tls-cert" in flags else "grpc"
         for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
