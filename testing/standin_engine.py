@@ -272,6 +272,48 @@ def check_start(start: int, prompts: List[List[int]], name: str) -> None:
                              % (name, start, len(p)), param=name)
 
 
+def completion_args(req: Dict[str, Any],
+                    max_tokens_default: int) -> Tuple[int, int, Optional[int]]:
+    """A /v1/completions request's n, max_tokens and logprobs (None: not asked), both engines'."""
+    n = as_int(req.get("n"), "n", 1, 1)
+    count = as_int(req.get("max_tokens"), "max_tokens", max_tokens_default, 1)
+    top = req.get("logprobs")
+    if top is not None:
+        top = as_int(top, "logprobs", 0)
+    return n, count, top
+
+
+def chat_args(req: Dict[str, Any], max_tokens_default: int) -> Tuple[int, int, bool, int]:
+    """A /v1/chat/completions request's n, max_completion_tokens (or max_tokens), logprobs and
+    top_logprobs, both engines'."""
+    n = as_int(req.get("n"), "n", 1, 1)
+    count = req.get("max_completion_tokens")
+    if count is None:
+        count = req.get("max_tokens")
+    count = as_int(count, "max_completion_tokens", max_tokens_default, 1)
+    want_lp = bool(req.get("logprobs"))
+    top = as_int(req.get("top_logprobs"), "top_logprobs", 0)
+    return n, count, want_lp, top
+
+
+def include_usage(req: Dict[str, Any]) -> bool:
+    """Whether a streaming request asks for a last chunk with the usage."""
+    return bool((req.get("stream_options") or {}).get("include_usage"))
+
+
+def without_nulls(d: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def token_steps(choices: List[Choice]):
+    """(j, k, c) for generated token j of choice k, token by token across the choices: the
+    order of a stream's chunks."""
+    for j in range(max(len(c.gen) for c in choices)):
+        for k, c in enumerate(choices):
+            if j < len(c.gen):
+                yield j, k, c
+
+
 def id_hash(path: str, body: Any) -> str:
     def strip(obj: Any) -> Any:
         if not isinstance(obj, dict):
@@ -348,11 +390,7 @@ class Vllm:
     def completions(self, ctx: "Ctx", req: Dict[str, Any]):
         self.check_model(req)
         prompts = completion_prompts(req.get("prompt"))
-        n = as_int(req.get("n"), "n", 1, 1)
-        count = as_int(req.get("max_tokens"), "max_tokens", self.m.max_tokens_default, 1)
-        top = req.get("logprobs")
-        if top is not None:
-            top = as_int(top, "logprobs", 0)
+        n, count, top = completion_args(req, self.m.max_tokens_default)
         want_ids = bool(req.get("return_token_ids"))
         start = as_int(req.get("routed_experts_prompt_start"), "routed_experts_prompt_start", 0)
         check_start(start, prompts, "routed_experts_prompt_start")
@@ -386,25 +424,21 @@ class Vllm:
 
     def completion_stream(self, req, rid, choices, top, want_ids, usage):
         events = []
-        for j in range(max(len(c.gen) for c in choices)):
-            for k, c in enumerate(choices):
-                if j >= len(c.gen):
-                    continue
-                ch = {"index": k, "text": token_text(c.gen[j]),
-                      "logprobs": (None if top is None
-                                   else self.completion_logprobs(c, top, j, j + 1)),
-                      "finish_reason": "length" if j == len(c.gen) - 1 else None,
-                      "stop_reason": None}
-                if want_ids:
-                    if j == 0:
-                        ch["prompt_token_ids"] = list(c.prompt)
-                    ch["token_ids"] = [c.gen[j]]
-                events.append({"id": rid, "object": "text_completion", "created": CREATED,
-                               "model": self.m.name, "choices": [ch]})
-        if (req.get("stream_options") or {}).get("include_usage"):
+        for j, k, c in token_steps(choices):
+            ch = {"index": k, "text": token_text(c.gen[j]),
+                  "logprobs": (None if top is None
+                               else self.completion_logprobs(c, top, j, j + 1)),
+                  "finish_reason": "length" if j == len(c.gen) - 1 else None,
+                  "stop_reason": None}
+            if want_ids:
+                if j == 0:
+                    ch["prompt_token_ids"] = list(c.prompt)
+                ch["token_ids"] = [c.gen[j]]
             events.append({"id": rid, "object": "text_completion", "created": CREATED,
-                           "model": self.m.name, "choices": [],
-                           "usage": {k: v for k, v in usage.items() if v is not None}})
+                           "model": self.m.name, "choices": [ch]})
+        if include_usage(req):
+            events.append({"id": rid, "object": "text_completion", "created": CREATED,
+                           "model": self.m.name, "choices": [], "usage": without_nulls(usage)})
         return Stream(events, done=True)
 
     # /v1/chat/completions
@@ -424,13 +458,7 @@ class Vllm:
     def chat(self, ctx: "Ctx", req: Dict[str, Any]):
         self.check_model(req)
         prompt = chat_prompt(req.get("messages"))
-        n = as_int(req.get("n"), "n", 1, 1)
-        count = req.get("max_completion_tokens")
-        if count is None:
-            count = req.get("max_tokens")
-        count = as_int(count, "max_completion_tokens", self.m.max_tokens_default, 1)
-        want_lp = bool(req.get("logprobs"))
-        top = as_int(req.get("top_logprobs"), "top_logprobs", 0)
+        n, count, want_lp, top = chat_args(req, self.m.max_tokens_default)
         if top and not want_lp:
             raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true.",
                              param="top_logprobs")
@@ -473,18 +501,15 @@ class Vllm:
                      "logprobs": None, "finish_reason": None}
             events.append(chunk([first], **({"prompt_token_ids": list(prompt)}
                                             if want_ids and k == 0 else {})))
-        for j in range(max(len(c.gen) for c in choices)):
-            for k, c in enumerate(choices):
-                if j >= len(c.gen):
-                    continue
-                ch = {"index": k, "delta": {"content": token_text(c.gen[j])},
-                      "logprobs": self.chat_logprobs(c, top, j, j + 1) if want_lp else None,
-                      "finish_reason": "length" if j == len(c.gen) - 1 else None}
-                if want_ids:
-                    ch["token_ids"] = [c.gen[j]]
-                events.append(chunk([ch]))
-        if (req.get("stream_options") or {}).get("include_usage"):
-            events.append(chunk([], usage={k: v for k, v in usage.items() if v is not None}))
+        for j, k, c in token_steps(choices):
+            ch = {"index": k, "delta": {"content": token_text(c.gen[j])},
+                  "logprobs": self.chat_logprobs(c, top, j, j + 1) if want_lp else None,
+                  "finish_reason": "length" if j == len(c.gen) - 1 else None}
+            if want_ids:
+                ch["token_ids"] = [c.gen[j]]
+            events.append(chunk([ch]))
+        if include_usage(req):
+            events.append(chunk([], usage=without_nulls(usage)))
         return Stream(events, done=True)
 
     # /inference/v1/generate
@@ -530,9 +555,8 @@ class Vllm:
                         "token_ids": [c.gen[j]],
                         "routed_experts": self.routed(c, ctx.drop_routing) if last else None,
                     }], "usage": None})
-            if (req.get("stream_options") or {}).get("include_usage"):
-                events.append({"request_id": rid, "choices": [],
-                               "usage": {k: v for k, v in usage.items() if v is not None}})
+            if include_usage(req):
+                events.append({"request_id": rid, "choices": [], "usage": without_nulls(usage)})
             return Stream(events, done=True)
         out = [{"index": k,
                 "logprobs": None if top is None else self.tokens_logprobs(c, top),
@@ -638,6 +662,17 @@ class Sglang:
         check_start(s, prompts, "routed_experts_start_len")
         return s
 
+    @staticmethod
+    def openai_response(obj: str, rid: str, model_name: str, choices: List[Dict[str, Any]],
+                        usage: Dict[str, Any], routed_ext: Optional[str]) -> Dict[str, Any]:
+        """An OpenAI endpoint's answer; `routed_ext`, choice 0's routing where SGLang puts it
+        at the response level, in its sglext."""
+        resp = {"id": rid, "object": obj, "created": CREATED, "model": model_name,
+                "choices": choices, "usage": usage, "metadata": {"weight_version": "default"}}
+        if routed_ext is not None:
+            resp["sglext"] = {"routed_experts": routed_ext}
+        return resp
+
     # /generate
     def generate(self, ctx: "Ctx", req: Dict[str, Any]):
         text, ids = req.get("text"), req.get("input_ids")
@@ -709,13 +744,7 @@ class Sglang:
                 if req.get(f):
                     raise BadRequest("%s is not supported with streaming. Please set "
                                      "stream=false when using %s=true." % (f, f))
-        n = as_int(req.get("n"), "n", 1, 1)
-        count = req.get("max_completion_tokens")
-        if count is None:
-            count = req.get("max_tokens")
-        count = as_int(count, "max_completion_tokens", self.m.max_tokens_default, 1)
-        want_lp = bool(req.get("logprobs"))
-        top = as_int(req.get("top_logprobs"), "top_logprobs", 0)
+        n, count, want_lp, top = chat_args(req, self.m.max_tokens_default)
         start = self.start_len(req, [prompt])
         want_routed = bool(req.get("return_routed_experts"))
         want_meta = bool(req.get("return_meta_info"))
@@ -749,12 +778,8 @@ class Sglang:
             if want_meta:
                 ch["meta_info"] = metas[k]
             out.append(ch)
-        resp = {"id": ids_out[0], "object": "chat.completion", "created": CREATED,
-                "model": model_name, "choices": out, "usage": usage,
-                "metadata": {"weight_version": "default"}}
-        if routed_ext is not None:
-            resp["sglext"] = {"routed_experts": routed_ext}
-        return resp
+        return self.openai_response("chat.completion", ids_out[0], model_name, out, usage,
+                                    routed_ext)
 
     def chat_logprobs(self, c: Choice, top: int, lo: int = 0, hi: Optional[int] = None):
         hi = len(c.gen) if hi is None else hi
@@ -782,20 +807,17 @@ class Sglang:
                                                         "tool_calls": None},
                                   "logprobs": None, "finish_reason": None,
                                   "matched_stop": None}]))
-        for j in range(max(len(c.gen) for c in choices)):
-            for k, c in enumerate(choices):
-                if j >= len(c.gen):
-                    continue
-                events.append(chunk([{
-                    "index": k,
-                    "delta": {"role": None, "content": token_text(c.gen[j]),
-                              "reasoning_content": None, "tool_calls": None},
-                    "logprobs": self.chat_logprobs(c, top, j, j + 1) if want_lp else None,
-                    "finish_reason": "length" if j == len(c.gen) - 1 else None,
-                    "matched_stop": None}]))
+        for j, k, c in token_steps(choices):
+            events.append(chunk([{
+                "index": k,
+                "delta": {"role": None, "content": token_text(c.gen[j]),
+                          "reasoning_content": None, "tool_calls": None},
+                "logprobs": self.chat_logprobs(c, top, j, j + 1) if want_lp else None,
+                "finish_reason": "length" if j == len(c.gen) - 1 else None,
+                "matched_stop": None}]))
         if routed_ext is not None:
             events.append(chunk([], sglext={"routed_experts": routed_ext}))
-        if (req.get("stream_options") or {}).get("include_usage"):
+        if include_usage(req):
             events.append(chunk([], usage=usage))
         return Stream(events, done=True)
 
@@ -810,11 +832,7 @@ class Sglang:
 
     def completions(self, ctx: "Ctx", req: Dict[str, Any]):
         prompts = completion_prompts(req.get("prompt"))
-        n = as_int(req.get("n"), "n", 1, 1)
-        count = as_int(req.get("max_tokens"), "max_tokens", self.m.max_tokens_default, 1)
-        top = req.get("logprobs")
-        if top is not None:
-            top = as_int(top, "logprobs", 0)
+        n, count, top = completion_args(req, self.m.max_tokens_default)
         want_ids = bool(req.get("return_token_ids"))
         want_routed = bool(req.get("return_routed_experts"))
         start = self.start_len(req, prompts)
@@ -827,31 +845,28 @@ class Sglang:
         usage = self.usage(choices, n)
         if req.get("stream"):
             events = []
-            for j in range(max(len(c.gen) for c in choices)):
-                for k, c in enumerate(choices):
-                    if j >= len(c.gen):
-                        continue
-                    ch: Dict[str, Any] = {
-                        "index": k, "text": token_text(c.gen[j]),
-                        "logprobs": (None if top is None
-                                     else self.completion_logprobs(c, top, j, j + 1)),
-                        "finish_reason": "length" if j == len(c.gen) - 1 else None,
-                        "matched_stop": None}
-                    if want_ids:
-                        ch["token_ids"] = [c.gen[j]]
-                        if j == 0:
-                            ch["prompt_token_ids"] = list(c.prompt)
-                    events.append({"id": ids_out[0], "object": "text_completion",
-                                   "created": CREATED, "model": model_name, "choices": [ch],
-                                   "usage": None})
+            for j, k, c in token_steps(choices):
+                ch: Dict[str, Any] = {
+                    "index": k, "text": token_text(c.gen[j]),
+                    "logprobs": (None if top is None
+                                 else self.completion_logprobs(c, top, j, j + 1)),
+                    "finish_reason": "length" if j == len(c.gen) - 1 else None,
+                    "matched_stop": None}
+                if want_ids:
+                    ch["token_ids"] = [c.gen[j]]
+                    if j == 0:
+                        ch["prompt_token_ids"] = list(c.prompt)
+                events.append({"id": ids_out[0], "object": "text_completion",
+                               "created": CREATED, "model": model_name, "choices": [ch],
+                               "usage": None})
             if routed_ext is not None:
                 events.append({"id": ids_out[0], "object": "text_completion",
                                "created": CREATED, "model": model_name, "choices": [],
                                "usage": None, "sglext": {"routed_experts": routed_ext}})
-            if (req.get("stream_options") or {}).get("include_usage"):
+            if include_usage(req):
                 events.append({"id": ids_out[0], "object": "text_completion",
                                "created": CREATED, "model": model_name, "choices": [],
-                               "usage": {k: v for k, v in usage.items() if v is not None}})
+                               "usage": without_nulls(usage)})
             return Stream(events, done=True)
         out = []
         for k, c in enumerate(choices):
@@ -862,12 +877,8 @@ class Sglang:
                 ch["token_ids"] = list(c.gen)
                 ch["prompt_token_ids"] = list(c.prompt)
             out.append(ch)
-        resp = {"id": ids_out[0], "object": "text_completion", "created": CREATED,
-                "model": model_name, "choices": out, "usage": usage,
-                "metadata": {"weight_version": "default"}}
-        if routed_ext is not None:
-            resp["sglext"] = {"routed_experts": routed_ext}
-        return resp
+        return self.openai_response("text_completion", ids_out[0], model_name, out, usage,
+                                    routed_ext)
 
     def models(self):
         return {"object": "list", "data": [{

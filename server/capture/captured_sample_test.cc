@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/capture/capture_test_support.h"
 
 namespace rollpack {
 namespace {
@@ -15,14 +16,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-ModelSpec Model() {
-  ModelSpec m;
-  m.name = "moe";
-  m.num_layers = 3;
-  m.num_experts = 16;
-  m.topk = 2;
-  return m;
-}
+ModelSpec Model() { return MoeModel(3, 16, 2); }
 
 // A .npy file (format 1.0) of uint8 ids shaped [rows, layers, k].
 std::string Npy(int64_t rows, int layers, int k, uint8_t first) {

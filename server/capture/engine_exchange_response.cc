@@ -1,15 +1,36 @@
 // The response side of engine_exchange.h: the engine's answer read per
-// engine (vllm_response.h, sglang_response.h) over a ResponseSplice.
+// engine (vllm_response.cc, sglang_response.cc) over a ResponseSplice.
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/capture/engine_exchange.h"
 #include "server/capture/json_splice.h"
 #include "server/capture/response_splice.h"
 #include "server/capture/response_walk.h"
-#include "server/capture/sglang_response.h"
-#include "server/capture/vllm_response.h"
 
 namespace rollpack {
+namespace {
+
+using ResponseReader = absl::Status (*)(CaptureEndpoint endpoint, ResponseWalk& walk,
+                                        std::vector<EngineChoice>& choices);
+
+// The reader of `endpoint`'s engine (response_walk.h).
+ResponseReader ReaderOf(CaptureEndpoint endpoint) {
+  switch (endpoint) {
+    case CaptureEndpoint::kVllmCompletions:
+    case CaptureEndpoint::kVllmChat:
+    case CaptureEndpoint::kVllmGenerate:
+      return ReadVllmResponse;
+    case CaptureEndpoint::kSglangGenerate:
+    case CaptureEndpoint::kSglangChat:
+    case CaptureEndpoint::kSglangCompletions:
+      break;
+  }
+  return ReadSglangResponse;
+}
+
+}  // namespace
 
 absl::StatusOr<EngineResponse> ParseEngineResponse(CaptureEndpoint endpoint,
                                                    const ForwardedRequest& request,
@@ -18,20 +39,8 @@ absl::StatusOr<EngineResponse> ParseEngineResponse(CaptureEndpoint endpoint,
   RETURN_IF_ERROR(Annotate(splice.Parse(body), EndpointName(endpoint)));
   ResponseWalk walk(request, keep_routing, splice);
   EngineResponse response;
-  switch (endpoint) {
-    case CaptureEndpoint::kVllmCompletions:
-    case CaptureEndpoint::kVllmChat:
-    case CaptureEndpoint::kVllmGenerate:
-      RETURN_IF_ERROR(
-          Annotate(ReadVllmResponse(endpoint, walk, response.choices), EndpointName(endpoint)));
-      break;
-    case CaptureEndpoint::kSglangGenerate:
-    case CaptureEndpoint::kSglangChat:
-    case CaptureEndpoint::kSglangCompletions:
-      RETURN_IF_ERROR(
-          Annotate(ReadSglangResponse(endpoint, walk, response.choices), EndpointName(endpoint)));
-      break;
-  }
+  RETURN_IF_ERROR(
+      Annotate(ReaderOf(endpoint)(endpoint, walk, response.choices), EndpointName(endpoint)));
   if (!ParsedToEnd(splice.doc())) {
     return absl::InvalidArgumentError(
         absl::StrCat(EndpointName(endpoint), ": the response has content after its JSON"));

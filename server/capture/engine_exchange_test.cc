@@ -3,11 +3,14 @@
 // sglang_response_test.cc.
 #include "server/capture/engine_exchange.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/capture/capture_test_support.h"
 
 namespace rollpack {
 namespace {
@@ -17,12 +20,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 
-ForwardedRequest Forward(CaptureEndpoint endpoint, const std::string& body, int64_t start = 0) {
-  absl::StatusOr<ForwardedRequest> out = ForwardRequest(endpoint, body, start);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? *std::move(out) : ForwardedRequest();
-}
-
 std::string Refusal(CaptureEndpoint endpoint, const std::string& body) {
   absl::StatusOr<ForwardedRequest> out = ForwardRequest(endpoint, body, 0);
   if (out.ok()) return "accepted";
@@ -30,44 +27,59 @@ std::string Refusal(CaptureEndpoint endpoint, const std::string& body) {
   return std::string(out.status().message());
 }
 
+// The six captured endpoints: each engine's POST path.
+struct Captured {
+  Engine engine;
+  const char* path;
+  CaptureEndpoint endpoint;
+};
+const Captured kCaptured[] = {
+    {Engine::kVllm, "/v1/completions", CaptureEndpoint::kVllmCompletions},
+    {Engine::kVllm, "/v1/chat/completions", CaptureEndpoint::kVllmChat},
+    {Engine::kVllm, "/inference/v1/generate", CaptureEndpoint::kVllmGenerate},
+    {Engine::kSglang, "/generate", CaptureEndpoint::kSglangGenerate},
+    {Engine::kSglang, "/v1/chat/completions", CaptureEndpoint::kSglangChat},
+    {Engine::kSglang, "/v1/completions", CaptureEndpoint::kSglangCompletions},
+};
+
 TEST(CapturedEndpointTest, TheSixEndpointsByEngineAndPostOnly) {
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "POST", "/v1/completions"),
-            CaptureEndpoint::kVllmCompletions);
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "POST", "/v1/chat/completions"),
-            CaptureEndpoint::kVllmChat);
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "POST", "/inference/v1/generate"),
-            CaptureEndpoint::kVllmGenerate);
-  EXPECT_EQ(CapturedEndpoint(Engine::kSglang, "POST", "/generate"),
-            CaptureEndpoint::kSglangGenerate);
-  EXPECT_EQ(CapturedEndpoint(Engine::kSglang, "POST", "/v1/chat/completions"),
-            CaptureEndpoint::kSglangChat);
-  EXPECT_EQ(CapturedEndpoint(Engine::kSglang, "POST", "/v1/completions"),
-            CaptureEndpoint::kSglangCompletions);
+  for (const Captured& c : kCaptured) {
+    EXPECT_EQ(CapturedEndpoint(c.engine, "POST", c.path), c.endpoint) << c.path;
+  }
   EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "POST", "/v1/chat/completions?trace=1"),
             CaptureEndpoint::kVllmChat)
       << "a query string is ignored";
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "GET", "/v1/completions"), std::nullopt);
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "post", "/v1/completions"), std::nullopt);
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "POST", "/generate"), std::nullopt);
-  EXPECT_EQ(CapturedEndpoint(Engine::kSglang, "POST", "/inference/v1/generate"), std::nullopt);
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "POST", "/v1/models"), std::nullopt);
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "POST", "/v1/completions/render"), std::nullopt);
-  EXPECT_EQ(CapturedEndpoint(Engine::kVllm, "POST", "/v1/completions/"), std::nullopt);
-  EXPECT_EQ(CapturedEndpoint(Engine::kSglang, "POST", "/health"), std::nullopt);
+  struct Request {
+    Engine engine;
+    const char* method;
+    const char* target;
+  };
+  const Request passed_through[] = {
+      {Engine::kVllm, "GET", "/v1/completions"},
+      {Engine::kVllm, "post", "/v1/completions"},
+      {Engine::kVllm, "POST", "/generate"},
+      {Engine::kSglang, "POST", "/inference/v1/generate"},
+      {Engine::kVllm, "POST", "/v1/models"},
+      {Engine::kVllm, "POST", "/v1/completions/render"},
+      {Engine::kVllm, "POST", "/v1/completions/"},
+      {Engine::kSglang, "POST", "/health"},
+  };
+  for (const Request& r : passed_through) {
+    EXPECT_EQ(CapturedEndpoint(r.engine, r.method, r.target), std::nullopt)
+        << r.method << " " << r.target;
+  }
 }
 
 TEST(EndpointNameTest, NamesEngineAndPath) {
-  EXPECT_EQ(EndpointName(CaptureEndpoint::kVllmCompletions), "vllm /v1/completions");
-  EXPECT_EQ(EndpointName(CaptureEndpoint::kVllmChat), "vllm /v1/chat/completions");
-  EXPECT_EQ(EndpointName(CaptureEndpoint::kVllmGenerate), "vllm /inference/v1/generate");
-  EXPECT_EQ(EndpointName(CaptureEndpoint::kSglangGenerate), "sglang /generate");
-  EXPECT_EQ(EndpointName(CaptureEndpoint::kSglangChat), "sglang /v1/chat/completions");
-  EXPECT_EQ(EndpointName(CaptureEndpoint::kSglangCompletions), "sglang /v1/completions");
+  for (const Captured& c : kCaptured) {
+    EXPECT_EQ(EndpointName(c.endpoint),
+              absl::StrCat(c.engine == Engine::kVllm ? "vllm " : "sglang ", c.path));
+  }
 }
 
 TEST(ForwardRequestTest, VllmCompletionsGetsTokenIdsAndLogprobs) {
   const ForwardedRequest out =
-      Forward(CaptureEndpoint::kVllmCompletions, R"({"model":"m","prompt":"hi","max_tokens":4})");
+      Forwarded(CaptureEndpoint::kVllmCompletions, R"({"model":"m","prompt":"hi","max_tokens":4})");
   EXPECT_EQ(out.body,
             R"({"model":"m","prompt":"hi","max_tokens":4,"return_token_ids":true,"logprobs":0})");
   EXPECT_THAT(out.added, ElementsAre("return_token_ids", "logprobs"));
@@ -80,31 +92,31 @@ TEST(ForwardRequestTest, VllmCompletionsGetsTokenIdsAndLogprobs) {
 
 TEST(ForwardRequestTest, AFieldTheClientSetIsLeftAsSet) {
   const std::string body = R"({"prompt":"hi","logprobs":5,"return_token_ids":false})";
-  const ForwardedRequest out = Forward(CaptureEndpoint::kVllmCompletions, body);
+  const ForwardedRequest out = Forwarded(CaptureEndpoint::kVllmCompletions, body);
   EXPECT_EQ(out.body, body);
   EXPECT_THAT(out.added, IsEmpty());
   // null is the engine's "not set": replaced where it stands.
   const ForwardedRequest nulls =
-      Forward(CaptureEndpoint::kVllmCompletions, R"({"logprobs": null, "prompt": "hi"})");
+      Forwarded(CaptureEndpoint::kVllmCompletions, R"({"logprobs": null, "prompt": "hi"})");
   EXPECT_EQ(nulls.body, R"({"logprobs": 0, "prompt": "hi","return_token_ids":true})");
   EXPECT_THAT(nulls.added, UnorderedElementsAre("logprobs", "return_token_ids"));
 }
 
 TEST(ForwardRequestTest, KeepsTheClientsBytesAndWhitespace) {
-  const ForwardedRequest out = Forward(CaptureEndpoint::kVllmChat,
-                                       "{\n  \"messages\": [{\"role\": \"user\", \"content\": "
-                                       "\"}\\\"{\"}],\n  \"temperature\": 1.0000\n}\n");
+  const ForwardedRequest out = Forwarded(CaptureEndpoint::kVllmChat,
+                                         "{\n  \"messages\": [{\"role\": \"user\", \"content\": "
+                                         "\"}\\\"{\"}],\n  \"temperature\": 1.0000\n}\n");
   EXPECT_EQ(out.body,
             "{\n  \"messages\": [{\"role\": \"user\", \"content\": \"}\\\"{\"}],\n  "
             "\"temperature\": 1.0000,\"return_token_ids\":true,\"logprobs\":true,"
             "\"top_logprobs\":0\n}\n");
-  EXPECT_EQ(Forward(CaptureEndpoint::kVllmChat, "{}").body,
+  EXPECT_EQ(Forwarded(CaptureEndpoint::kVllmChat, "{}").body,
             R"({"return_token_ids":true,"logprobs":true,"top_logprobs":0})");
 }
 
 TEST(ForwardRequestTest, VllmChatSetsOnlyWhatIsMissing) {
-  const ForwardedRequest out = Forward(CaptureEndpoint::kVllmChat,
-                                       R"({"messages":[],"logprobs":true,"top_logprobs":3,"n":4})");
+  const ForwardedRequest out = Forwarded(
+      CaptureEndpoint::kVllmChat, R"({"messages":[],"logprobs":true,"top_logprobs":3,"n":4})");
   EXPECT_EQ(out.body, R"({"messages":[],"logprobs":true,"top_logprobs":3,"n":4,)"
                       R"("return_token_ids":true})");
   EXPECT_THAT(out.added, ElementsAre("return_token_ids"));
@@ -112,18 +124,18 @@ TEST(ForwardRequestTest, VllmChatSetsOnlyWhatIsMissing) {
 }
 
 TEST(ForwardRequestTest, TheStartOffsetGoesWhereEachEngineReadsIt) {
-  ForwardedRequest out = Forward(CaptureEndpoint::kVllmChat, R"({"messages":[]})", 120);
+  ForwardedRequest out = Forwarded(CaptureEndpoint::kVllmChat, R"({"messages":[]})", 120);
   EXPECT_EQ(out.body, R"({"messages":[],"return_token_ids":true,"logprobs":true,)"
                       R"("top_logprobs":0,"routed_experts_prompt_start":120})");
   EXPECT_EQ(out.start_offset, 120);
   EXPECT_THAT(out.added, ::testing::Contains("routed_experts_prompt_start"));
 
-  out = Forward(CaptureEndpoint::kSglangGenerate, R"({"input_ids":[1,2]})", 7);
+  out = Forwarded(CaptureEndpoint::kSglangGenerate, R"({"input_ids":[1,2]})", 7);
   EXPECT_EQ(out.body, R"({"input_ids":[1,2],"return_routed_experts":true,)"
                       R"("return_logprob":true,"routed_experts_start_len":7})");
   EXPECT_EQ(out.start_offset, 7);
 
-  out = Forward(CaptureEndpoint::kVllmGenerate, R"({"token_ids":[1],"sampling_params":{}})", 5);
+  out = Forwarded(CaptureEndpoint::kVllmGenerate, R"({"token_ids":[1],"sampling_params":{}})", 5);
   EXPECT_EQ(
       out.body,
       R"({"token_ids":[1],"sampling_params":{"logprobs":0,"routed_experts_prompt_start":5}})");
@@ -131,21 +143,22 @@ TEST(ForwardRequestTest, TheStartOffsetGoesWhereEachEngineReadsIt) {
                                      "sampling_params.routed_experts_prompt_start"));
 
   // The client's own start is kept and is the start asked for.
-  out = Forward(CaptureEndpoint::kSglangChat, R"({"routed_experts_start_len":3})", 9);
+  out = Forwarded(CaptureEndpoint::kSglangChat, R"({"routed_experts_start_len":3})", 9);
   EXPECT_THAT(out.body, HasSubstr(R"("routed_experts_start_len":3,)"));
   EXPECT_THAT(out.body, ::testing::Not(HasSubstr("9")));
   EXPECT_EQ(out.start_offset, 3);
-  out = Forward(CaptureEndpoint::kSglangChat, R"({"routed_experts_start_len":3})", 0);
+  out = Forwarded(CaptureEndpoint::kSglangChat, R"({"routed_experts_start_len":3})", 0);
   EXPECT_EQ(out.start_offset, 3);
-  out = Forward(CaptureEndpoint::kSglangChat, R"({"routed_experts_start_len":null})", 4);
+  out = Forwarded(CaptureEndpoint::kSglangChat, R"({"routed_experts_start_len":null})", 4);
   EXPECT_THAT(out.body, HasSubstr(R"("routed_experts_start_len":4,)"));
   EXPECT_EQ(out.start_offset, 4);
 }
 
 TEST(ForwardRequestTest, VllmGenerateFieldsGoIntoSamplingParams) {
   ForwardedRequest out =
-      Forward(CaptureEndpoint::kVllmGenerate,
-              R"({"token_ids":[5,6,7],"sampling_params":{"temperature":0.5,"n":2},"stream":true})");
+      Forwarded(CaptureEndpoint::kVllmGenerate,
+                R"({"token_ids":[5,6,7],"sampling_params":{"temperature":0.5,"n":2},)"
+                R"("stream":true})");
   EXPECT_EQ(out.body, R"({"token_ids":[5,6,7],"sampling_params":{"temperature":0.5,"n":2,)"
                       R"("logprobs":0},"stream":true})");
   EXPECT_THAT(out.added, ElementsAre("sampling_params.logprobs"));
@@ -153,22 +166,22 @@ TEST(ForwardRequestTest, VllmGenerateFieldsGoIntoSamplingParams) {
   EXPECT_EQ(out.choices_asked, 2);
   EXPECT_TRUE(out.streaming);
 
-  out = Forward(CaptureEndpoint::kVllmGenerate, R"({"token_ids":[1]})");
+  out = Forwarded(CaptureEndpoint::kVllmGenerate, R"({"token_ids":[1]})");
   EXPECT_EQ(out.body, R"({"token_ids":[1],"sampling_params":{"logprobs":0}})");
-  out = Forward(CaptureEndpoint::kVllmGenerate, R"({"token_ids":[1],"sampling_params":null})");
+  out = Forwarded(CaptureEndpoint::kVllmGenerate, R"({"token_ids":[1],"sampling_params":null})");
   EXPECT_EQ(out.body, R"({"token_ids":[1],"sampling_params":{"logprobs":0}})");
-  out = Forward(CaptureEndpoint::kVllmGenerate,
-                R"({"sampling_params":{"logprobs":2},"token_ids":[1]})");
+  out = Forwarded(CaptureEndpoint::kVllmGenerate,
+                  R"({"sampling_params":{"logprobs":2},"token_ids":[1]})");
   EXPECT_EQ(out.body, R"({"sampling_params":{"logprobs":2},"token_ids":[1]})");
   EXPECT_THAT(out.added, IsEmpty());
   // A top-level logprobs is not vLLM generate's: left alone, not counted.
-  out = Forward(CaptureEndpoint::kVllmGenerate, R"({"logprobs":1,"token_ids":[1]})");
+  out = Forwarded(CaptureEndpoint::kVllmGenerate, R"({"logprobs":1,"token_ids":[1]})");
   EXPECT_THAT(out.added, ElementsAre("sampling_params.logprobs"));
 }
 
 TEST(ForwardRequestTest, SglangGenerateOnePromptABatchAndN) {
-  ForwardedRequest out = Forward(CaptureEndpoint::kSglangGenerate,
-                                 R"({"input_ids":[1,2,3],"sampling_params":{"n":3}})");
+  ForwardedRequest out = Forwarded(CaptureEndpoint::kSglangGenerate,
+                                   R"({"input_ids":[1,2,3],"sampling_params":{"n":3}})");
   EXPECT_EQ(out.body, R"({"input_ids":[1,2,3],"sampling_params":{"n":3},)"
                       R"("return_routed_experts":true,"return_logprob":true})");
   EXPECT_THAT(out.added, ElementsAre("return_routed_experts", "return_logprob"));
@@ -176,49 +189,49 @@ TEST(ForwardRequestTest, SglangGenerateOnePromptABatchAndN) {
   EXPECT_EQ(out.batch_size, 1);
   EXPECT_EQ(out.choices_asked, 3);
 
-  out = Forward(CaptureEndpoint::kSglangGenerate,
-                R"({"input_ids":[[1,2],[3]],"sampling_params":[{"n":2},{"n":2}],)"
-                R"("return_logprob":[true,true]})");
+  out = Forwarded(CaptureEndpoint::kSglangGenerate,
+                  R"({"input_ids":[[1,2],[3]],"sampling_params":[{"n":2},{"n":2}],)"
+                  R"("return_logprob":[true,true]})");
   EXPECT_THAT(out.request_prompt_ids, ElementsAre(ElementsAre(1, 2), ElementsAre(3)));
   EXPECT_EQ(out.batch_size, 2);
   EXPECT_EQ(out.choices_asked, 4);
   EXPECT_THAT(out.added, ElementsAre("return_routed_experts")) << "return_logprob was set";
 
-  out = Forward(CaptureEndpoint::kSglangGenerate, R"({"text":["a","b","c"]})");
+  out = Forwarded(CaptureEndpoint::kSglangGenerate, R"({"text":["a","b","c"]})");
   EXPECT_THAT(out.request_prompt_ids, IsEmpty());
   EXPECT_EQ(out.batch_size, 3);
   EXPECT_EQ(out.choices_asked, 3);
-  out = Forward(CaptureEndpoint::kSglangGenerate, R"({"text":"a","stream":true})");
+  out = Forwarded(CaptureEndpoint::kSglangGenerate, R"({"text":"a","stream":true})");
   EXPECT_EQ(out.batch_size, 1);
   EXPECT_TRUE(out.streaming);
 }
 
 TEST(ForwardRequestTest, SglangOpenAiEndpoints) {
   ForwardedRequest out =
-      Forward(CaptureEndpoint::kSglangChat, R"({"messages":[],"input_ids":[4,5],"n":2})");
+      Forwarded(CaptureEndpoint::kSglangChat, R"({"messages":[],"input_ids":[4,5],"n":2})");
   EXPECT_EQ(out.body, R"({"messages":[],"input_ids":[4,5],"n":2,"return_routed_experts":true,)"
                       R"("return_meta_info":true,"return_token_ids":true,)"
                       R"("return_prompt_token_ids":true,"logprobs":true,"top_logprobs":0})");
   EXPECT_THAT(out.request_prompt_ids, ElementsAre(ElementsAre(4, 5)));
   EXPECT_EQ(out.choices_asked, 2);
 
-  out = Forward(CaptureEndpoint::kSglangCompletions, R"({"prompt":[9,8],"logprobs":1})");
+  out = Forwarded(CaptureEndpoint::kSglangCompletions, R"({"prompt":[9,8],"logprobs":1})");
   EXPECT_EQ(
       out.body,
       R"({"prompt":[9,8],"logprobs":1,"return_routed_experts":true,"return_token_ids":true})");
   EXPECT_THAT(out.request_prompt_ids, ElementsAre(ElementsAre(9, 8)));
-  out = Forward(CaptureEndpoint::kSglangCompletions, R"({"prompt":[[9],[8,7]],"n":2})");
+  out = Forwarded(CaptureEndpoint::kSglangCompletions, R"({"prompt":[[9],[8,7]],"n":2})");
   EXPECT_THAT(out.request_prompt_ids, ElementsAre(ElementsAre(9), ElementsAre(8, 7)));
   EXPECT_EQ(out.batch_size, 2);
   EXPECT_EQ(out.choices_asked, 4);
-  out = Forward(CaptureEndpoint::kSglangCompletions, R"({"prompt":"text"})");
+  out = Forwarded(CaptureEndpoint::kSglangCompletions, R"({"prompt":"text"})");
   EXPECT_THAT(out.request_prompt_ids, IsEmpty());
   EXPECT_EQ(out.batch_size, 1);
 }
 
 TEST(ForwardRequestTest, VllmCompletionsBatchesCountChoices) {
   const ForwardedRequest out =
-      Forward(CaptureEndpoint::kVllmCompletions, R"({"prompt":["a","b"],"n":3})");
+      Forwarded(CaptureEndpoint::kVllmCompletions, R"({"prompt":["a","b"],"n":3})");
   EXPECT_EQ(out.batch_size, 2);
   EXPECT_EQ(out.choices_asked, 6);
   EXPECT_THAT(out.request_prompt_ids, IsEmpty());

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/capture/capture_test_support.h"
 #include "server/capture/response_splice.h"
 
 namespace rollpack {
@@ -142,15 +143,6 @@ TEST(JsonEditsTest, NestedEditsAreDroppedAndInsertionsKeepTheirPlace) {
   EXPECT_EQ(ApplyJsonEdits(text, {{9, 10, "!"}, {0, 1, ""}}), "12345678!");
   EXPECT_EQ(ApplyJsonEdits(text, {}), text);
 }
-
-// A body as ParseEngineResponse takes it: followed by the parser's padding.
-struct Padded {
-  explicit Padded(absl::string_view json)
-      : storage(absl::StrCat(json, std::string(simdjson::SIMDJSON_PADDING, ' '))),
-        view(storage.data(), json.size()) {}
-  std::string storage;
-  absl::string_view view;
-};
 
 TEST(ResponseSpliceTest, CutsRoutingStringsAndMapsEditsBackToTheBody) {
   const std::string routing_a(5000, 'A');

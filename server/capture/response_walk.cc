@@ -159,4 +159,14 @@ absl::Status ReadCompletionLogprobs(JsonValue& value, absl::string_view what,
   return absl::OkStatus();
 }
 
+absl::Status ReadChoiceTokenIds(absl::string_view key, JsonValue& value, ChoiceReading& reading) {
+  if (IsNull(value)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                   ReadTokenIds(value, absl::StrCat(reading.where, ".", key)));
+  const bool generated = key == "token_ids";
+  (generated ? reading.choice.generated_ids : reading.choice.prompt_ids) = std::move(ids);
+  (generated ? reading.has_generated : reading.has_prompt) = true;
+  return absl::OkStatus();
+}
+
 }  // namespace rollpack

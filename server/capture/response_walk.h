@@ -1,5 +1,5 @@
-// What the vLLM and SGLang response readers (vllm_response.h,
-// sglang_response.h) share: a walk over the engine's JSON in document order
+// The vLLM and SGLang response readers (vllm_response.cc, sglang_response.cc)
+// and what they share: a walk over the engine's JSON in document order
 // (simdjson on demand reads forward only) that collects each choice as
 // shared/spec/capture.md section 3.1 reads it and records the edits of
 // section 4, and the reads of the OpenAI-style fields both engines return.
@@ -92,6 +92,19 @@ class ResponseWalk {
 absl::Status ReadChatLogprobs(JsonValue& value, absl::string_view what, ChoiceReading& reading);
 absl::Status ReadCompletionLogprobs(JsonValue& value, absl::string_view what,
                                     ChoiceReading& reading);
+
+// A choice's "token_ids" (the generated ids) or "prompt_token_ids" (`key`),
+// into `reading.choice`; null: none returned.
+absl::Status ReadChoiceTokenIds(absl::string_view key, JsonValue& value, ChoiceReading& reading);
+
+// Each engine's reader (vllm_response.cc, sglang_response.cc): reads the
+// response `walk` parses as `endpoint` (one of that engine's) into
+// walk.response_id and `choices`, recording the client body's edits.
+// INVALID_ARGUMENT naming the field when it is not that endpoint's JSON.
+absl::Status ReadVllmResponse(CaptureEndpoint endpoint, ResponseWalk& walk,
+                              std::vector<EngineChoice>& choices);
+absl::Status ReadSglangResponse(CaptureEndpoint endpoint, ResponseWalk& walk,
+                                std::vector<EngineChoice>& choices);
 
 template <typename Visit>
 absl::Status ResponseWalk::Fields(simdjson::ondemand::object& object, absl::string_view what,

@@ -6,21 +6,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/capture/capture_test_support.h"
 
 namespace rollpack {
 namespace {
 
 using ::testing::HasSubstr;
 
-ModelSpec Model() {
-  ModelSpec m;
-  m.name = "moe";
-  m.num_layers = 6;
-  m.moe_layers = {1, 2, 3, 4, 5};  // layer 0 dense
-  m.num_experts = 64;
-  m.topk = 4;
-  return m;
-}
+ModelSpec Model() { return MoeModel(6, 64, 4, {1, 2, 3, 4, 5}); }  // layer 0 dense
 
 TEST(PlaceRoutingRowsTest, RowsEndAtTheLastForwardedTokenFromTheStartAsked) {
   const ModelSpec model = Model();

@@ -1,12 +1,20 @@
-#include "server/capture/sglang_response.h"
-
+// SGLang's answers to the captured endpoints (shared/spec/capture.md
+// section 3.1): /generate (one item or a list of items, the routing in each
+// item's meta_info), /v1/chat/completions (the routing in each choice's
+// meta_info, choice 0's also in the response's sglext) and /v1/completions
+// (choice 0's routing in sglext only). SGLang leaves out the fields it was
+// not asked for, so what rollpackd's fields caused is removed, except the
+// OpenAI choices' logprobs, which are null when not asked.
 #include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "server/capture/engine_exchange.h"
+#include "server/capture/response_walk.h"
 
 namespace rollpack {
 namespace {
@@ -223,13 +231,8 @@ absl::Status ReadOpenAiChoice(CaptureEndpoint endpoint, ResponseWalk& walk, size
       value, where,
       [&](absl::string_view key, JsonValue& field_value, ObjectFields& fields) -> absl::Status {
         if (key == "token_ids" || key == "prompt_token_ids") {
+          RETURN_IF_ERROR(ReadChoiceTokenIds(key, field_value, reading));
           const bool generated = key == "token_ids";
-          if (!IsNull(field_value)) {
-            ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                             ReadTokenIds(field_value, absl::StrCat(where, ".", key)));
-            (generated ? reading.choice.generated_ids : reading.choice.prompt_ids) = std::move(ids);
-            (generated ? reading.has_generated : reading.has_prompt) = true;
-          }
           // Chat's prompt_token_ids answer return_prompt_token_ids.
           const bool caused_by_us =
               generated || !chat ? added_token_ids : walk.Added("return_prompt_token_ids");

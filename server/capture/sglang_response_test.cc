@@ -10,8 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/capture/capture_test_support.h"
 #include "server/capture/engine_exchange.h"
-#include "simdjson.h"
 
 namespace rollpack {
 namespace {
@@ -39,10 +39,6 @@ struct Asked {
   bool cached_details = false;
   int start_echo = -1;
 };
-
-std::string Ids(const std::vector<int>& ids) {
-  return absl::StrCat("[", absl::StrJoin(ids, ","), "]");
-}
 
 std::string MetaInfo(const Item& item, const Asked& asked) {
   std::string logprobs;
@@ -144,29 +140,6 @@ std::string Completions(const std::vector<Item>& items, const Asked& asked) {
                       absl::StrJoin(parts, ","),
                       R"(],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2},)",
                       R"("metadata":{"weight_version":"default"})", Sglext(items, asked), "}");
-}
-
-struct Padded {
-  explicit Padded(absl::string_view json)
-      : storage(absl::StrCat(json, std::string(simdjson::SIMDJSON_PADDING, '\0'))),
-        view(storage.data(), json.size()) {}
-  std::string storage;
-  absl::string_view view;
-};
-
-EngineResponse Parse(CaptureEndpoint endpoint, const ForwardedRequest& request, const Padded& body,
-                     bool keep_routing = false) {
-  absl::StatusOr<EngineResponse> out =
-      ParseEngineResponse(endpoint, request, body.view, keep_routing);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? *std::move(out) : EngineResponse();
-}
-
-ForwardedRequest Forwarded(CaptureEndpoint endpoint, const std::string& client_body,
-                           int64_t start = 0) {
-  absl::StatusOr<ForwardedRequest> out = ForwardRequest(endpoint, client_body, start);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? *std::move(out) : ForwardedRequest();
 }
 
 const Item kA{"rid-a", {11, 12, 13}, {21, 22}, {-0.25, -1.5}, "AAAAAQAAAAIAAAAD"};

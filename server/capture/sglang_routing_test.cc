@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/capture/capture_test_support.h"
 
 namespace rollpack {
 namespace {
@@ -11,15 +12,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-ModelSpec Model() {
-  ModelSpec m;
-  m.name = "moe";
-  m.num_layers = 6;
-  m.moe_layers = {1, 2, 3, 4, 5};
-  m.num_experts = 64;
-  m.topk = 4;
-  return m;
-}
+ModelSpec Model() { return MoeModel(6, 64, 4, {1, 2, 3, 4, 5}); }  // layer 0 dense
 
 TEST(EngineDtypeTest, ReadsTheNamesEnginesUse) {
   EXPECT_EQ(EngineDtype("int32")->descr, "<i4");

@@ -1,11 +1,18 @@
-#include "server/capture/vllm_response.h"
-
+// vLLM's answers to the captured endpoints (shared/spec/capture.md section
+// 3.1): /v1/completions, /v1/chat/completions and /inference/v1/generate,
+// each choice with its routing as base64 .npy in choices[i].routed_experts.
+// vLLM writes every field of its response models, null when not asked
+// (pydantic's model_dump), so what rollpackd's fields caused is set back to
+// null rather than removed.
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "server/capture/engine_exchange.h"
+#include "server/capture/response_walk.h"
 
 namespace rollpack {
 namespace {
@@ -24,13 +31,7 @@ absl::Status ReadChoice(CaptureEndpoint endpoint, ResponseWalk& walk, size_t ind
       value, where,
       [&](absl::string_view key, JsonValue& field_value, ObjectFields& fields) -> absl::Status {
         if (key == "token_ids" || key == "prompt_token_ids") {
-          const bool generated = key == "token_ids";
-          if (!IsNull(field_value)) {
-            ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                             ReadTokenIds(field_value, absl::StrCat(where, ".", key)));
-            (generated ? reading.choice.generated_ids : reading.choice.prompt_ids) = std::move(ids);
-            (generated ? reading.has_generated : reading.has_prompt) = true;
-          }
+          RETURN_IF_ERROR(ReadChoiceTokenIds(key, field_value, reading));
           if (added_token_ids) fields.Replace("null");
         } else if (key == "logprobs") {
           const std::string what = absl::StrCat(where, ".logprobs");

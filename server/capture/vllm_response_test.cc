@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/capture/capture_test_support.h"
 #include "server/capture/engine_exchange.h"
-#include "simdjson.h"
 
 namespace rollpack {
 namespace {
@@ -36,10 +36,6 @@ struct Asked {
   Routing routing = Routing::kValue;
   int start_echo = -1;  // routed_experts_prompt_start echoed in the choice
 };
-
-std::string Ids(const std::vector<int>& ids) {
-  return absl::StrCat("[", absl::StrJoin(ids, ","), "]");
-}
 
 std::string RoutingMember(const Choice& c, const Asked& asked) {
   switch (asked.routing) {
@@ -129,30 +125,6 @@ std::string VllmGenerate(const std::vector<Choice>& choices, const Asked& asked)
   return absl::StrCat(R"({"request_id":"req-9","model":"moe","created":1,"choices":[)",
                       absl::StrJoin(parts, ","),
                       R"(],"usage":null,"prompt_logprobs":null,"kv_transfer_params":null})");
-}
-
-// A body as ParseEngineResponse takes it: followed by the parser's padding.
-struct Padded {
-  explicit Padded(absl::string_view json)
-      : storage(absl::StrCat(json, std::string(simdjson::SIMDJSON_PADDING, '\0'))),
-        view(storage.data(), json.size()) {}
-  std::string storage;
-  absl::string_view view;
-};
-
-EngineResponse Parse(CaptureEndpoint endpoint, const ForwardedRequest& request, const Padded& body,
-                     bool keep_routing = false) {
-  absl::StatusOr<EngineResponse> out =
-      ParseEngineResponse(endpoint, request, body.view, keep_routing);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? *std::move(out) : EngineResponse();
-}
-
-ForwardedRequest Forwarded(CaptureEndpoint endpoint, const std::string& client_body,
-                           int64_t start = 0) {
-  absl::StatusOr<ForwardedRequest> out = ForwardRequest(endpoint, client_body, start);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? *std::move(out) : ForwardedRequest();
 }
 
 bool InBody(absl::string_view view, const Padded& body) {
