@@ -24,16 +24,14 @@
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
-#include "grpcpp/client_context.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "rollpack/v1/trainer.grpc.pb.h"
 #include "simdjson.h"
 #include "testing/daemon_process.h"
+#include "testing/rank_fetch.h"
 #include "testing/reference_layout.h"
 #include "testing/standin_engine.h"
+#include "testing/standin_outputs.h"
 
 namespace rollpack {
 namespace {
@@ -42,7 +40,7 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr char kPython[] = "/usr/bin/python3";
-constexpr int kLayers = 4, kExperts = 8, kTopk = 2, kVocab = 32000;
+constexpr int kLayers = 4, kExperts = 8, kTopk = 2;
 
 v1::ModelSpec Model() {
   v1::ModelSpec m;
@@ -51,76 +49,6 @@ v1::ModelSpec Model() {
   m.set_num_experts(kExperts);
   m.set_topk(kTopk);
   return m;
-}
-
-// The stand-in's outputs, from the formulas at the top of
-// testing/standin_engine.py. The tokens the stand-in generates for choice `choice` of `prompt`, and
-// their logprobs.
-std::pair<std::vector<int32_t>, std::vector<float>> Generated(const std::vector<int32_t>& prompt,
-                                                              int choice, int max_tokens) {
-  int64_t seed = 0;
-  for (size_t k = 0; k < prompt.size(); ++k) seed = (seed + (k + 1) * prompt[k]) % 1000003;
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  for (int j = 0; j < max_tokens; ++j) {
-    const int32_t g = static_cast<int32_t>((seed + 7919 * j + 104729 * choice) % kVocab);
-    tokens.push_back(g);
-    logprobs.push_back(-static_cast<float>(((g + 3 * j + 5 * choice) % 64) + 1) / 64.0f);
-  }
-  return {tokens, logprobs};
-}
-
-// A whole sample as a producer would put it: `tokens` with `loss_mask`
-// and `logprobs`, routing rows for [0, n - 1) by the stand-in's formula
-// (uint8 ids, every layer MoE).
-v1::Sample WholeSample(const std::string& id, const std::vector<int32_t>& tokens,
-                       const std::vector<uint8_t>& loss_mask, const std::vector<float>& logprobs,
-                       int32_t routing_dtype_bytes = 1) {
-  v1::Sample s;
-  s.set_sample_id(id);
-  auto vector = [](v1::DType dtype, const void* data, size_t n, size_t size) {
-    v1::NDArray a;
-    a.set_dtype(dtype);
-    a.add_shape(static_cast<int64_t>(n));
-    a.set_data(std::string(static_cast<const char*>(data), n * size));
-    return a;
-  };
-  *s.mutable_tokens() = vector(v1::INT32, tokens.data(), tokens.size(), 4);
-  (*s.mutable_token_fields())["loss_mask"] =
-      vector(v1::UINT8, loss_mask.data(), loss_mask.size(), 1);
-  (*s.mutable_token_fields())["logprobs"] =
-      vector(v1::FLOAT32, logprobs.data(), logprobs.size(), 4);
-  const int64_t rows = static_cast<int64_t>(tokens.size()) - 1;
-  std::string routing;
-  for (int64_t p = 0; p < rows; ++p) {
-    for (int l = 0; l < kLayers; ++l) {
-      for (int k = 0; k < kTopk; ++k) {
-        const int32_t id = static_cast<int32_t>((7 * p + 3 * l + 11 * tokens[p] + k) % kExperts);
-        routing.append(reinterpret_cast<const char*>(&id), routing_dtype_bytes);
-      }
-    }
-  }
-  v1::NDArray& r = *s.mutable_routed_experts();
-  r.set_dtype(routing_dtype_bytes == 1 ? v1::UINT8 : v1::INT32);
-  r.add_shape(rows);
-  r.add_shape(kLayers);
-  r.add_shape(kTopk);
-  r.set_data(routing);
-  return s;
-}
-
-// What the engine generated for choice `choice` of `prompt`, as the sample
-// a producer would have put.
-v1::Sample ExpectedSample(const std::string& id, const std::vector<int32_t>& prompt, int choice,
-                          int max_tokens) {
-  auto [generated, generated_logprobs] = Generated(prompt, choice, max_tokens);
-  std::vector<int32_t> tokens = prompt;
-  tokens.insert(tokens.end(), generated.begin(), generated.end());
-  std::vector<uint8_t> loss_mask(prompt.size(), 0);
-  loss_mask.resize(tokens.size(), 1);
-  std::vector<float> logprobs(prompt.size(), 0.0f);
-  logprobs.insert(logprobs.end(), generated_logprobs.begin(), generated_logprobs.end());
-  return WholeSample(id, tokens, loss_mask, logprobs);
 }
 
 // `json` re-serialized with object members named in `drop` left out
@@ -152,23 +80,6 @@ std::string Canonical(const std::string& json, const std::set<std::string>& drop
   simdjson::dom::element root;
   if (parser.parse(json).get(root) != simdjson::SUCCESS) return "not JSON: " + json;
   return Canonical(root, drop);
-}
-
-absl::StatusOr<std::vector<v1::Microbatch>> FetchAll(const std::string& address,
-                                                     const std::string& step_id) {
-  auto stub = v1::Trainer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  v1::FetchRequest request;
-  request.set_step_id(step_id);
-  request.set_all_fields(true);
-  auto reader = stub->FetchMicrobatches(&context, request);
-  std::vector<v1::Microbatch> out;
-  v1::Microbatch mb;
-  while (reader->Read(&mb)) out.push_back(mb);
-  grpc::Status s = reader->Finish();
-  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  return out;
 }
 
 class CaptureTest : public ::testing::Test {
@@ -239,7 +150,7 @@ class CaptureTest : public ::testing::Test {
     ASSERT_TRUE(step.ok()) << step.status();
     absl::StatusOr<v1::Plan> plan = client_->GetPlan(create.step_id());
     ASSERT_TRUE(plan.ok()) << plan.status();
-    absl::StatusOr<std::vector<v1::Microbatch>> mbs = FetchAll(daemon_->address(), create.step_id());
+    absl::StatusOr<std::vector<v1::Microbatch>> mbs = FetchRankMicrobatches(daemon_->address(), create.step_id(), v1::RankCoords());
     ASSERT_TRUE(mbs.ok()) << mbs.status();
     ASSERT_EQ(static_cast<int>(mbs->size()), plan->microbatches_size());
     for (const v1::Microbatch& mb : *mbs) {
@@ -284,7 +195,7 @@ TEST_F(CaptureTest, VllmCompletionsChoicesAreStoredAsAGroupWithTheEnginesBytes) 
 
   std::vector<v1::Sample> expected;
   for (int i = 0; i < 2; ++i) {
-    expected.push_back(ExpectedSample(absl::StrCat(id, "#", i), {101, 7, 2024, 55, 9}, i, 6));
+    expected.push_back(StandinChoiceSample(absl::StrCat(id, "#", i), {101, 7, 2024, 55, 9}, i, 6));
   }
   ExpectStored(expected);
 }
@@ -447,8 +358,8 @@ TEST_F(CaptureTest, OversizedRequestsAreRefusedAndTokensChecked) {
   EXPECT_EQ(oversized->status, 413);
 }
 
-// SGLang's int32 routing: the SGLang stand-in writes raw int32 ids.
-constexpr int32_t kSglangIdBytes = 4;
+// The SGLang stand-in writes raw int32 ids.
+const StandinModel kSglangModel{4, 8, 2, 32000, 4};
 
 TEST_F(CaptureTest, ASessionsTurnsSealIntoOneSampleWhoseLayoutIsExact) {
   Start("sglang");
@@ -473,7 +384,7 @@ TEST_F(CaptureTest, ASessionsTurnsSealIntoOneSampleWhoseLayoutIsExact) {
     // The client's body is the engine's answer to its own request.
     EXPECT_EQ(Canonical(r->body), Canonical(PostToEngine("/generate", request)->body));
 
-    auto [generated, generated_logprobs] = Generated(prompt, 0, max_new[turn]);
+    auto [generated, generated_logprobs] = StandinGenerated(prompt, 0, max_new[turn]);
     loss_mask.resize(prompt.size(), 0);
     logprobs.resize(prompt.size(), 0.0f);
     tokens = prompt;
@@ -487,7 +398,7 @@ TEST_F(CaptureTest, ASessionsTurnsSealIntoOneSampleWhoseLayoutIsExact) {
     EXPECT_EQ(pool->num_open_samples(), turn < 2 ? 1 : 0) << "turn " << turn;
     EXPECT_EQ(pool->num_samples(), turn < 2 ? 0 : 1) << "turn " << turn;
   }
-  ExpectStored({WholeSample("agent-7", tokens, loss_mask, logprobs, kSglangIdBytes)});
+  ExpectStored({StandinSample("agent-7", tokens, loss_mask, logprobs, kSglangModel)});
 }
 
 TEST_F(CaptureTest, ASessionTurnThatRewroteHistoryOrOverlapsAnotherIsNotStored) {
@@ -612,8 +523,8 @@ TEST_F(CaptureTest, StreamedGenerationsAreStoredBeforeTheirFinalEventAndNamedInT
   const std::string first_event = Events(direct->body, {}).front();
   const std::string id =
       std::string(parser.parse(first_event)["request_id"].get_string().value());
-  ExpectStored({ExpectedSample(absl::StrCat(id, "#0"), {9, 8, 7, 6}, 0, 4),
-                ExpectedSample(absl::StrCat(id, "#1"), {9, 8, 7, 6}, 1, 4)});
+  ExpectStored({StandinChoiceSample(absl::StrCat(id, "#0"), {9, 8, 7, 6}, 0, 4),
+                StandinChoiceSample(absl::StrCat(id, "#1"), {9, 8, 7, 6}, 1, 4)});
 
   // The outcome comes as trailers: the headers left before it was known.
   const std::string raw = RawExchange(
@@ -640,20 +551,9 @@ TEST_F(CaptureTest, SglangStreamedBatchItemsAreStoredUngroupedWithTheirOwnPrompt
   const std::string first = Events(direct->body, {}).front();
   const std::string item0 =
       std::string(parser.parse(first)["meta_info"]["id"].get_string().value());
-  auto sglang = [](v1::Sample s) {
-    // SGLang's ids are int32: widen the uint8 reference.
-    const std::string& narrow = s.routed_experts().data();
-    std::string wide;
-    for (char c : narrow) {
-      const int32_t id = static_cast<uint8_t>(c);
-      wide.append(reinterpret_cast<const char*>(&id), 4);
-    }
-    s.mutable_routed_experts()->set_dtype(v1::INT32);
-    s.mutable_routed_experts()->set_data(wide);
-    return s;
-  };
-  ExpectStored({sglang(ExpectedSample(absl::StrCat(item0, "#0"), {3, 1, 4}, 0, 3)),
-                sglang(ExpectedSample(absl::StrCat(item0, "#1"), {1, 5, 9, 2}, 0, 3))});
+  ExpectStored(
+      {StandinChoiceSample(absl::StrCat(item0, "#0"), {3, 1, 4}, 0, 3, kSglangModel),
+       StandinChoiceSample(absl::StrCat(item0, "#1"), {1, 5, 9, 2}, 0, 3, kSglangModel)});
 }
 
 // An engine whose model is not the pool's: each mismatch answered as the

@@ -28,30 +28,13 @@
 #include "testing/exposition.h"
 #include "rollpack/v1/member.grpc.pb.h"
 #include "testing/cluster_fixture.h"
+#include "testing/rank_fetch.h"
 
 namespace rollpack {
 namespace {
 
 using ::testing::HasSubstr;
 
-
-// The micro-batches one rank receives.
-absl::StatusOr<std::vector<v1::Microbatch>> FetchRankMicrobatches(const std::string& address,
-                                                                  const std::string& step_id,
-                                                                  const v1::RankCoords& rank,
-                                                                  Delivery delivery) {
-  TrainerStreamOptions options;
-  options.max_resumes = 0;
-  options.delivery = delivery;
-  TrainerStream stream(MakeChannel(address), step_id, rank, options);
-  std::vector<v1::Microbatch> out;
-  while (true) {
-    absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
-    if (!next.ok()) return next.status();
-    if (!next->has_value()) return out;
-    out.push_back(**std::move(next));
-  }
-}
 
 // Every micro-batch one rank receives, as deterministic bytes.
 absl::StatusOr<std::vector<std::string>> FetchRank(const std::string& address,
