@@ -157,7 +157,7 @@ grpc::ServerUnaryReactor* MemberService::ReleaseHold(grpc::CallbackServerContext
                                                      const v1::StepHoldRequest* request,
                                                      v1::DropHoldResponse* response) {
   if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/ReleaseHold")) return refused;
-  absl::StatusOr<ReleaseResult> released = store_->ReleaseStep(request->step_id());
+  absl::StatusOr<ReleaseResult> released = store_->ReleaseHold(request->step_id());
   steps_->DropStaleRoutingStages();  // this member's R2 stage of the step, if any
   if (released.ok()) {
     response->set_released_samples(released->released_samples);

@@ -626,8 +626,25 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::GetStep(
 absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_id) {
   RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
   int64_t ticket = 0;
-  absl::StatusOr<ReleaseResult> released = ReleaseStepLocked(step_id, &ticket);
-  if (!released.ok() || log_ == nullptr) return released;
+  absl::StatusOr<ReleaseResult> released =
+      ReleaseStepLocked(step_id, /*holds_only=*/false, &ticket);
+  if (!released.ok()) return released;
+  RETURN_IF_ERROR(SyncRelease(ticket));
+  return released;
+}
+
+absl::StatusOr<ReleaseResult> SampleStore::ReleaseHold(const std::string& step_id) {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
+  int64_t ticket = 0;
+  absl::StatusOr<ReleaseResult> released =
+      ReleaseStepLocked(step_id, /*holds_only=*/true, &ticket);
+  if (!released.ok()) return released;
+  RETURN_IF_ERROR(SyncRelease(ticket));
+  return released;
+}
+
+absl::Status SampleStore::SyncRelease(int64_t ticket) {
+  if (log_ == nullptr) return absl::OkStatus();
   RETURN_IF_ERROR(log_->Sync(ticket));
   if (log_->ShouldCompact()) {
     // The release is durable whatever compaction does; a failed compaction
@@ -635,13 +652,13 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_i
     // last error) and is retried at the next release.
     CompactLog().IgnoreError();
   }
-  return released;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& step_id,
-                                                             int64_t* ticket) {
+                                                             bool holds_only, int64_t* ticket) {
   absl::MutexLock lock(&mu_);
-  auto it = steps_.find(step_id);
+  auto it = holds_only ? steps_.end() : steps_.find(step_id);
   if (it == steps_.end()) {
     if (holds_.contains(step_id)) return ReleaseHoldLocked(step_id, ticket);
     return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" does not exist or was released"));

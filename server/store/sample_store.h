@@ -228,6 +228,10 @@ class SampleStore {
   // samples, freeing their memory; a reuse step's samples go back to the
   // free set (in their ingest order) unless they reached max_uses.
   absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id);
+  // The same for this member's hold of a cluster step only (Member.
+  // ReleaseHold): NOT_FOUND for any other id, a step of this server's own
+  // included, so a peer cannot release what it did not hold.
+  absl::StatusOr<ReleaseResult> ReleaseHold(const std::string& step_id);
 
   // Cluster mode (server/cluster/cluster_steps.h): a step planned over
   // several members holds, on each, the samples that member stores. These
@@ -417,7 +421,10 @@ class SampleStore {
   absl::StatusOr<PutResult> PutLocked(const std::string& pool,
                                       std::vector<StoredSample> samples,
                                       std::string encoded, int64_t* ticket);
-  absl::StatusOr<ReleaseResult> ReleaseStepLocked(const std::string& step_id, int64_t* ticket);
+  absl::StatusOr<ReleaseResult> ReleaseStepLocked(const std::string& step_id, bool holds_only,
+                                                  int64_t* ticket);
+  // Makes a release durable (log sync), then compacts the log if due.
+  absl::Status SyncRelease(int64_t ticket);
   // Deletes the samples of a released step or hold from their pool.
   ReleaseResult EraseSamples(Pool& pool, absl::Span<const std::string> sample_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -190,6 +190,23 @@ TEST(SampleStoreTest, SampleBelongsToOneLiveStep) {
             absl::StatusCode::kNotFound);
 }
 
+TEST(SampleStoreTest, ReleaseHoldReleasesOnlyHoldsNotThisServersOwnSteps) {
+  SampleStore store(1 << 20);
+  ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+  ASSERT_TRUE(store.Put("p", {Sample("a", 8), Sample("b", 8)}).ok());
+  ASSERT_TRUE(store.CreateStep("own", "p", std::vector<std::string>{"a"}, 0, Topo()).ok());
+  ASSERT_TRUE(store.Hold("held", "p", std::vector<std::string>{"b"}, "m:1", 1).ok());
+  // A peer's ReleaseHold naming a step of this server's own: not found,
+  // the step stays live.
+  EXPECT_EQ(store.ReleaseHold("own").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store.GetStep("own").ok());
+  absl::StatusOr<ReleaseResult> released = store.ReleaseHold("held");
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->released_samples, 1);
+  EXPECT_EQ(store.ReleaseHold("held").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store.ReleaseStep("own").ok());
+}
+
 TEST(SampleStoreTest, TooLongSampleIsRefusedByNameAndSamplesStayFree) {
   SampleStore store(1 << 20);
   ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
