@@ -35,6 +35,12 @@ std::string Npy(int64_t rows, int layers, int k, uint8_t first) {
   return file;
 }
 
+CapturedIdentity Identity(const std::string& sample_id) {
+  CapturedIdentity identity;
+  identity.sample_id = sample_id;
+  return identity;
+}
+
 template <typename T>
 std::vector<T> Values(const v1::NDArray& array) {
   std::vector<T> out(array.data().size() / sizeof(T));
@@ -86,7 +92,7 @@ TEST(CapturedSampleTest, AVllmChoiceIsTheSampleAProducerWouldPut) {
 TEST(CapturedSampleTest, WithoutLogprobsThereIsNoLogprobField) {
   Choice c = VllmChoice(4);
   c.choice.logprobs.clear();
-  absl::StatusOr<v1::Sample> s = CapturedSample(Engine::kVllm, c.choice, Model(), 0, {"s"});
+  absl::StatusOr<v1::Sample> s = CapturedSample(Engine::kVllm, c.choice, Model(), 0, Identity("s"));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->token_fields().count("logprobs"), 0);
   EXPECT_EQ(s->token_fields().count("loss_mask"), 1);
@@ -120,7 +126,7 @@ TEST(CapturedSampleTest, SglangRawRoutingIsShapedFromTheModel) {
   choice.generated_ids = {4, 5};
   choice.routing_base64 = routing;
   choice.routing_dtype = "int32";
-  absl::StatusOr<v1::Sample> s = CapturedSample(Engine::kSglang, choice, Model(), 0, {"g"});
+  absl::StatusOr<v1::Sample> s = CapturedSample(Engine::kSglang, choice, Model(), 0, Identity("g"));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->routed_experts().dtype(), v1::INT32);
   EXPECT_THAT(s->routed_experts().shape(), ElementsAre(4, 3, 2));
@@ -129,27 +135,27 @@ TEST(CapturedSampleTest, SglangRawRoutingIsShapedFromTheModel) {
 TEST(CapturedSampleTest, UnusableChoicesAreRefusedNamingTheSampleAndWhy) {
   Choice c = VllmChoice(4);
   c.choice.unusable = absl::InvalidArgumentError("routed_experts is null");
-  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, {"a"}).status().message(),
+  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, Identity("a")).status().message(),
               HasSubstr("sample \"a\": choice: routed_experts is null"));
 
   c = VllmChoice(4);
   c.choice.routing_base64 = {};
-  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, {"b"}).status().message(),
+  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, Identity("b")).status().message(),
               HasSubstr("no routed experts"));
 
   c = VllmChoice(4);
   c.choice.logprobs.pop_back();
-  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, {"c"}).status().message(),
+  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, Identity("c")).status().message(),
               HasSubstr("1 logprobs for 2 generated tokens"));
 
   c = VllmChoice(4);
   c.routing[3] = '*';
   c.choice.routing_base64 = c.routing;
-  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, {"d"}).status().message(),
+  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, Identity("d")).status().message(),
               HasSubstr("sample \"d\": routed_experts"));
 
   c = VllmChoice(7);  // 7 rows for 5 tokens
-  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, {"e"}).status().message(),
+  EXPECT_THAT(CapturedSample(Engine::kVllm, c.choice, Model(), 0, Identity("e")).status().message(),
               HasSubstr("sample \"e\": routed_experts"));
 
   c = VllmChoice(4);
