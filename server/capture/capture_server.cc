@@ -8,10 +8,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/steady_timer.hpp"
 #include "server/capture/capture_recorder.h"
 #include "server/capture/proxy_connection.h"
 #include "spdlog/spdlog.h"
@@ -101,8 +103,10 @@ class CaptureServer::Impl {
     context_.record_workers = &record_workers_;
     context_.metrics = capture_metrics;
     context_.auth = auth;
+    context_.log_limiter = &log_limiter_;
 
     acceptor_ = std::make_unique<tcp::acceptor>(first);
+    accept_backoff_ = std::make_unique<asio::steady_timer>(first);
     boost::system::error_code ec;
     acceptor_->open(endpoint.protocol(), ec);
     if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
@@ -134,15 +138,24 @@ class CaptureServer::Impl {
       if (ec == asio::error::operation_aborted) return;
       if (!ec) {
         capture_internal::ServeConnection(&context_, loop, std::move(socket));
-      } else {
-        // Out of descriptors, most likely: the next accept may succeed.
-        spdlog::warn("capture port: accept failed: {}", ec.message());
+        return Accept();
       }
-      Accept();
+      // Out of descriptors, most likely: accepting again at once would
+      // spin; connections closing meanwhile make room.
+      int64_t dropped = 0;
+      if (log_limiter_.Allow("accept", absl::Now(), &dropped)) {
+        spdlog::warn("capture port: accept failed: {} ({} more not logged); retrying in 50 ms",
+                     ec.message(), dropped);
+      }
+      accept_backoff_->expires_after(std::chrono::milliseconds(50));
+      accept_backoff_->async_wait([this](boost::system::error_code wait) {
+        if (!wait) Accept();
+      });
     });
   }
 
   CaptureRecorder recorder_;
+  LogRateLimiter log_limiter_{5, absl::Seconds(10)};
   ProxyContext context_;
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
   std::vector<std::unique_ptr<Loop>> loops_;
@@ -150,6 +163,7 @@ class CaptureServer::Impl {
   // still running posts its reply to a loop that exists.
   WorkerPool record_workers_;
   std::unique_ptr<tcp::acceptor> acceptor_;
+  std::unique_ptr<asio::steady_timer> accept_backoff_;
   std::vector<std::thread> threads_;
   size_t next_loop_ = 0;
   int port_ = 0;

@@ -8,7 +8,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/strings/strip.h"
 #include "boost/asio/post.hpp"
 #include "boost/asio/read.hpp"
@@ -354,9 +356,9 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
         absl::StrCat(timed_out ? "timed out " : "failed ", during, " the engine at ",
                      context_->upstream_name, ": ", ec.message());
     Count(CaptureResult::kUpstreamError);
-    spdlog::warn("capture {} {} peer={} result=upstream_error: {}",
-                 request_.method_string().to_string(), request_.target().to_string(), peer_,
-                 message);
+    Log(/*problem=*/true, "upstream_error",
+        absl::StrCat("capture ", View(request_.method_string()), " ", View(request_.target()),
+                     " peer=", peer_, " result=upstream_error: ", message));
     ReplyError(timed_out ? http::status::gateway_timeout : http::status::bad_gateway,
                "rollpack_upstream", message, !client_keep_alive_, /*count=*/false);
   }
@@ -500,13 +502,35 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
       context_->metrics->OnStored(outcome.samples_stored, outcome.stripped_bytes);
       context_->metrics->OnTimes(upstream_seconds, overhead_seconds);
     }
-    spdlog::log(stored ? spdlog::level::info : spdlog::level::warn,
-                "capture {} {} peer={} pool={} samples=[{}] result={} engine={:.1f}ms "
-                "overhead={:.2f}ms",
-                request_.method_string().to_string(), request_.target().to_string(), peer_,
-                outcome.pool, absl::StrJoin(outcome.sample_ids, ","),
-                stored ? "stored" : absl::StrCat("not-stored: ", outcome.status.ToString()),
-                upstream_seconds * 1e3, overhead_seconds * 1e3);
+    Log(!stored, absl::StatusCodeToString(outcome.status.code()),
+        absl::StrFormat("capture %s %s peer=%s pool=%s samples=[%s] result=%s engine=%.1fms "
+                        "overhead=%.2fms",
+                        View(request_.method_string()), View(request_.target()), peer_,
+                        outcome.pool, absl::StrJoin(outcome.sample_ids, ","),
+                        stored ? "stored" : absl::StrCat("not-stored: ", outcome.status.ToString()),
+                        upstream_seconds * 1e3, overhead_seconds * 1e3));
+  }
+
+  // A captured request's log line: at debug when it went as it should (a
+  // data call, like the gRPC call log's), a warning otherwise, at most a few
+  // per kind of problem every 10 s so that a misconfigured engine or a
+  // client retrying in a loop does not flood the log.
+  void Log(bool problem, absl::string_view kind, const std::string& line) {
+    if (!problem) {
+      spdlog::debug("{}", line);
+      return;
+    }
+    int64_t dropped = 0;
+    if (context_->log_limiter != nullptr &&
+        !context_->log_limiter->Allow(absl::StrCat(View(request_.target()), " ", kind),
+                                      absl::Now(), &dropped)) {
+      return;
+    }
+    if (dropped > 0) {
+      spdlog::warn("{} ({} more like this were not logged)", line, dropped);
+    } else {
+      spdlog::warn("{}", line);
+    }
   }
 
   // --- Relaying an answer as it arrives -----------------------------------
@@ -516,9 +540,10 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
     const bool not_stored = endpoint_.has_value() && !passthrough_stream_;
     if (not_stored) {
       Count(CaptureResult::kNotStored);
-      spdlog::warn("capture {} {} peer={} result=not-stored: {}",
-                   request_.method_string().to_string(), request_.target().to_string(), peer_,
-                   capture_problem_.ToString());
+      Log(/*problem=*/true, absl::StatusCodeToString(capture_problem_.code()),
+          absl::StrCat("capture ", View(request_.method_string()), " ",
+                       View(request_.target()), " peer=", peer_,
+                       " result=not-stored: ", capture_problem_.ToString()));
     } else {
       Count(CaptureResult::kPassthrough);
     }

@@ -20,6 +20,7 @@
 #include "server/capture/capture_options.h"
 #include "server/capture/capture_recorder.h"
 #include "server/ops/auth.h"
+#include "server/ops/log_rate_limiter.h"
 
 namespace rollpack::capture_internal {
 
@@ -52,6 +53,7 @@ struct ProxyContext {
   WorkerPool* record_workers = nullptr;
   CaptureMetrics* metrics = nullptr;  // may be null
   const Authorizer* auth = nullptr;   // may be null
+  LogRateLimiter* log_limiter = nullptr;  // may be null: every warning logged
 };
 
 // Serves `socket` (accepted on `loop`) until the client or the server ends it.

@@ -131,10 +131,15 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& opt
   ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Create(options.etcd));
   std::unique_ptr<Cluster> cluster(new Cluster(options, std::move(etcd)));
   RETURN_IF_ERROR(cluster->Register());
-  if (absl::StatusOr<std::vector<ClusterMember>> members = cluster->ListMembers(); members.ok()) {
+  // Joined once the roster tells the others too (Members(), after an etcd
+  // outage).
+  RETURN_IF_ERROR(cluster->KeepRoster());
+  int64_t revision = 0;
+  if (absl::StatusOr<std::vector<ClusterMember>> members = cluster->ListMembers(&revision);
+      members.ok()) {
     absl::MutexLock lock(&cluster->mu_);
     cluster->last_member_count_ = static_cast<int>(members->size());
-    cluster->settled_ = *std::move(members);
+    cluster->Settle(*std::move(members), revision);
   }
   cluster->keep_alive_ = std::thread([c = cluster.get()] { c->KeepAliveLoop(); });
   return cluster;
@@ -159,16 +164,22 @@ Cluster::~Cluster() {
   if (keep_alive_.joinable()) keep_alive_.join();
   // Read after the join: the keep-alive thread may have re-joined with a
   // new lease. A failed revoke is fine: the lease expires after its TTL.
-  int64_t lease = 0;
+  int64_t lease = 0, roster_lease = 0;
   {
     absl::MutexLock lock(&mu_);
     lease = lease_;
+    roster_lease = roster_lease_;
   }
   if (lease != 0) etcd_->RevokeLease(lease).IgnoreError();
+  if (roster_lease != 0) etcd_->RevokeLease(roster_lease).IgnoreError();
 }
 
 std::string Cluster::MemberKey(const std::string& id) const {
   return absl::StrCat("/", options_.name, "/members/", id);
+}
+
+std::string Cluster::RosterKey(const std::string& id) const {
+  return absl::StrCat("/", options_.name, "/roster/", id);
 }
 
 std::string Cluster::Key(absl::string_view kind, absl::string_view rest) const {
@@ -268,8 +279,46 @@ absl::Status Cluster::Register() {
       return renewed;
     }
   }
+  roster_due_ = true;
   absl::MutexLock lock(&mu_);
   lease_ = lease;
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::KeepRoster() {
+  // It must outlive the membership lease by far to tell who had joined.
+  const absl::Duration ttl = std::max(options_.roster_ttl, 10 * options_.lease_ttl);
+  int64_t lease = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    lease = roster_lease_;
+  }
+  if (lease != 0 && (roster_due_ || absl::Now() - roster_renewed_ >= ttl / 10)) {
+    const absl::Time asked = absl::Now();
+    absl::Status renewed = etcd_->KeepAlive(lease);
+    if (absl::IsNotFound(renewed)) {
+      // etcd was away for longer than the roster TTL: a new lease, and the
+      // entry put again on it.
+      lease = 0;
+      roster_due_ = true;
+    } else if (!renewed.ok()) {
+      return renewed;
+    } else {
+      roster_renewed_ = asked;
+    }
+  }
+  if (lease == 0) {
+    const absl::Time asked = absl::Now();
+    ASSIGN_OR_RETURN(lease, etcd_->GrantLease(ttl));
+    roster_renewed_ = asked;
+    absl::MutexLock lock(&mu_);
+    roster_lease_ = lease;
+  }
+  if (!roster_due_) return absl::OkStatus();
+  // Written after the member key, so that its revision is later than the
+  // key's: a list read before the key was written is older than the entry.
+  RETURN_IF_ERROR(etcd_->Put(RosterKey(self_.id), registration_, lease));
+  roster_due_ = false;
   return absl::OkStatus();
 }
 
@@ -300,12 +349,15 @@ void Cluster::KeepAliveLoop() {
       current = lease_;
     }
     if (s.ok()) s = Reassert(current);
+    // The roster entry follows a member key written again at once.
+    if (s.ok()) s = KeepRoster();
+    int64_t revision = 0;
     absl::StatusOr<std::vector<ClusterMember>> members =
-        s.ok() ? ListMembers() : absl::StatusOr<std::vector<ClusterMember>>(s);
+        s.ok() ? ListMembers(&revision) : absl::StatusOr<std::vector<ClusterMember>>(s);
     mu_.Lock();
     if (members.ok()) {
       last_member_count_ = static_cast<int>(members->size());
-      if (absl::Now() >= RejoinDeadline()) settled_ = *std::move(members);
+      if (absl::Now() >= RejoinDeadline()) Settle(*std::move(members), revision);
     }
     wait = s.ok() ? period : retry;
   }
@@ -324,6 +376,7 @@ absl::Status Cluster::Reassert(int64_t lease) {
                !held.has_value() ? "was deleted"
                                  : (held->value != registration_ ? "was overwritten"
                                                                  : "lost this member's lease"));
+  roster_due_ = true;
   return etcd_->Put(MemberKey(self_.id), registration_, lease);
 }
 
@@ -335,36 +388,80 @@ absl::Time Cluster::RejoinDeadline() const {
 }
 
 absl::StatusOr<std::vector<ClusterMember>> Cluster::Members() {
-  ASSIGN_OR_RETURN(std::vector<ClusterMember> listed, ListMembers());
+  int64_t revision = 0;
+  ASSIGN_OR_RETURN(std::vector<ClusterMember> listed, ListMembers(&revision));
   // Bounded per call, however long etcd keeps giving trouble.
   const absl::Time give_up = absl::Now() + options_.lease_ttl + absl::Seconds(1);
+  // The roster (member id -> revision of its entry), read once per call and
+  // only right after trouble: who joined (again) after the settled list.
+  std::optional<std::map<std::string, int64_t>> roster;
   while (true) {
+    const auto listed_has = [&listed](const std::string& id) {
+      return std::any_of(listed.begin(), listed.end(),
+                         [&id](const ClusterMember& m) { return m.id == id; });
+    };
+    int64_t since = 0;
     {
       absl::MutexLock lock(&mu_);
-      const auto listed_has = [&listed](const std::string& id) {
-        return std::any_of(listed.begin(), listed.end(),
-                           [&id](const ClusterMember& m) { return m.id == id; });
-      };
       if (!listed_has(self_.id) && !stop_) {
         // This member is alive and joined: its key is back at its next
         // renewal, which is now.
         if (absl::Now() - own_key_lost_ > options_.lease_ttl) own_key_lost_ = absl::Now();
         renew_now_ = true;
       }
+      // Outside the window etcd's list is the list: a member missing from
+      // it left.
+      if (absl::Now() >= std::min(RejoinDeadline(), give_up)) {
+        Settle(listed, revision);
+        return listed;
+      }
       const bool missing = std::any_of(settled_.begin(), settled_.end(),
                                        [&](const ClusterMember& m) { return !listed_has(m.id); });
-      if (!missing || absl::Now() >= std::min(RejoinDeadline(), give_up)) {
-        settled_ = listed;
+      since = missing ? -1 : settled_revision_;
+    }
+    if (since >= 0) {
+      // Every member of the settled list is listed; so must be every member
+      // that joined after that list was read (a member that joined just
+      // before etcd went away, which this one had not listed yet).
+      if (!roster.has_value()) {
+        ASSIGN_OR_RETURN(roster, Roster());
+      }
+      if (std::all_of(roster->begin(), roster->end(), [&](const auto& entry) {
+            return entry.second <= since || listed_has(entry.first);
+          })) {
+        absl::MutexLock lock(&mu_);
+        Settle(listed, revision);
         return listed;
       }
     }
     absl::SleepFor(absl::Milliseconds(50));
-    ASSIGN_OR_RETURN(listed, ListMembers());
+    ASSIGN_OR_RETURN(listed, ListMembers(&revision));
   }
 }
 
-absl::StatusOr<std::vector<ClusterMember>> Cluster::ListMembers() {
-  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs, etcd_->ListPrefix(MemberKey("")));
+absl::StatusOr<std::map<std::string, int64_t>> Cluster::Roster() {
+  const std::string prefix = RosterKey("");
+  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs, etcd_->ListPrefix(prefix));
+  std::map<std::string, int64_t> roster;
+  for (const EtcdKeyValue& kv : kvs) {
+    // Only what a member writes (on a lease, its own id as its address), as
+    // member keys.
+    std::string id = kv.key.substr(prefix.size());
+    if (kv.lease != 0 && kv.value.substr(0, kv.value.find('\n')) == id) {
+      roster.emplace(std::move(id), kv.mod_revision);
+    }
+  }
+  return roster;
+}
+
+void Cluster::Settle(std::vector<ClusterMember> members, int64_t revision) {
+  if (revision < settled_revision_) return;
+  settled_ = std::move(members);
+  settled_revision_ = revision;
+}
+
+absl::StatusOr<std::vector<ClusterMember>> Cluster::ListMembers(int64_t* revision) {
+  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs, etcd_->ListPrefix(MemberKey(""), revision));
   std::vector<ClusterMember> members;
   members.reserve(kvs.size());
   const size_t prefix = MemberKey("").size();

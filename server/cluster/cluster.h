@@ -40,6 +40,12 @@ struct ClusterOptions {
   std::string advertise;
   // Membership lease: a member that stops renewing leaves after this long.
   absl::Duration lease_ttl = absl::Seconds(5);
+  // The lease of the member's roster entry (/<cluster>/roster/<id>), which
+  // tells the others, after an etcd outage that revoked the membership
+  // leases, who had joined before it (Members()). At least ten lease TTLs;
+  // renewed every tenth of it, so an outage shorter than nine tenths of it
+  // leaves the roster whole.
+  absl::Duration roster_ttl = absl::Minutes(10);
   // How this member dials the others: mutual TLS with its member
   // certificate when the cluster runs with credentials (docs/cluster.md,
   // "Threat model"); null = plaintext.
@@ -72,11 +78,14 @@ class Cluster {
   // The live members, this one included, in id order. Right after etcd
   // gave trouble (away, slow, or back from away, when it revokes the leases
   // that ran out meanwhile: EtcdClient::last_trouble) or while this
-  // member's own key is missing, a member of the last settled list that
-  // etcd no longer lists is waited for (it joins again within moments),
-  // up to the lease TTL and a second, instead of being counted out: the
-  // cluster's view (GetPool, CreateStep's selection) is whole from etcd's
-  // first answer on.
+  // member's own key is missing, every member that had joined before is
+  // waited for while etcd does not list it (it joins again within moments),
+  // until the lease TTL and a second after the trouble (and at most that
+  // long per call), instead of being counted out: the cluster's view
+  // (GetPool, CreateStep's selection) is whole from etcd's first answer on.
+  // "Had joined": in the last list settled here, or with a roster entry
+  // written after that list was read (a member that joined or joined again
+  // since; the roster's leases outlive the membership leases).
   absl::StatusOr<std::vector<ClusterMember>> Members();
   // Members last seen by the keep-alive thread (for metrics; no etcd call).
   int last_member_count() const;
@@ -120,15 +129,26 @@ class Cluster {
   absl::Status Register();
   // Puts this member's key back when it is not its registration on `lease`.
   absl::Status Reassert(int64_t lease);
+  // Puts this member's roster entry when its member key was (re)written
+  // since, on a roster lease granted when there is none (or it ran out);
+  // renews that lease every tenth of its TTL. Join and keep-alive thread.
+  absl::Status KeepRoster();
   void KeepAliveLoop();
   // The member keys etcd holds now, as Members() counts them, without
-  // waiting for any.
-  absl::StatusOr<std::vector<ClusterMember>> ListMembers();
+  // waiting for any; *revision: the etcd revision they were read at.
+  absl::StatusOr<std::vector<ClusterMember>> ListMembers(int64_t* revision = nullptr);
+  // The roster: each member's id and the revision its entry was written at.
+  absl::StatusOr<std::map<std::string, int64_t>> Roster();
+  // `members`, read at `revision`, as the settled list, unless a later
+  // list is settled already.
+  void Settle(std::vector<ClusterMember> members, int64_t revision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a member missing from etcd's list may be one whose lease etcd
   // revoked while it was away: until `trouble + rejoin window`.
   absl::Time RejoinDeadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RenewDue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || renew_now_; }
   std::string MemberKey(const std::string& id) const;
+  std::string RosterKey(const std::string& id) const;
   std::string PoolKey(const std::string& pool) const;
   std::string SchemaKey(const std::string& pool) const;
 
@@ -141,8 +161,16 @@ class Cluster {
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int last_member_count_ ABSL_GUARDED_BY(mu_) = 0;
-  // The members etcd listed when nothing was amiss (Members()).
+  // The members etcd listed when nothing was amiss (Members()), and the
+  // etcd revision of that list.
   std::vector<ClusterMember> settled_ ABSL_GUARDED_BY(mu_);
+  int64_t settled_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // This member's roster lease (0: none yet); whether its roster entry is
+  // to be put (its member key was written since), and when the lease was
+  // last renewed (Join, then the keep-alive thread alone).
+  int64_t roster_lease_ ABSL_GUARDED_BY(mu_) = 0;
+  bool roster_due_ = true;
+  absl::Time roster_renewed_ = absl::InfinitePast();
   // When this member last found its own lease gone or its key missing.
   absl::Time own_key_lost_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Set to have the keep-alive thread renew (and re-register) now.

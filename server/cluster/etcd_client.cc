@@ -231,7 +231,8 @@ absl::StatusOr<int64_t> EtcdClient::ModRevision(const std::string& key) {
   return revisions.mod;
 }
 
-absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::ListPrefix(const std::string& prefix) {
+absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::ListPrefix(const std::string& prefix,
+                                                                int64_t* revision) {
   etcdserverpb::RangeRequest request;
   request.set_key(prefix);
   request.set_range_end(PrefixRangeEnd(prefix));
@@ -242,6 +243,7 @@ absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::ListPrefix(const std::stri
     return kv_->Range(context, request, &response);
   });
   if (!s.ok()) return Error(s, absl::StrCat("list ", prefix));
+  if (revision != nullptr) *revision = response.header().revision();
   std::vector<EtcdKeyValue> out;
   out.reserve(response.kvs_size());
   for (const auto& kv : response.kvs()) {

@@ -75,8 +75,10 @@ class EtcdClient {
   // Every key starting with `prefix` and its value, in key order.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
       const std::string& prefix);
-  // The same with each key's lease and modification revision.
-  absl::StatusOr<std::vector<EtcdKeyValue>> ListPrefix(const std::string& prefix);
+  // The same with each key's lease and modification revision; *revision,
+  // when given, is set to the store revision etcd read them at.
+  absl::StatusOr<std::vector<EtcdKeyValue>> ListPrefix(const std::string& prefix,
+                                                       int64_t* revision = nullptr);
   // `key` with its lease and revision, or nullopt when it does not exist.
   absl::StatusOr<std::optional<EtcdKeyValue>> GetEntry(const std::string& key);
   // lease 0 = none.
