@@ -633,28 +633,6 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStep(const std::string& step_i
   return released;
 }
 
-absl::StatusOr<ReleaseResult> SampleStore::ReleaseHold(const std::string& step_id) {
-  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
-  int64_t ticket = 0;
-  absl::StatusOr<ReleaseResult> released =
-      ReleaseStepLocked(step_id, /*holds_only=*/true, &ticket);
-  if (!released.ok()) return released;
-  RETURN_IF_ERROR(SyncRelease(ticket));
-  return released;
-}
-
-absl::Status SampleStore::SyncRelease(int64_t ticket) {
-  if (log_ == nullptr) return absl::OkStatus();
-  RETURN_IF_ERROR(log_->Sync(ticket));
-  if (log_->ShouldCompact()) {
-    // The release is durable whatever compaction does; a failed compaction
-    // leaves the old log in place, is counted by the log (its metric and
-    // last error) and is retried at the next release.
-    CompactLog().IgnoreError();
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& step_id,
                                                              bool holds_only, int64_t* ticket) {
   absl::MutexLock lock(&mu_);

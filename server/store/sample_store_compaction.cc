@@ -127,4 +127,16 @@ absl::Status SampleStore::CompactLog() {
   });
 }
 
+absl::Status SampleStore::SyncRelease(int64_t ticket) {
+  if (log_ == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(log_->Sync(ticket));
+  if (log_->ShouldCompact()) {
+    // The release is durable whatever compaction does; a failed compaction
+    // leaves the old log in place, is counted by the log (its metric and
+    // last error) and is retried at the next release.
+    CompactLog().IgnoreError();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace rollpack

@@ -287,4 +287,14 @@ std::vector<std::string> SampleStore::HoldIds() const {
   return ids;
 }
 
+absl::StatusOr<ReleaseResult> SampleStore::ReleaseHold(const std::string& step_id) {
+  RETURN_IF_ERROR(ValidateName("step_id", step_id, kMaxStepIdBytes));
+  int64_t ticket = 0;
+  absl::StatusOr<ReleaseResult> released =
+      ReleaseStepLocked(step_id, /*holds_only=*/true, &ticket);
+  if (!released.ok()) return released;
+  RETURN_IF_ERROR(SyncRelease(ticket));
+  return released;
+}
+
 }  // namespace rollpack
