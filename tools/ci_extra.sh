@@ -19,9 +19,11 @@ asan_tests=(ndarray_test sample_validation_test sample_store_test durable_log_te
             layout_test layout_property_test put_samples_reactor_test put_samples_stream_test
             commit_sequencer_test striped_put_test received_microbatch_test send_budget_test
             limits_test microbatch_assembly_test trainer_delivery_test
-            recompute_uploads_test sample_validation_mtp_test model_spec_test mtp_test)
+            recompute_uploads_test sample_validation_mtp_test model_spec_test mtp_test
+            engine_exchange_test json_splice_test vllm_response_test sglang_response_test
+            captured_sample_test capture_headers_test)
 fuzzers=(sample_validation_fuzzer topology_fuzzer plan_fuzzer layout_fuzzer received_microbatch_fuzzer
-         step_record_fuzzer member_service_fuzzer)
+         step_record_fuzzer member_service_fuzzer capture_fuzzer)
 
 # -O1 with line tables only: what ASan's reports need, at a fraction of -O2 -g's
 # compile and link time. Debug keeps assertions on.

@@ -12,8 +12,11 @@
 namespace rollpack {
 namespace {
 
-// Section 2: B, then each choice's id, group and group size.
-std::vector<CapturedIdentity> Identities(const CapturedRequest& request, int64_t total,
+// Section 2: B, then the id, group and group size of choices
+// [first, first + count) of `total` (only those: `total` comes from the
+// client's n).
+std::vector<CapturedIdentity> Identities(const CapturedRequest& request, int64_t first,
+                                         size_t count, int64_t total,
                                          const std::string& base_id) {
   const CaptureHeaders& headers = request.headers;
   const size_t choices = static_cast<size_t>(total);
@@ -21,10 +24,11 @@ std::vector<CapturedIdentity> Identities(const CapturedRequest& request, int64_t
   // choices of one prompt are a GRPO group.
   const bool batch = request.forwarded.batch_size > 1;
   const bool grouped = choices > 1 && !batch;
-  std::vector<CapturedIdentity> identities(choices);
-  for (size_t i = 0; i < choices; ++i) {
+  std::vector<CapturedIdentity> identities(count);
+  for (size_t i = 0; i < count; ++i) {
     CapturedIdentity& identity = identities[i];
-    identity.sample_id = choices == 1 ? base_id : absl::StrCat(base_id, "#", i);
+    identity.sample_id =
+        choices == 1 ? base_id : absl::StrCat(base_id, "#", first + static_cast<int64_t>(i));
     if (headers.group_id.has_value()) {
       identity.group_id = *headers.group_id;
     } else if (grouped) {
@@ -85,8 +89,16 @@ CaptureOutcome CaptureRecorder::RecordStreamed(const CapturedRequest& request,
                                                const std::string& response_id) const {
   CaptureOutcome outcome;
   outcome.pool = request.headers.pool.value_or(default_pool_);
-  Store(request, absl::MakeConstSpan(&choice, 1), index,
-        std::max<int64_t>(request.forwarded.choices_asked, index + 1), response_id, outcome);
+  // The index is the engine's: one outside the choices asked for names no
+  // sample (and a negative one no identity).
+  if (index < 0 || index >= request.forwarded.choices_asked) {
+    outcome.status = absl::InvalidArgumentError(
+        absl::StrCat("the engine streamed choice index ", index, "; the request asked for ",
+                     request.forwarded.choices_asked, " choices"));
+    return outcome;
+  }
+  Store(request, absl::MakeConstSpan(&choice, 1), index, request.forwarded.choices_asked,
+        response_id, outcome);
   return outcome;
 }
 
@@ -119,7 +131,8 @@ void CaptureRecorder::Store(const CapturedRequest& request,
       return;
     }
   }
-  const std::vector<CapturedIdentity> identities = Identities(request, total, base_id);
+  const std::vector<CapturedIdentity> identities =
+      Identities(request, first_index, choices.size(), total, base_id);
 
   absl::StatusOr<ModelSpec> model = store_->GetOrAdoptModel(outcome.pool);
   absl::StatusOr<PoolOptions> options =
@@ -136,7 +149,7 @@ void CaptureRecorder::Store(const CapturedRequest& request,
   std::vector<std::string> ids;
   absl::Status first_problem;
   for (size_t i = 0; i < choices.size(); ++i) {
-    const CapturedIdentity& identity = identities[first_index + i];
+    const CapturedIdentity& identity = identities[i];
     absl::StatusOr<v1::Sample> sample = CapturedSample(engine_, choices[i], *model,
                                                        request.forwarded.start_offset, identity);
     int64_t growth_budget = sample.ok() ? static_cast<int64_t>(sample->ByteSizeLong()) : 0;

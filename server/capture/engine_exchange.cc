@@ -3,6 +3,7 @@
 // engine_exchange_response.cc.
 #include "server/capture/engine_exchange.h"
 
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -348,6 +349,11 @@ absl::StatusOr<ForwardedRequest> ForwardRequest(CaptureEndpoint endpoint, absl::
   }
   if (!out.request_prompt_ids.empty()) {
     out.batch_size = static_cast<int64_t>(out.request_prompt_ids.size());
+  }
+  // A sample's group_size is an int32 (n and the prompts are the client's).
+  if (n > std::numeric_limits<int32_t>::max() / out.batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat("n ", n, " for ", out.batch_size,
+                                                   " prompts is more than 2147483647 choices"));
   }
   out.choices_asked = n * out.batch_size;
   out.body = ApplyJsonEdits(body, std::move(edits));

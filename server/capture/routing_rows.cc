@@ -68,7 +68,7 @@ absl::StatusOr<int64_t> PlaceRoutingRows(absl::Span<const int64_t> shape, int64_
   const int64_t starts[] = {start, 0};
   for (int64_t end : {num_tokens - 1, num_tokens}) {
     for (int64_t s : starts) {
-      if (s + rows == end) return s;
+      if (end - s == rows) return s;  // s + rows may overflow (the client's start)
       if (start == 0) break;
     }
   }

@@ -202,7 +202,7 @@ struct ResponseLevel {
 absl::Status ReadSglext(ResponseWalk& walk, JsonValue& value, absl::string_view what,
                         ChoiceReading& reading, ObjectFields& parent_fields) {
   if (IsNull(value)) return absl::OkStatus();
-  size_t kept = 0;
+  size_t kept = 0, removed = 0;
   RETURN_IF_ERROR(walk.Object(
       value, what,
       [&](absl::string_view key, JsonValue& field_value, ObjectFields& fields) -> absl::Status {
@@ -210,10 +210,11 @@ absl::Status ReadSglext(ResponseWalk& walk, JsonValue& value, absl::string_view 
           ++kept;
           return absl::OkStatus();
         }
-        if (walk.keep_routing()) ++kept;
+        ++(walk.keep_routing() ? kept : removed);
         return walk.Routing(field_value, absl::StrCat(what, ".routed_experts"), reading, fields);
       }));
-  if (kept == 0) parent_fields.Remove();
+  // Left empty here, not as the engine wrote it ({}: every byte stays).
+  if (kept == 0 && removed > 0) parent_fields.Remove();
   return absl::OkStatus();
 }
 

@@ -384,6 +384,15 @@ TEST(SglangCompletionsTest, NullRoutingInSglext) {
   EXPECT_THAT(out.choices[0].logprobs, IsEmpty());
 }
 
+TEST(SglangCompletionsTest, AnSglextTheEngineLeftEmptyStays) {
+  // Only an sglext emptied by taking its routing out goes (capture_fuzzer).
+  const ForwardedRequest request =
+      Forwarded(CaptureEndpoint::kSglangCompletions, R"({"prompt":[11,12,13]})");
+  const Padded body(R"({"id":"x","choices":[{"index":0,"token_ids":[5]}],"sglext":{}})");
+  const EngineResponse out = Parse(CaptureEndpoint::kSglangCompletions, request, body);
+  EXPECT_EQ(out.client_body, R"({"id":"x","choices":[{"index":0}],"sglext":{}})");
+}
+
 TEST(SglangCompletionsTest, AChoicesOwnSglextIsItsRouting) {
   // Builds that put sglext (the Python adapter: sgl_ext) on each choice.
   const ForwardedRequest request =

@@ -1,6 +1,7 @@
 #include "server/capture/stream_capture.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -63,7 +64,8 @@ EventChoice ReadEventChoice(CaptureEndpoint endpoint, const std::string& client_
 
 // An SGLang event's top-level "index" (its item), read without parsing the
 // event: nothing before it holds a quote-delimited "index" key (routing is
-// base64, ids and logprobs are numbers). 0 when absent.
+// base64, ids and logprobs are numbers). 0 when absent; an index past
+// int64 (the engine's bytes) is read as the largest.
 int64_t ItemIndex(absl::string_view json) {
   const size_t at = json.rfind("\"index\":");
   if (at == absl::string_view::npos) return 0;
@@ -71,7 +73,11 @@ int64_t ItemIndex(absl::string_view json) {
   for (size_t i = at + 8; i < json.size(); ++i) {
     if (json[i] == ' ') continue;
     if (json[i] < '0' || json[i] > '9') break;
-    index = index * 10 + (json[i] - '0');
+    const int digit = json[i] - '0';
+    if (index > (std::numeric_limits<int64_t>::max() - digit) / 10) {
+      return std::numeric_limits<int64_t>::max();
+    }
+    index = index * 10 + digit;
   }
   return index;
 }
