@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "cli/bench_capture_command.h"
 #include "cli/bench_cluster_command.h"
 #include "cli/bench_lifecycle_command.h"
 #include "cli/bench_pieces_command.h"
@@ -80,6 +81,8 @@ const Command kBenchmarks[] = {
      rollpack::RunBenchLifecycleCommand},
     {"pieces", "extending a sample piece by piece: last pieces vs first vs sent whole",
      rollpack::RunBenchPiecesCommand},
+    {"capture", "capture port: own time per request vs straight to the engine; 2,000 in flight",
+     rollpack::RunBenchCaptureCommand},
     // Started by bench transport; listed so that its --help can be found.
     {"grpc-sink", "the server half of bench transport's gRPC-alone rows (internal)",
      rollpack::RunGrpcSinkCommand},

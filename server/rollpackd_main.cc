@@ -82,6 +82,10 @@ ABSL_FLAG(int64_t, capture_timeout_seconds, 600,
 ABSL_FLAG(int64_t, capture_max_body_bytes, int64_t{1} << 30,
           "requests larger than this are refused 413 on the capture port; larger responses "
           "are passed through and not captured");
+ABSL_FLAG(int64_t, capture_record_memory, int64_t{256} << 20,
+          "bytes of engine answers the capture port holds read and waiting to be stored, all "
+          "connections together; past it a connection reads its next answer only once room is "
+          "made (the engine's writes wait); 0 = no bound");
 ABSL_FLAG(std::string, capture_port_file, "",
           "write the bound capture port to this file once serving (for port 0)");
 ABSL_FLAG(std::string, log_level, "info",
@@ -348,6 +352,11 @@ int main(int argc, char** argv) {
   }
   options.capture.timeout = absl::Seconds(absl::GetFlag(FLAGS_capture_timeout_seconds));
   options.capture.max_body_bytes = absl::GetFlag(FLAGS_capture_max_body_bytes);
+  options.capture.record_memory_bytes = absl::GetFlag(FLAGS_capture_record_memory);
+  if (options.capture.record_memory_bytes < 0) {
+    std::fprintf(stderr, "rollpackd: --capture-record-memory must be >= 0\n");
+    return 2;
+  }
   if (!options.capture.listen.empty() && options.capture.upstream.empty()) {
     std::fprintf(stderr, "rollpackd: --capture-listen needs --capture-upstream\n");
     return 2;

@@ -23,6 +23,10 @@ struct CaptureOptions {
   // --capture-max-body-bytes: larger requests are refused 413, larger
   // responses passed through uncaptured.
   int64_t max_body_bytes = int64_t{1} << 30;
+  // --capture-record-memory: bytes of engine answers read whole and
+  // waiting for the record workers, all connections together; past it a
+  // connection waits before reading its next answer. 0 = no bound.
+  int64_t record_memory_bytes = int64_t{256} << 20;
   // Event loops (each a thread holding any number of connections) and the
   // threads that parse, validate and store captured responses.
   int io_threads = 2;

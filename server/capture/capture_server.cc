@@ -66,6 +66,7 @@ class CaptureServer::Impl {
  public:
   Impl(const CaptureOptions& options, SampleStore* store, ServerMetrics* metrics)
       : recorder_(store, metrics, options.engine, options.pool, options.keep_routing),
+        record_budget_(options.record_memory_bytes),
         record_workers_(std::max(1, options.record_threads)) {
     const int loops = std::max(1, options.io_threads);
     for (int i = 0; i < loops; ++i) {
@@ -104,6 +105,7 @@ class CaptureServer::Impl {
     context_.metrics = capture_metrics;
     context_.auth = auth;
     context_.log_limiter = &log_limiter_;
+    context_.record_budget = &record_budget_;
 
     acceptor_ = std::make_unique<tcp::acceptor>(first);
     accept_backoff_ = std::make_unique<asio::steady_timer>(first);
@@ -156,6 +158,7 @@ class CaptureServer::Impl {
 
   CaptureRecorder recorder_;
   LogRateLimiter log_limiter_{5, absl::Seconds(10)};
+  RecordBudget record_budget_;
   ProxyContext context_;
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
   std::vector<std::unique_ptr<Loop>> loops_;

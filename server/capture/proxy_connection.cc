@@ -55,6 +55,8 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
                          client_.socket().remote_endpoint(ec).port());
   }
 
+  ~ProxyConnection() { ReleaseRecordBytes(); }
+
   void Start() { ReadRequest(); }
 
  private:
@@ -350,6 +352,7 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
 
   void UpstreamFailed(beast::error_code ec, const char* during) {
     turn_.reset();
+    ReleaseRecordBytes();
     upstream_.reset();
     const bool timed_out = ec == beast::error::timeout;
     const std::string message =
@@ -390,7 +393,17 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
       body_size_ = 0;
       return OnBodyRead();
     }
-    if (length.has_value()) return ReadSizedBody(*length);
+    if (length.has_value()) {
+      // Waits while the record workers hold too many answers already.
+      context_->record_budget->Acquire(
+          static_cast<int64_t>(*length), [self = shared_from_this(), length = *length] {
+            asio::post(self->client_.get_executor(), [self, length] {
+              self->record_bytes_ = static_cast<int64_t>(length);
+              self->ReadSizedBody(length);
+            });
+          });
+      return;
+    }
     ReadChunkedBody();
   }
 
@@ -463,6 +476,7 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
 
   void ReplyCaptured(CaptureOutcome outcome) {
     turn_.reset();
+    ReleaseRecordBytes();
     auto response = std::make_shared<http::response<http::string_body>>();
     response->base() = response_header_;
     for (auto it = response->begin(); it != response->end();) {
@@ -603,6 +617,12 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
                       });
   }
 
+  void ReleaseRecordBytes() {
+    if (record_bytes_ == 0) return;
+    context_->record_budget->Release(record_bytes_);
+    record_bytes_ = 0;
+  }
+
   void Count(CaptureResult result) {
     if (context_->metrics == nullptr) return;
     context_->metrics->OnRequest(endpoint_.has_value() ? EndpointName(*endpoint_) : "other",
@@ -658,6 +678,7 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
   std::optional<http::response_parser<http::string_body>> string_parser_;
   http::response_header<> response_header_;
   std::string body_;  // the engine's body, then SIMDJSON_PADDING bytes
+  int64_t record_bytes_ = 0;  // held in the record budget for it
   uint64_t body_size_ = 0;
 
 };

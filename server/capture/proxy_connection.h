@@ -19,6 +19,7 @@
 #include "server/capture/capture_metrics.h"
 #include "server/capture/capture_options.h"
 #include "server/capture/capture_recorder.h"
+#include "server/capture/record_budget.h"
 #include "server/ops/auth.h"
 #include "server/ops/log_rate_limiter.h"
 
@@ -54,6 +55,7 @@ struct ProxyContext {
   CaptureMetrics* metrics = nullptr;  // may be null
   const Authorizer* auth = nullptr;   // may be null
   LogRateLimiter* log_limiter = nullptr;  // may be null: every warning logged
+  RecordBudget* record_budget = nullptr;
 };
 
 // Serves `socket` (accepted on `loop`) until the client or the server ends it.
