@@ -63,6 +63,8 @@ Error injection (request JSON fields, never part of normal behaviour):
   "standin_close": true       close the connection without answering
   "standin_sleep_ms": N       sleep N ms first (after --delay-ms)
   "standin_drop_routing": true  answer as an engine without routing (an aborted request)
+  "standin_corrupt_routing": K  (vLLM) a broken payload: "base64" (not base64), "dtype" (a
+                                float32 .npy), "shape" (one row short)
   "standin_close_after_events": N   (streams) close the connection after N events
 """
 
@@ -358,10 +360,18 @@ class Vllm:
         return {"error": {"message": message, "type": error_type(status), "param": param,
                           "code": status}}
 
-    def routed(self, c: Choice, drop: bool) -> Optional[str]:
-        if not self.m.routing or drop:
+    def routed(self, c: Choice, ctx: "Ctx") -> Optional[str]:
+        if not self.m.routing or ctx.drop_routing:
             return None
-        return npy_base64(c.rows())
+        rows = c.rows()
+        if ctx.corrupt_routing == "dtype":
+            return npy_base64(rows.astype(np.float32))
+        if ctx.corrupt_routing == "shape":
+            return npy_base64(rows[:-1])
+        payload = npy_base64(rows)
+        if ctx.corrupt_routing == "base64":
+            return payload[:8] + "*" + payload[9:]
+        return payload
 
     def check_model(self, req: Dict[str, Any]) -> None:
         name = req.get("model")
@@ -410,7 +420,7 @@ class Vllm:
                 "token_ids": list(c.gen) if want_ids else None,
                 "prompt_logprobs": None,
                 "prompt_token_ids": list(c.prompt) if want_ids else None,
-                "routed_experts": self.routed(c, ctx.drop_routing),
+                "routed_experts": self.routed(c, ctx),
             })
         return {"id": rid, "object": "text_completion", "created": CREATED, "model": self.m.name,
                 "choices": out, "service_tier": None, "system_fingerprint": None, "usage": usage,
@@ -481,7 +491,7 @@ class Vllm:
                 "finish_reason": "length",
                 "stop_reason": None,
                 "token_ids": list(c.gen) if want_ids else None,
-                "routed_experts": self.routed(c, ctx.drop_routing),
+                "routed_experts": self.routed(c, ctx),
             })
         return {"id": rid, "object": "chat.completion", "created": CREATED, "model": self.m.name,
                 "choices": out, "service_tier": None, "system_fingerprint": None, "usage": usage,
@@ -553,7 +563,7 @@ class Vllm:
                                      else self.tokens_logprobs(c, top, j, j + 1)),
                         "finish_reason": "length" if last else None,
                         "token_ids": [c.gen[j]],
-                        "routed_experts": self.routed(c, ctx.drop_routing) if last else None,
+                        "routed_experts": self.routed(c, ctx) if last else None,
                     }], "usage": None})
             if include_usage(req):
                 events.append({"request_id": rid, "choices": [], "usage": without_nulls(usage)})
@@ -562,7 +572,7 @@ class Vllm:
                 "logprobs": None if top is None else self.tokens_logprobs(c, top),
                 "finish_reason": "length",
                 "token_ids": list(c.gen),
-                "routed_experts": self.routed(c, ctx.drop_routing)}
+                "routed_experts": self.routed(c, ctx)}
                for k, c in enumerate(choices)]
         return {"request_id": rid, "model": self.m.name, "created": CREATED, "choices": out,
                 "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None,
@@ -907,6 +917,7 @@ class Ctx:
         self.handler = handler
         self.hash = id_hash(path, body)
         self.drop_routing = bool(isinstance(body, dict) and body.get("standin_drop_routing"))
+        self.corrupt_routing = body.get("standin_corrupt_routing") if isinstance(body, dict) else None
 
     def header(self, name: str) -> Optional[str]:
         return self.handler.headers.get(name)

@@ -584,6 +584,32 @@ TEST_F(CaptureTest, RoutingThePoolsModelDoesNotAllowIsNotStoredAndNamed) {
   }
 }
 
+// A broken routing payload: answered, not stored, named, the pool unchanged.
+TEST_F(CaptureTest, MalformedRoutingOrAWrongDtypeIsNotStoredAndNamed) {
+  Start("vllm");
+  struct Case {
+    const char* corrupt;
+    const char* why;
+  };
+  for (const Case& c : {Case{"base64", "base64"}, Case{"dtype", "<f4"},
+                        Case{"shape", "rows"}}) {
+    const std::string request = absl::StrCat(
+        R"({"model": "standin-moe", "prompt": [5, 6, 7], "max_tokens": 3, )",
+        R"("standin_corrupt_routing": ")", c.corrupt, R"("})");
+    httplib::Result r = Post("/v1/completions", request);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_THAT(r->get_header_value("X-Rollpack-Capture"),
+                AllOf(StartsWith("not-stored; INVALID_ARGUMENT"), HasSubstr("routed_experts"),
+                      HasSubstr(c.why)))
+        << c.corrupt;
+    EXPECT_EQ(Canonical(r->body),
+              Canonical(PostToEngine("/v1/completions", request)->body, kVllmRouting))
+        << c.corrupt;
+  }
+  EXPECT_EQ(PoolSamples(), 0);
+}
+
 TEST_F(CaptureTest, AFullStoreOrAnOversizedAnswerLeavesTheResponseAndThePoolAsTheyWere) {
   Start("vllm", {}, {"--max-memory=6000", "--capture-max-body-bytes=20000",
                      "--metrics-listen=127.0.0.1:0", "--metrics-port-file=" + dir_ + "/mport"});
