@@ -228,22 +228,4 @@ bool Uint8ExpertIdsValid(const uint8_t* ids, int64_t num_groups, int k, int num_
   return ScalarValid(ids, num_groups, k, num_experts);
 }
 
-bool EveryLayerNonzero(const uint8_t* ids, int64_t rows, int num_layers, int k) {
-  // Real captures pass within the first rows; stop as soon as every layer has
-  // shown a nonzero id.
-  std::vector<uint8_t> seen(num_layers, 0);
-  int left = num_layers;
-  for (int64_t r = 0; r < rows && left > 0; ++r) {
-    for (int m = 0; m < num_layers; ++m) {
-      if (seen[m]) continue;
-      const uint8_t* group = ids + (r * num_layers + m) * k;
-      if (std::any_of(group, group + k, [](uint8_t id) { return id != 0; })) {
-        seen[m] = 1;
-        --left;
-      }
-    }
-  }
-  return left == 0;
-}
-
 }  // namespace rollpack

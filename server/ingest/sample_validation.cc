@@ -259,12 +259,18 @@ class SampleValidator {
     const bool narrow = model_.stored_id_bytes() == 1;
     switch (in.view.dtype) {
       case v1::UINT8:
-        if (TryConvertUint8(in, out)) return absl::OkStatus();
+        if (TryConvertDirect<uint8_t>(in, out)) return absl::OkStatus();
         return ConvertTyped<uint8_t, uint8_t>(in, out);
       case v1::UINT16:
+        if (!narrow && TryConvertDirect<uint16_t>(in, out)) return absl::OkStatus();
         return narrow ? ConvertTyped<uint16_t, uint8_t>(in, out)
                       : ConvertTyped<uint16_t, uint16_t>(in, out);
       case v1::INT16:
+        // Read as uint16, a negative id is >= 32768: refused by the fast
+        // check whenever E <= 32768, so the exact path sees missing rows.
+        if (!narrow && model_.num_experts <= 32768 && TryConvertDirect<uint16_t>(in, out)) {
+          return absl::OkStatus();
+        }
         return narrow ? ConvertTyped<int16_t, uint8_t>(in, out)
                       : ConvertTyped<int16_t, uint16_t>(in, out);
       default:
@@ -273,28 +279,37 @@ class SampleValidator {
     }
   }
 
-  // uint8 ids are already the stored width and have no missing rows (-1 is
-  // not representable), so a valid payload's stored layers are kept as they
-  // came: moved without a copy when they are exactly [n, |M| + D, K] and the
+  // Ids already of the stored width (uint8; uint16 and non-negative int16
+  // when E > 256) in a payload without missing rows (-1 is not a valid id
+  // of that width): a valid payload's stored layers are kept as they came,
+  // moved without a copy when they are exactly [n, |M| + D, K] and the
   // request is ours, else copied once. False (nothing stored) when some id
-  // breaks a rule; ConvertTyped then names it.
-  bool TryConvertUint8(const ExpertsInput& in, StoredSample& out) {
+  // breaks a rule or a row is missing; ConvertTyped then names it.
+  template <typename Id>
+  bool TryConvertDirect(const ExpertsInput& in, StoredSample& out) {
     const int k = model_.topk;
     const int num_stored = static_cast<int>(stored_ids_.size());
-    const int64_t row_bytes = int64_t{num_stored} * k;
+    const int64_t row_bytes = int64_t{num_stored} * k * int64_t{sizeof(Id)};
     const int64_t total = out_rows_ * row_bytes;
     const int64_t first = (in.row_offset - base_) * row_bytes;
-    const uint8_t* src = in.view.as<uint8_t>();
+    const char* src = in.view.data.data();
     // Compact, or full with every layer MoE: the payload rows are the stored rows.
     const bool compact = in.payload_layers == num_stored;
     std::string experts;
-    const uint8_t* ids = src;
+    const char* rows = src;
     if (!compact) {
       experts.resize(total);
-      GatherMoeLayers(in, src, reinterpret_cast<uint8_t*>(experts.data()) + first);
-      ids = reinterpret_cast<const uint8_t*>(experts.data()) + first;
+      GatherMoeLayers(in, src, sizeof(Id), experts.data() + first);
+      rows = experts.data() + first;
     }
-    if (!Uint8ExpertIdsValid(ids, in.rows * num_stored, k, model_.num_experts)) return false;
+    const Id* ids = reinterpret_cast<const Id*>(rows);
+    bool valid;
+    if constexpr (sizeof(Id) == 1) {
+      valid = Uint8ExpertIdsValid(ids, in.rows * num_stored, k, model_.num_experts);
+    } else {
+      valid = Uint16ExpertIdsValid(ids, in.rows * num_stored, k, model_.num_experts);
+    }
+    if (!valid) return false;
     if (!model_.allow_all_zero_layers && !out_piece() && in.rows > 1 &&
         !EveryLayerNonzero(ids, in.rows, num_stored, k)) {
       return false;
@@ -316,10 +331,11 @@ class SampleValidator {
     return true;
   }
 
-  // Copies the stored layers of every payload row into `dst`
-  // ([rows, |M| + D, K]),
-  // one memcpy per run of consecutive MoE layers (DeepSeek-V3: one run).
-  void GatherMoeLayers(const ExpertsInput& in, const uint8_t* src, uint8_t* dst) const {
+  // Copies the stored layers of every payload row of `id_bytes` ids into
+  // `dst` ([rows, |M| + D, K]), one memcpy per run of consecutive MoE
+  // layers (DeepSeek-V3: one run).
+  void GatherMoeLayers(const ExpertsInput& in, const char* src, size_t id_bytes,
+                       char* dst) const {
     const int k = model_.topk;
     std::vector<std::pair<int, int>> runs;  // (first payload layer, layers)
     for (int idx : in.moe_payload_index) {
@@ -329,12 +345,13 @@ class SampleValidator {
         runs.emplace_back(idx, 1);
       }
     }
-    const int64_t row_stride = int64_t{in.payload_layers} * k;
+    const int64_t row_stride = int64_t{in.payload_layers} * k * static_cast<int64_t>(id_bytes);
     for (int64_t r = 0; r < in.rows; ++r) {
-      const uint8_t* row = src + r * row_stride;
+      const char* row = src + r * row_stride;
       for (const auto& [layer, count] : runs) {
-        std::memcpy(dst, row + int64_t{layer} * k, static_cast<size_t>(count) * k);
-        dst += int64_t{count} * k;
+        const size_t bytes = static_cast<size_t>(count) * k * id_bytes;
+        std::memcpy(dst, row + int64_t{layer} * k * static_cast<int64_t>(id_bytes), bytes);
+        dst += bytes;
       }
     }
   }

@@ -365,12 +365,14 @@ TEST(SampleValidationTest, AcceptsTokenFieldWithTrailingDims) {
   EXPECT_EQ(r->token_fields.at("topk_logprobs").row_bytes(), 8);
 }
 
-// uint8 payloads take a word-at-a-time path (server/ingest/expert_id_check.h) and
-// ingest moves their bytes; the same ids as int32 take the per-id path. Both
-// must give the same result, errors included, over random models, layouts
-// and corruptions.
-TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
-  std::mt19937 rng(17);
+// Payloads of the stored id width (uint8 when E <= 256; uint16, and int16
+// without a negative id, when E > 256) take a word-at-a-time path
+// (server/ingest/expert_id_check.h) and ingest moves their bytes; the same
+// ids as int32 take the per-id path. Both must give the same result, errors
+// included, over random models, layouts and corruptions.
+void ExpectFastPathAgreesWithPerIdPath(v1::DType dtype, unsigned seed) {
+  std::mt19937 rng(seed);
+  const bool wide_ids = dtype != v1::UINT8;
   int refused = 0;
   for (int iter = 0; iter < 3000; ++iter) {
     ModelSpec model;
@@ -383,7 +385,8 @@ TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
       if (model.moe_layers.empty()) model.moe_layers.push_back(model.num_layers - 1);
     }
     model.topk = 1 + static_cast<int>(rng() % 10);
-    model.num_experts = model.topk + static_cast<int>(rng() % (257 - model.topk));
+    model.num_experts = wide_ids ? 257 + static_cast<int>(rng() % 1500)
+                                 : model.topk + static_cast<int>(rng() % (257 - model.topk));
     model.allow_all_zero_layers = rng() % 4 == 0;
     const std::vector<int> moe = model.ResolvedMoeLayers();
     const bool full = rng() % 2;
@@ -401,8 +404,9 @@ TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
         ids[g * k + j] = perm[j];
       }
     }
-    const int corruption = static_cast<int>(rng() % 5);
-    if (!ids.empty() && corruption == 1) ids[rng() % ids.size()] = static_cast<int32_t>(rng() % 256);
+    const int corruption = static_cast<int>(rng() % 6);
+    const int id_range = wide_ids ? 2048 : 256;
+    if (!ids.empty() && corruption == 1) ids[rng() % ids.size()] = static_cast<int32_t>(rng() % id_range);
     if (!ids.empty() && corruption == 2 && k > 1) {
       const int64_t g = rng() % (rows * layers);
       ids[g * k + rng() % k] = ids[g * k + rng() % k];
@@ -412,6 +416,10 @@ TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
       for (int64_t r = 0; r < rows; ++r)
         for (int j = 0; j < k; ++j) ids[(r * layers + l) * k + j] = 0;
     }
+    if (corruption == 4 && rows > 0 && dtype == v1::INT16) {  // a missing row
+      const int64_t r = rng() % rows;
+      for (int64_t i = 0; i < int64_t{layers} * k; ++i) ids[r * layers * k + i] = -1;
+    }
     v1::Sample wide;
     wide.set_sample_id(absl::StrCat("r", iter));
     *wide.mutable_tokens() = TestArray(v1::INT32, {n}, std::vector<int32_t>(n, 7));
@@ -419,8 +427,16 @@ TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
     wide.set_routed_experts_row_offset(static_cast<int32_t>(offset));
     *wide.mutable_routed_experts() = TestArray(v1::INT32, {rows, layers, k}, ids);
     v1::Sample narrow = wide;
-    *narrow.mutable_routed_experts() =
-        TestArray(v1::UINT8, {rows, layers, k}, std::vector<uint8_t>(ids.begin(), ids.end()));
+    if (dtype == v1::UINT8) {
+      *narrow.mutable_routed_experts() =
+          TestArray(v1::UINT8, {rows, layers, k}, std::vector<uint8_t>(ids.begin(), ids.end()));
+    } else if (dtype == v1::UINT16) {
+      *narrow.mutable_routed_experts() =
+          TestArray(v1::UINT16, {rows, layers, k}, std::vector<uint16_t>(ids.begin(), ids.end()));
+    } else {
+      *narrow.mutable_routed_experts() =
+          TestArray(v1::INT16, {rows, layers, k}, std::vector<int16_t>(ids.begin(), ids.end()));
+    }
     const absl::StatusOr<StoredSample> reference = ValidateSample(wide, model);
     const absl::StatusOr<StoredSample> copied = ValidateSample(narrow, model);
     v1::Sample owned = narrow;
@@ -435,6 +451,15 @@ TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
     }
   }
   EXPECT_GT(refused, 300) << "the corruptions reach the error paths";
+}
+
+TEST(SampleValidationTest, Uint8FastPathAgreesWithPerIdPath) {
+  ExpectFastPathAgreesWithPerIdPath(v1::UINT8, 17);
+}
+
+TEST(SampleValidationTest, Uint16AndInt16FastPathAgreesWithPerIdPath) {
+  ExpectFastPathAgreesWithPerIdPath(v1::UINT16, 18);
+  ExpectFastPathAgreesWithPerIdPath(v1::INT16, 19);
 }
 
 TEST(SampleValidationTest, FiniteTokenFieldsRefuseNanAndInfinityNamingTheToken) {
