@@ -21,7 +21,7 @@ asan_tests=(ndarray_test sample_validation_test sample_store_test durable_log_te
             limits_test microbatch_assembly_test trainer_delivery_test
             recompute_uploads_test sample_validation_mtp_test model_spec_test mtp_test
             engine_exchange_test json_splice_test vllm_response_test sglang_response_test
-            captured_sample_test capture_headers_test)
+            captured_sample_test capture_headers_test expert_id_check_test record_budget_test)
 fuzzers=(sample_validation_fuzzer topology_fuzzer plan_fuzzer layout_fuzzer received_microbatch_fuzzer
          step_record_fuzzer member_service_fuzzer capture_fuzzer)
 
