@@ -150,7 +150,8 @@ class CaptureTest : public ::testing::Test {
     ASSERT_TRUE(step.ok()) << step.status();
     absl::StatusOr<v1::Plan> plan = client_->GetPlan(create.step_id());
     ASSERT_TRUE(plan.ok()) << plan.status();
-    absl::StatusOr<std::vector<v1::Microbatch>> mbs = FetchRankMicrobatches(daemon_->address(), create.step_id(), v1::RankCoords());
+    absl::StatusOr<std::vector<v1::Microbatch>> mbs =
+        FetchRankMicrobatches(daemon_->address(), create.step_id(), v1::RankCoords());
     ASSERT_TRUE(mbs.ok()) << mbs.status();
     ASSERT_EQ(static_cast<int>(mbs->size()), plan->microbatches_size());
     for (const v1::Microbatch& mb : *mbs) {

@@ -25,6 +25,7 @@
 #include "proto/wire/deterministic_bytes.h"
 #include "rollpack/v1/trainer.grpc.pb.h"
 #include "testing/cluster_fixture.h"
+#include "testing/rank_fetch.h"
 
 namespace rollpack {
 namespace {
@@ -58,24 +59,6 @@ v1::CreateStepRequest StepRequest(const std::string& step_id, const std::vector<
   request.set_reuse_samples(true);
   request.set_replay_source(source);
   return request;
-}
-
-// Every micro-batch one rank receives.
-absl::StatusOr<std::vector<v1::Microbatch>> FetchRank(const std::string& address,
-                                                      const std::string& step_id,
-                                                      const v1::RankCoords& rank,
-                                                      Delivery delivery) {
-  TrainerStreamOptions options;
-  options.max_resumes = 0;
-  options.delivery = delivery;
-  TrainerStream stream(MakeChannel(address), step_id, rank, options);
-  std::vector<v1::Microbatch> out;
-  while (true) {
-    absl::StatusOr<std::optional<v1::Microbatch>> next = stream.Next();
-    if (!next.ok()) return next.status();
-    if (!next->has_value()) return out;
-    out.push_back(**std::move(next));
-  }
 }
 
 std::vector<std::string> Bytes(const std::vector<v1::Microbatch>& mbs) {
@@ -145,9 +128,9 @@ TEST_F(ClusterRecomputeTest, UploadsThroughAnyMemberComeBackAsOnASingleServer) {
   int64_t rollout_ones = 0;  // replayable rows of stage 0: each real token at most once
   for (size_t r = 0; r < ranks.size(); ++r) {
     absl::StatusOr<std::vector<v1::Microbatch>> c =
-        FetchRank(Address(r % 3), "rec", ranks[r], Delivery::kProxy);
+        FetchRankMicrobatches(Address(r % 3), "rec", ranks[r], Delivery::kProxy);
     absl::StatusOr<std::vector<v1::Microbatch>> s =
-        FetchRank(single->address(), "rec", ranks[r], Delivery::kProxy);
+        FetchRankMicrobatches(single->address(), "rec", ranks[r], Delivery::kProxy);
     ASSERT_TRUE(c.ok() && s.ok()) << c.status() << " / " << s.status();
     ASSERT_EQ(Bytes(*c), Bytes(*s)) << "rank " << r;
     got[r] = *std::move(c);
@@ -223,18 +206,18 @@ TEST_F(ClusterRecomputeTest, UploadsThroughAnyMemberComeBackAsOnASingleServer) {
   int64_t replay_ones = 0;
   for (const v1::RankCoords& rank : AllRanks(TopoB())) {
     absl::StatusOr<std::vector<v1::Microbatch>> s =
-        FetchRank(single->address(), "rec2", rank, Delivery::kProxy);
+        FetchRankMicrobatches(single->address(), "rec2", rank, Delivery::kProxy);
     ASSERT_TRUE(s.ok()) << s.status();
     const std::vector<std::string> expected = Bytes(*s);
     for (size_t m = 0; m < 3; ++m) {
       absl::StatusOr<std::vector<v1::Microbatch>> c =
-          FetchRank(Address(m), "rec2", rank, Delivery::kProxy);
+          FetchRankMicrobatches(Address(m), "rec2", rank, Delivery::kProxy);
       ASSERT_TRUE(c.ok()) << "member " << m << " rank " << rank.ShortDebugString() << ": "
                           << c.status();
       EXPECT_EQ(Bytes(*c), expected) << "member " << m << " rank " << rank.ShortDebugString();
     }
     absl::StatusOr<std::vector<v1::Microbatch>> direct =
-        FetchRank(Address(0), "rec2", rank, Delivery::kDirect);
+        FetchRankMicrobatches(Address(0), "rec2", rank, Delivery::kDirect);
     ASSERT_TRUE(direct.ok()) << "rank " << rank.ShortDebugString() << ": " << direct.status();
     EXPECT_EQ(Bytes(*direct), expected) << "direct, rank " << rank.ShortDebugString();
     compared += static_cast<int>(expected.size());
@@ -275,7 +258,7 @@ TEST_F(ClusterRecomputeTest, APartialOrConflictingUploadChangesNothing) {
   std::set<std::string> uncovered(ids.begin(), ids.end());
   for (size_t r = 0; r < ranks.size(); ++r) {
     absl::StatusOr<std::vector<v1::Microbatch>> mbs =
-        FetchRank(Address(1), "p", ranks[r], Delivery::kProxy);
+        FetchRankMicrobatches(Address(1), "p", ranks[r], Delivery::kProxy);
     ASSERT_TRUE(mbs.ok()) << mbs.status();
     for (const v1::Microbatch& mb : *mbs) {
       const bool has_m0 = std::any_of(mb.sample_ids().begin(), mb.sample_ids().end(),
@@ -310,7 +293,7 @@ TEST_F(ClusterRecomputeTest, APartialOrConflictingUploadChangesNothing) {
   bool conflicted = false;
   for (size_t r = 0; r < ranks.size(); ++r) {
     absl::StatusOr<std::vector<v1::Microbatch>> mbs =
-        FetchRank(Address(0), "q", ranks[r], Delivery::kDirect);
+        FetchRankMicrobatches(Address(0), "q", ranks[r], Delivery::kDirect);
     ASSERT_TRUE(mbs.ok()) << mbs.status();
     q[r] = *std::move(mbs);
     for (const v1::Microbatch& mb : q[r]) {
@@ -339,7 +322,7 @@ TEST_F(ClusterRecomputeTest, APartialOrConflictingUploadChangesNothing) {
   int64_t rows = 0;
   for (size_t r = 0; r < ranks.size(); ++r) {
     absl::StatusOr<std::vector<v1::Microbatch>> mbs =
-        FetchRank(Address(2), "q2", ranks[r], Delivery::kProxy);
+        FetchRankMicrobatches(Address(2), "q2", ranks[r], Delivery::kProxy);
     ASSERT_TRUE(mbs.ok()) << mbs.status();
     ASSERT_EQ(mbs->size(), q[r].size()) << "rank " << r;
     for (size_t i = 0; i < q[r].size(); ++i) {
@@ -417,7 +400,7 @@ TEST_F(ClusterRecomputeTest, ADownOwnerIsNamed) {
   std::optional<std::pair<v1::RankCoords, v1::Microbatch>> with_m1;
   for (size_t r = 0; r < ranks.size(); ++r) {
     absl::StatusOr<std::vector<v1::Microbatch>> mbs =
-        FetchRank(Address(0), "d", ranks[r], Delivery::kProxy);
+        FetchRankMicrobatches(Address(0), "d", ranks[r], Delivery::kProxy);
     ASSERT_TRUE(mbs.ok()) << mbs.status();
     for (const v1::Microbatch& mb : *mbs) {
       ASSERT_TRUE(Upload(Address(r % 3), ranks[r], mb).ok());
