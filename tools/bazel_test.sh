@@ -57,6 +57,16 @@ fi
 if ((rc != 0 && passed + failed == 0)); then
   echo "Bazel failed before any test ran (exit $rc)"
 fi
+# Bazel prints a failed test's whole log before the summary, where a long
+# log buries why it failed; CI shows the end of the output, so each failed
+# test's assertions (GoogleTest's "Failure" blocks, its FAILED lines, a
+# crash's signal) are repeated here, last.
+while read -r target test_log; do
+  [[ -r "$test_log" ]] || continue
+  echo "==== why $target failed ($test_log)"
+  grep -E -A6 ': Failure$|^\[  FAILED  \]|[Ss]egmentation fault|Aborted|AddressSanitizer|terminate called|-- Test timed out' \
+    "$test_log" | grep -v -E '^\[[0-9-]+ [0-9:.]+\] \[(info|debug)\]' | head -n 60
+done < <(sed -nE 's/^FAIL: (\/\/[^ ]+) .*\(see (.*test\.log)\).*/\1 \2/p' "$log" | sort -u)
 echo "bazel: $passed passed, $failed failed"
 if ((rc == 0 && sources_rc != 0)); then rc=1; fi
 exit "$rc"
