@@ -124,7 +124,7 @@ absl::StatusOr<SessionFinishRequest> ParseSessionFinish(absl::string_view method
       !absl::ConsumeSuffix(&session, "/finish") || session.empty() ||
       absl::StrContains(session, "/")) {
     return absl::NotFoundError(absl::StrCat("no rollpack endpoint ", method, " ", target,
-                                            " (POST /rollpack/v1/sessions/S/finish)"));
+                                            " (POST /rollpack/v1/sessions/S/finish, POST /rollpack/v1/annotate)"));
   }
   SessionFinishRequest finish;
   finish.session = std::string(session);

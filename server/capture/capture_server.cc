@@ -86,7 +86,7 @@ class CaptureServer::Impl {
   }
 
   absl::Status Listen(const CaptureOptions& options, CaptureMetrics* capture_metrics,
-                      const Authorizer* auth) {
+                      const Authorizer* auth, AnnotateFunction annotate) {
     ASSIGN_OR_RETURN(HostPort listen, SplitHostPort("--capture-listen", options.listen));
     absl::string_view upstream = options.upstream;
     if (!absl::ConsumePrefix(&upstream, "http://")) {
@@ -106,6 +106,7 @@ class CaptureServer::Impl {
     context_.auth = auth;
     context_.log_limiter = &log_limiter_;
     context_.record_budget = &record_budget_;
+    context_.annotate = std::move(annotate);
 
     acceptor_ = std::make_unique<tcp::acceptor>(first);
     accept_backoff_ = std::make_unique<asio::steady_timer>(first);
@@ -174,9 +175,9 @@ class CaptureServer::Impl {
 
 absl::StatusOr<std::unique_ptr<CaptureServer>> CaptureServer::Start(
     const CaptureOptions& options, SampleStore* store, ServerMetrics* metrics,
-    CaptureMetrics* capture_metrics, const Authorizer* auth) {
+    CaptureMetrics* capture_metrics, const Authorizer* auth, AnnotateFunction annotate) {
   auto impl = std::make_unique<Impl>(options, store, metrics);
-  RETURN_IF_ERROR(impl->Listen(options, capture_metrics, auth));
+  RETURN_IF_ERROR(impl->Listen(options, capture_metrics, auth, std::move(annotate)));
   return std::unique_ptr<CaptureServer>(new CaptureServer(std::move(impl)));
 }
 

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "server/capture/capture_metrics.h"
 #include "server/capture/capture_options.h"
+#include "server/capture/rollpack_endpoints.h"
 #include "server/ops/auth.h"
 #include "server/ops/server_metrics.h"
 #include "server/store/sample_store.h"
@@ -24,13 +25,12 @@ class CaptureServer {
  public:
   // Binds `options.listen` and starts serving. `store` and `auth` outlive
   // the server; `metrics` and `capture_metrics` may be null; `auth` may be
-  // null (no auth). INVALID_ARGUMENT for a malformed listen or upstream
+  // null (no auth). `annotate` serves POST /rollpack/v1/annotate (empty:
+  // UNIMPLEMENTED). INVALID_ARGUMENT for a malformed listen or upstream
   // address, UNAVAILABLE when the port cannot be bound.
-  static absl::StatusOr<std::unique_ptr<CaptureServer>> Start(const CaptureOptions& options,
-                                                              SampleStore* store,
-                                                              ServerMetrics* metrics,
-                                                              CaptureMetrics* capture_metrics,
-                                                              const Authorizer* auth);
+  static absl::StatusOr<std::unique_ptr<CaptureServer>> Start(
+      const CaptureOptions& options, SampleStore* store, ServerMetrics* metrics,
+      CaptureMetrics* capture_metrics, const Authorizer* auth, AnnotateFunction annotate = {});
 
   // Stops accepting, drops every connection and joins the threads.
   ~CaptureServer();

@@ -17,6 +17,7 @@
 #include "boost/beast/http.hpp"
 #include "server/capture/http_fields.h"
 #include "server/capture/response_relay.h"
+#include "server/capture/rollpack_endpoints.h"
 #include "server/ops/log_format.h"
 #include "simdjson.h"
 #include "spdlog/spdlog.h"
@@ -165,7 +166,7 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
     headers_ = *std::move(headers);
 
     const absl::string_view target(request_.target().data(), request_.target().size());
-    if (absl::StartsWith(target, "/rollpack/")) return FinishSession(target);
+    if (absl::StartsWith(target, "/rollpack/")) return ServeRollpackEndpoint(target);
     endpoint_ = CapturedEndpoint(context_->recorder->engine(),
                                  absl::string_view(request_.method_string().data(),
                                                    request_.method_string().size()),
@@ -247,39 +248,33 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
     capture_ = true;
   }
 
-  // POST /rollpack/v1/sessions/S/finish (section 6): seals an open session.
-  void FinishSession(absl::string_view target) {
-    absl::StatusOr<SessionFinishRequest> finish = ParseSessionFinish(
-        absl::string_view(request_.method_string().data(), request_.method_string().size()),
-        target, request_.body(), headers_, context_->recorder->default_pool());
-    if (!finish.ok()) {
-      return ReplyError(HttpStatusOf(finish.status().code()), "rollpack_request",
-                        finish.status().message(), !client_keep_alive_);
-    }
-    context_->record_workers->Schedule(
-        [self = shared_from_this(), finish = *std::move(finish)]() {
-          SessionFinish finished =
-              self->context_->recorder->FinishSession(finish.pool, finish.session, finish.scalars);
-          asio::post(self->client_.get_executor(), [self, finished = std::move(finished)] {
-            self->ReplyFinished(finished);
-          });
-        });
+  // The capture port's own endpoints (rollpack_endpoints.h): they write
+  // durably, so a record worker answers them, not this loop.
+  void ServeRollpackEndpoint(absl::string_view target) {
+    // Copied here, on the loop: the worker never touches the connection.
+    context_->record_workers->Schedule([self = shared_from_this(), target = std::string(target),
+                                        method = std::string(request_.method_string()),
+                                        body = std::move(request_.body()), headers = headers_] {
+      EndpointReply reply = rollpack::ServeRollpackEndpoint(
+          *self->context_->recorder, self->context_->annotate, method, target, body, headers);
+      asio::post(self->client_.get_executor(),
+                 [self, reply = std::move(reply)] { self->ReplyRollpack(reply); });
+    });
   }
 
-  void ReplyFinished(const SessionFinish& finish) {
-    if (finish.status.ok()) {
-      spdlog::info("capture session {} sealed by finish: {} tokens", finish.sample_id,
-                   finish.tokens);
-      auto response = std::make_shared<http::response<http::string_body>>(http::status::ok, 11);
-      response->set(http::field::content_type, "application/json");
-      response->body() = absl::StrCat("{\"sample_id\": \"", JsonEscape(finish.sample_id),
-                                      "\", \"tokens\": ", finish.tokens, "}");
-      response->keep_alive(client_keep_alive_);
-      response->prepare_payload();
-      return WriteResponse(std::move(response), !client_keep_alive_);
+  void ReplyRollpack(const EndpointReply& reply) {
+    if (!reply.status.ok()) {
+      spdlog::info("capture {}: {}", reply.summary, reply.status.ToString());
+      return ReplyError(HttpStatusOf(reply.status.code()), reply.error_type,
+                        reply.status.ToString(), !client_keep_alive_);
     }
-    const http::status status = HttpStatusOf(finish.status.code());
-    ReplyError(status, "rollpack_session", finish.status.ToString(), !client_keep_alive_);
+    spdlog::info("capture {}", reply.summary);
+    auto response = std::make_shared<http::response<http::string_body>>(http::status::ok, 11);
+    response->set(http::field::content_type, "application/json");
+    response->body() = reply.body;
+    response->keep_alive(client_keep_alive_);
+    response->prepare_payload();
+    WriteResponse(std::move(response), !client_keep_alive_);
   }
 
   // --- The engine ----------------------------------------------------------

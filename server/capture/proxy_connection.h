@@ -20,6 +20,7 @@
 #include "server/capture/capture_options.h"
 #include "server/capture/capture_recorder.h"
 #include "server/capture/record_budget.h"
+#include "server/capture/rollpack_endpoints.h"
 #include "server/ops/auth.h"
 #include "server/ops/log_rate_limiter.h"
 
@@ -56,6 +57,7 @@ struct ProxyContext {
   const Authorizer* auth = nullptr;   // may be null
   LogRateLimiter* log_limiter = nullptr;  // may be null: every warning logged
   RecordBudget* record_budget = nullptr;
+  AnnotateFunction annotate;  // may be empty
 };
 
 // Serves `socket` (accepted on `loop`) until the client or the server ends it.
