@@ -19,15 +19,23 @@ struct Item {
   int64_t num_tokens = 0;
   int64_t version = 0;  // a group's lowest
   int32_t ingest = 0;   // a group's last member: when it became complete
+  // A group's members' latest ready_key: when it became complete, where
+  // annotations completed it (SampleCandidate::ready_key).
+  int64_t ready = 0;
 };
 
+// Single samples have ready 0: their ingest order decides.
 void SortItems(std::vector<Item>* items, SelectionOrder order) {
   if (order == SelectionOrder::kOldest) {
-    std::stable_sort(items->begin(), items->end(),
-                     [](const Item& a, const Item& b) { return a.ingest < b.ingest; });
+    std::stable_sort(items->begin(), items->end(), [](const Item& a, const Item& b) {
+      if (a.ready != b.ready) return a.ready < b.ready;
+      return a.ingest < b.ingest;
+    });
   } else {
+    // Ties in the order they became complete.
     std::stable_sort(items->begin(), items->end(), [](const Item& a, const Item& b) {
       if (a.version != b.version) return a.version > b.version;
+      if (a.ready != b.ready) return a.ready < b.ready;
       return a.ingest < b.ingest;
     });
   }
@@ -35,10 +43,20 @@ void SortItems(std::vector<Item>* items, SelectionOrder order) {
 
 bool Grouped(const SampleCandidate& c) { return c.group_size > 0 && !c.group_id.empty(); }
 
-std::string StalenessNote(const SelectionRequest& request, int64_t stale) {
-  if (stale == 0) return "";
-  return absl::StrCat(" (", stale, " more are stale: policy_version ", request.policy_version,
-                      ", max_staleness ", *request.max_staleness, ")");
+// What the free samples hold besides what is selectable: stale samples, and
+// sealed ones still missing a required scalar (lifecycle.md section 6).
+std::string StalenessNote(const SelectionRequest& request, int64_t stale,
+                          int64_t unannotated) {
+  std::string note;
+  if (stale > 0) {
+    note = absl::StrCat(" (", stale, " more are stale: policy_version ", request.policy_version,
+                        ", max_staleness ", *request.max_staleness, ")");
+  }
+  if (unannotated > 0) {
+    absl::StrAppend(&note, " (", unannotated,
+                    " more lack a required scalar: not selectable until annotated)");
+  }
+  return note;
 }
 
 }  // namespace
@@ -96,6 +114,14 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
   std::vector<Item> items;
   std::vector<int32_t> members;
   int64_t stale = 0;
+  int64_t unannotated = 0;
+  const bool keyed = std::any_of(candidates.begin(), candidates.end(),
+                                 [](const SampleCandidate& c) { return c.ready_key != 0; });
+  if (prefix && keyed && request.selects_groups()) {
+    // Annotations can complete a group after samples sealed past the
+    // prefix: only every free sample decides the groups' order.
+    return more;
+  }
   if (!request.selects_groups()) {
     items.reserve(candidates.size());
     members.reserve(candidates.size());
@@ -103,6 +129,10 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
       const SampleCandidate& c = candidates[i];
       if (IsStale(request, c.policy_version)) {
         ++stale;
+        continue;
+      }
+      if (!c.missing_scalar.empty()) {
+        ++unannotated;
         continue;
       }
       const int32_t index = static_cast<int32_t>(i);
@@ -135,6 +165,11 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
         selectable[g] = false;  // never taken without this sample
         continue;
       }
+      if (!c.missing_scalar.empty()) {
+        ++unannotated;
+        selectable[g] = false;  // not complete until annotated
+        continue;
+      }
       if (c.group_size != sizes[g]) selectable[g] = false;
       group_of[i] = g;
       Item& group = groups[g];
@@ -142,6 +177,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
       group.num_tokens += c.num_tokens;
       group.version = std::min(group.version, c.policy_version);
       group.ingest = static_cast<int32_t>(i);
+      group.ready = std::max(group.ready, c.ready_key);
     }
     // Each group's members, contiguous and in ingest order.
     int32_t next = 0;
@@ -165,6 +201,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
   }
 
   const absl::string_view unit = request.selects_groups() ? "complete free groups" : "free samples";
+  const std::string note = StalenessNote(request, stale, unannotated);
   size_t taken = 0;
   int64_t samples = 0;
   int64_t tokens = 0;
@@ -172,8 +209,8 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
     if (static_cast<int64_t>(items.size()) < request.num_groups) {
       if (prefix) return more;
       return absl::FailedPreconditionError(absl::StrCat(what, " has ", items.size(), " ", unit,
-                                                        StalenessNote(request, stale), ", ",
-                                                        request.num_groups, " requested"));
+                                                        note, ", ", request.num_groups,
+                                                        " requested"));
     }
     taken = static_cast<size_t>(request.num_groups);
   } else if (request.num_samples > 0) {
@@ -181,8 +218,8 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
       if (static_cast<int64_t>(items.size()) < request.num_samples) {
         if (prefix) return more;
         return absl::FailedPreconditionError(absl::StrCat(what, " has ", items.size(), " ", unit,
-                                                          StalenessNote(request, stale), ", ",
-                                                          request.num_samples, " requested"));
+                                                          note, ", ", request.num_samples,
+                                                          " requested"));
       }
       taken = static_cast<size_t>(request.num_samples);
     } else {
@@ -196,7 +233,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
             request.num_samples,
             taken < items.size()
                 ? absl::StrCat(" (the next group has ", items[taken].count, ")")
-                : absl::StrCat(" (", items.size(), " ", unit, StalenessNote(request, stale), ")")));
+                : absl::StrCat(" (", items.size(), " ", unit, note, ")")));
       }
     }
   } else {
@@ -206,7 +243,7 @@ absl::StatusOr<Selection> SelectSamples(absl::Span<const SampleCandidate> candid
       if (prefix) return more;
       return absl::FailedPreconditionError(absl::StrCat(
           what, " has ", total, " tokens in ", items.size(), " ", unit,
-          StalenessNote(request, stale), ", num_tokens ", request.num_tokens, " requested"));
+          note, ", num_tokens ", request.num_tokens, " requested"));
     }
     while (taken < items.size() &&
            (taken == 0 || tokens + items[taken].num_tokens <= request.num_tokens)) {
@@ -244,6 +281,12 @@ absl::StatusOr<int32_t> CheckExplicitSelection(absl::Span<const SampleCandidate>
       return absl::FailedPreconditionError(absl::StrCat(
           what, ": sample \"", c.sample_id, "\" is stale: its policy_version ", c.policy_version,
           " is older than ", request.policy_version, " - max_staleness ", *request.max_staleness));
+    }
+    if (!c.missing_scalar.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": sample \"", c.sample_id, "\" lacks scalar \"", c.missing_scalar,
+          "\", which the pool requires (required_scalars): it is selectable once annotated "
+          "(Rollouts.AnnotateSamples)"));
     }
   }
   if (request.whole_groups) {

@@ -27,6 +27,16 @@ struct SampleCandidate {
   // Empty, or group_size 0: ungrouped.
   absl::string_view group_id;
   int32_t group_size = 0;
+  // The first of the pool's required scalars the sample lacks (lifecycle.md
+  // section 6); empty when it lacks none. Such a sample is never selected and
+  // its group is not complete.
+  absl::string_view missing_scalar;
+  // When the sample became selectable (sealed with every required scalar),
+  // on a clock that ascends in the candidates' order (the store's arrival
+  // sequence, a cluster's arrival time): annotations can complete a group
+  // after samples sealed later, and OLDEST orders groups by their members'
+  // latest. 0 on every candidate: the candidates' order is that clock.
+  int64_t ready_key = 0;
 };
 
 struct SelectionRequest {

@@ -349,5 +349,58 @@ TEST(SampleSelection, SameInputsSameSelection) {
   EXPECT_GT(a->num_groups, 0);
 }
 
+// lifecycle.md section 6: a candidate missing a required scalar is never
+// selected, its group is not complete, and a group an annotation completed
+// sorts by its ready key (when its last member became selectable).
+TEST(SampleSelection, RequiredScalarsGateSamplesAndOrderGroupsByTheirLastAnnotation) {
+  Pool p;
+  p.Add("g1", 10, 0, "g", 2);
+  p.Add("g2", 10, 0, "g", 2);
+  p.Add("h1", 10, 0, "h", 2);
+  p.Add("h2", 10, 0, "h", 2);
+  p.Add("x", 10);
+  std::vector<SampleCandidate> c = p.Span();
+  // g's last annotation came after h was sealed and annotated; x lacks one.
+  const int64_t ready[] = {1, 9, 3, 4, 5};
+  for (size_t i = 0; i < c.size(); ++i) c[i].ready_key = ready[i];
+  c[4].missing_scalar = "reward";
+  SelectionRequest r;
+  r.num_groups = 1;
+  auto s = SelectSamples(c, r, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("h1", "h2"));
+  // A prefix of the candidates cannot decide that order.
+  s = SelectSamples(c, r, "step", /*prefix=*/true);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->needs_more);
+  // Single samples stay in ingest order; the unannotated one is skipped and
+  // named in a shortfall; token budgets count selectable samples only.
+  SelectionRequest count;
+  count.num_samples = 5;
+  s = SelectSamples(c, count, "step");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("has 4 free samples (1 more lack a required scalar"));
+  SelectionRequest tokens;
+  tokens.num_tokens = 50;
+  s = SelectSamples(c, tokens, "step");
+  EXPECT_THAT(s.status().message(), HasSubstr("has 40 tokens in 4 free samples"));
+  count.num_samples = 4;
+  s = SelectSamples(c, count, "step");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(p.Chosen(*s), ElementsAre("g1", "g2", "h1", "h2"));
+  // A group with a member lacking a scalar is not complete.
+  c[1].missing_scalar = "reward";
+  r.num_groups = 2;
+  s = SelectSamples(c, r, "step");
+  EXPECT_THAT(s.status().message(), HasSubstr("has 1 complete free groups"));
+  // An explicit id lacking one is named with the scalar.
+  absl::StatusOr<int32_t> explicit_ids =
+      CheckExplicitSelection({c[0], c[1]}, SelectionRequest{}, "step \"s\"");
+  EXPECT_EQ(explicit_ids.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(explicit_ids.status().message(),
+              HasSubstr("step \"s\": sample \"g2\" lacks scalar \"reward\""));
+}
+
 }  // namespace
 }  // namespace rollpack

@@ -206,6 +206,12 @@ class AuthTest : public ::testing::Test {
       writer->WritesDone();
       return writer->Finish();
     }
+    if (method == "AnnotateSamples") {
+      v1::AnnotateSamplesRequest req;
+      req.set_pool("authpool");
+      v1::AnnotateSamplesResponse resp;
+      return rollouts_->AnnotateSamples(ctx.get(), req, &resp);
+    }
     if (method == "GetPool") {
       v1::GetPoolRequest req;
       req.set_pool("authpool");
@@ -268,11 +274,13 @@ TEST_F(AuthTest, EveryMethodByRole) {
   const std::vector<std::string> methods = {"RegisterModel",     "PutSamples", "GetPool",
                                             "CreateStep",        "GetPlan",    "ReleaseStep",
                                             "FetchMicrobatches", "ReportRoutingAgreement",
-                                            "ListPools",         "ListSteps"};
+                                            "ListPools",         "ListSteps",
+                                            "AnnotateSamples"};
   // Method -> roles allowed (must match the documented table).
   const std::map<std::string, std::set<std::string>> allowed = {
       {"RegisterModel", {"producer", "admin"}},
       {"PutSamples", {"producer", "admin"}},
+      {"AnnotateSamples", {"producer", "admin"}},
       {"GetPool", {"producer", "trainer", "admin"}},
       {"CreateStep", {"trainer", "admin"}},
       {"GetPlan", {"trainer", "admin"}},

@@ -1,11 +1,15 @@
 #include "server/ingest/rollouts_service.h"
 
 #include <algorithm>
+#include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "scheduler/model_spec.h"
+#include "server/cluster/cluster_annotations.h"
+#include "server/ops/call_log.h"
 #include "server/store/convert.h"
 #include "server/store/names.h"
 #include "server/store/pool_info.h"
@@ -174,6 +178,41 @@ grpc::ServerUnaryReactor* RolloutsService::ListPools(grpc::CallbackServerContext
     }
     return absl::OkStatus();
   }()));
+  return reactor;
+}
+
+absl::StatusOr<int32_t> RolloutsService::Annotate(const v1::AnnotateSamplesRequest& request) {
+  std::vector<ScalarAnnotation> annotations;
+  annotations.reserve(request.annotations_size());
+  for (const v1::SampleAnnotation& a : request.annotations()) {
+    annotations.push_back(ScalarAnnotation{
+        a.sample_id(), std::map<std::string, double>(a.scalars().begin(), a.scalars().end())});
+  }
+  if (!cluster_mode_) return store_->AnnotateSamples(request.pool(), annotations);
+  // Any member takes it for samples on any member (cluster_annotations.h).
+  Cluster* const cluster = cluster_.load();
+  if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
+  return AnnotateOverCluster(cluster, store_, request.pool(), std::move(annotations));
+}
+
+grpc::ServerUnaryReactor* RolloutsService::AnnotateSamples(
+    grpc::CallbackServerContext* context, const v1::AnnotateSamplesRequest* request,
+    v1::AnnotateSamplesResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->Check(*context, "/rollpack.v1.Rollouts/AnnotateSamples");
+        !s.ok()) {
+      reactor->Finish(s);
+      return reactor;
+    }
+  }
+  absl::StatusOr<int32_t> annotated = Annotate(*request);
+  if (annotated.ok()) {
+    response->set_annotated(*annotated);
+    AnnotateCall(context, absl::StrCat("pool \"", request->pool(), "\": ", *annotated,
+                                       " samples annotated"));
+  }
+  reactor->Finish(ToGrpcStatus(annotated.status()));
   return reactor;
 }
 

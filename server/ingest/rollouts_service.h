@@ -50,6 +50,14 @@ class RolloutsService final
   grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* context,
                                       const v1::ListPoolsRequest* request,
                                       v1::ListPoolsResponse* response) override;
+  // AnnotateSamples without the call (the capture port's POST
+  // /rollpack/v1/annotate): the entries of the accepted request.
+  absl::StatusOr<int32_t> Annotate(const v1::AnnotateSamplesRequest& request);
+
+  // Scalars added to stored samples (lifecycle.md section 6), all or nothing.
+  grpc::ServerUnaryReactor* AnnotateSamples(grpc::CallbackServerContext* context,
+                                            const v1::AnnotateSamplesRequest* request,
+                                            v1::AnnotateSamplesResponse* response) override;
 
  private:
   // This server's share of a pool (a single server's whole GetPool).

@@ -256,7 +256,8 @@ TEST_F(SamplePiecesTest, RefusalsNameTheRuleAndChangeNothing) {
          "sample \"s\" piece 1: group_id is \"h\", piece 0 set \"g\"");
   v1::Sample other_scalar = r.Piece(1, true, 4, 6, 3, 5);
   (*other_scalar.mutable_scalars())["reward"] = 2;
-  expect(other_scalar, absl::StatusCode::kInvalidArgument, "scalars[\"reward\"] is 2, piece 0 set 1.5");
+  expect(other_scalar, absl::StatusCode::kInvalidArgument,
+         "scalars[\"reward\"] is 2, the sample has 1.5");
   v1::Sample no_field = r.Piece(1, true, 4, 6, 3, 5);
   no_field.mutable_token_fields()->clear();
   expect(no_field, absl::StatusCode::kInvalidArgument, "token_fields[\"logprobs\"] is missing");

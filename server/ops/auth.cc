@@ -45,6 +45,10 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
   static const auto* const kTable = new std::map<std::string, std::set<Role>>{
       {"/rollpack.v1.Rollouts/RegisterModel", {Role::kProducer, Role::kAdmin}},
       {"/rollpack.v1.Rollouts/PutSamples", {Role::kProducer, Role::kAdmin}},
+      // Scalars added to stored samples (lifecycle.md 6): a reward worker
+      // writes them as a rollout worker writes samples (a controller that
+      // computes rewards itself uses an admin or producer token).
+      {"/rollpack.v1.Rollouts/AnnotateSamples", {Role::kProducer, Role::kAdmin}},
       // Members ask each other for their local share (local_only).
       {"/rollpack.v1.Rollouts/GetPool",
        {Role::kProducer, Role::kTrainer, Role::kAdmin, Role::kMember}},
@@ -77,6 +81,9 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Member/StageRouting", {Role::kMember}},
       {"/rollpack.v1.Member/CheckRouting", {Role::kMember}},
       {"/rollpack.v1.Member/CommitRouting", {Role::kMember}},
+      {"/rollpack.v1.Member/PrepareAnnotations", {Role::kMember}},
+      {"/rollpack.v1.Member/CommitAnnotations", {Role::kMember}},
+      {"/rollpack.v1.Member/AbortAnnotations", {Role::kMember}},
   };
   return *kTable;
 }

@@ -5,7 +5,7 @@
 // Producer's `token=` option does). Tokens come from a file
 // (--auth-tokens FILE), one `ROLE TOKEN` pair per line, `#` comments:
 //
-//   producer 3f1c...   # rollout workers: RegisterModel, PutSamples, GetPool
+//   producer 3f1c...   # rollout workers: RegisterModel, PutSamples, AnnotateSamples, GetPool
 //   trainer  9a7e...   # trainers: CreateStep, GetPlan, FetchMicrobatches, GetPool,
 //                      #   Rendezvous.ExchangeId, Telemetry.ReportRoutingAgreement
 //   admin    c02b...   # everything, and the only role that may ReleaseStep

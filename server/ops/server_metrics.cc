@@ -129,6 +129,10 @@ ServerMetrics::ServerMetrics(metrics::ScrapeRegistry* registry, SampleStore* sto
       pool_stale_samples_(registry->AddGauge(
           "rollpack_pool_stale_samples",
           "Free samples older than the policy version minus max_staleness, by pool.")),
+      pool_unannotated_samples_(registry->AddGauge(
+          "rollpack_pool_unannotated_samples",
+          "Sealed samples still missing a required scalar (not selectable until annotated), "
+          "by pool.")),
       pool_stale_dropped_(registry->AddGauge(
           "rollpack_pool_stale_dropped_samples",
           "Samples deleted as stale (drop_stale) since the pool was created, by pool.")),
@@ -321,6 +325,7 @@ void ServerMetrics::Collect() {
     pool_incomplete_groups_.Add(l).Set(static_cast<double>(p->num_incomplete_groups));
     pool_policy_version_.Add(l).Set(static_cast<double>(p->policy_version));
     pool_stale_samples_.Add(l).Set(static_cast<double>(p->num_stale_samples));
+    pool_unannotated_samples_.Add(l).Set(static_cast<double>(p->num_unannotated_samples));
     pool_stale_dropped_.Add(l).Set(static_cast<double>(p->num_stale_dropped));
     pool_incomplete_groups_dropped_.Add(l).Set(
         static_cast<double>(p->num_incomplete_groups_dropped));

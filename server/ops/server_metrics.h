@@ -73,6 +73,7 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>& pool_incomplete_groups_;
   metrics::Family<metrics::Gauge>& pool_policy_version_;
   metrics::Family<metrics::Gauge>& pool_stale_samples_;
+  metrics::Family<metrics::Gauge>& pool_unannotated_samples_;
   metrics::Family<metrics::Gauge>& pool_stale_dropped_;
   metrics::Family<metrics::Gauge>& pool_incomplete_groups_dropped_;
   metrics::Family<metrics::Counter>& steps_created_;

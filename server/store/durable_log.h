@@ -78,10 +78,13 @@ enum class RecordType : uint8_t {
   kPieceSamples = 11,
   // Samples' recompute routing (R2): v1::RecomputeRoutingRecord.
   kRecomputeRouting = 12,
+  // Scalars AnnotateSamples added to stored samples (lifecycle.md section
+  // 6), applied whole: v1::AnnotationsRecord.
+  kAnnotations = 13,
 };
 // Types 5 and 6 appear only in a cluster member's log; a rollpackd older
 // than them refuses such a log as corrupt rather than misreading it.
-inline constexpr int kMaxRecordType = 12;
+inline constexpr int kMaxRecordType = 13;
 
 // u32 payload length, u32 crc32c(type, payload), u8 type, u32 crc32c of
 // these 9 bytes (format version 2).

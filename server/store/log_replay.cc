@@ -62,6 +62,7 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
         step.sample_ids.assign(request.sample_ids().begin(), request.sample_ids().end());
         step.topology = *topology;
         step.reuse_samples = request.reuse_samples();
+        step.advantage = AdvantageFromProto(request);
         if (request.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE) {
           step.replay_source = ReplaySourceKind::kRecompute;
         }
@@ -126,6 +127,15 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
           break;
         }
         s = store->ReplayRecomputeRouting(request);
+        break;
+      }
+      case RecordType::kAnnotations: {
+        v1::AnnotationsRecord request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("Annotations record does not parse");
+          break;
+        }
+        s = store->ReplayAnnotations(request);
         break;
       }
       case RecordType::kDropHold: {

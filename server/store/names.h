@@ -16,6 +16,8 @@ inline constexpr size_t kMaxPoolNameBytes = 128;
 inline constexpr size_t kMaxStepIdBytes = 128;
 inline constexpr size_t kMaxSampleIdBytes = 1024;
 inline constexpr size_t kMaxTokenFieldNameBytes = 128;
+// A pool's required scalar names (PoolOptions.required_scalars).
+inline constexpr size_t kMaxScalarNameBytes = 128;
 
 // INVALID_ARGUMENT naming `what` ("pool name", "step_id", ...) when `name`
 // is empty, longer than `max_bytes`, not UTF-8, or holds a control

@@ -28,6 +28,7 @@ v1::PoolInfo PoolInfoToProto(const PoolStats& stats, const StoreStats& store,
   info.set_num_stale_dropped(stats.num_stale_dropped);
   info.set_num_incomplete_groups_dropped(stats.num_incomplete_groups_dropped);
   info.set_num_stale_samples(stats.num_stale_samples);
+  info.set_num_unannotated_samples(stats.num_unannotated_samples);
   *info.mutable_options() = ToProto(stats.options);
   if (group_shares) {
     for (const GroupShareStats& group : stats.incomplete_groups) {
@@ -75,6 +76,8 @@ void AddPoolShare(const std::string& member, const absl::StatusOr<v1::PoolInfo>&
   total->set_num_incomplete_groups_dropped(total->num_incomplete_groups_dropped() +
                                            info->num_incomplete_groups_dropped());
   total->set_num_stale_samples(total->num_stale_samples() + info->num_stale_samples());
+  total->set_num_unannotated_samples(total->num_unannotated_samples() +
+                                     info->num_unannotated_samples());
   *total->mutable_options() = info->options();
   for (const v1::GroupShare& group : info->incomplete_group_shares()) {
     *total->add_incomplete_group_shares() = group;

@@ -40,6 +40,9 @@ struct PoolOptions {
   int64_t incomplete_group_timeout_ms = 0;
   // Sorted by name; empty = the first sample fixes the pool's fields.
   std::vector<DeclaredTokenField> token_fields;
+  // Scalars a sealed sample must have to be selectable (lifecycle.md section
+  // 6: put with it or added by AnnotateSamples). Sorted, distinct, non-empty.
+  std::vector<std::string> required_scalars;
 
   // The declared field `name`, or null.
   const DeclaredTokenField* FindTokenField(const std::string& name) const {
@@ -53,7 +56,7 @@ struct PoolOptions {
     return a.default_group_size == b.default_group_size && a.max_staleness == b.max_staleness &&
            a.drop_stale == b.drop_stale && a.max_uses == b.max_uses &&
            a.incomplete_group_timeout_ms == b.incomplete_group_timeout_ms &&
-           a.token_fields == b.token_fields;
+           a.token_fields == b.token_fields && a.required_scalars == b.required_scalars;
   }
   friend bool operator!=(const PoolOptions& a, const PoolOptions& b) { return !(a == b); }
 };

@@ -34,6 +34,12 @@ absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
     listing.group_ids.push_back(sample.group_id);
     listing.group_sizes.push_back(sample.group_size);
     listing.policy_versions.push_back(sample.policy_version);
+    const std::string* missing = MissingScalar(pool, sample);
+    listing.missing_scalars.push_back(missing == nullptr ? std::string() : *missing);
+    auto ready = pool.ready_at.find(id);
+    listing.ready_unix_nanos.push_back(ready == pool.ready_at.end()
+                                           ? pool.arrival_unix_nanos.at(id)
+                                           : ready->second.unix_nanos);
   };
   if (!sample_ids.empty()) {
     for (const std::string& id : sample_ids) {
@@ -79,7 +85,16 @@ absl::Status SampleStore::CheckFree(const Pool& pool, const std::string& pool_na
           absl::StrCat("sample \"", id, "\" is already in a live step"));
     }
   }
-  return absl::OkStatus();
+  // Samples a prepared annotation holds wait for its commit (lifecycle.md 6).
+  if (pool.reserved.empty()) return absl::OkStatus();
+  std::vector<SampleCandidate> candidates;
+  std::vector<int32_t> all;
+  for (const std::string& id : sample_ids) {
+    candidates.emplace_back();
+    candidates.back().sample_id = id;
+    all.push_back(static_cast<int32_t>(all.size()));
+  }
+  return CheckUnreserved(pool, step_id, candidates, all);
 }
 
 absl::Status SampleStore::Hold(const std::string& step_id, const std::string& pool_name,

@@ -58,9 +58,14 @@ absl::Status SampleStore::CheckGroup(
 }
 
 void SampleStore::AddToGroup(Pool& pool, const StoredSample& sample, int64_t now_nanos) {
+  // Every sealed sample comes through here: one without a required scalar
+  // is counted until AnnotateSamples gives it the last.
+  const bool unready = MissingScalar(pool, sample) != nullptr;
+  if (unready) pool.unannotated++;
   if (!sample.grouped()) return;
   Group& group = pool.groups[sample.group_id];
   group.size = sample.group_size;
+  if (unready) group.unready++;
   if (group.stored++ == 0) group.first_sealed_unix_nanos = now_nanos;
 }
 
@@ -76,8 +81,7 @@ std::vector<SampleCandidate> SampleStore::FreeCandidates(
   }
   for (auto it = pool.free_by_arrival.begin();
        it != pool.free_by_arrival.end() && candidates.size() < size; ++it) {
-    const StoredSample& s = *it->second;
-    candidates.push_back({s.sample_id, s.num_tokens(), s.policy_version, s.group_id, s.group_size});
+    candidates.push_back(Candidate(pool, *it->second, it->first));
     if (where != nullptr) where->push_back(it);
   }
   return candidates;
@@ -242,7 +246,7 @@ std::map<std::string, std::vector<std::string>> SampleStore::ExpiredGroups(
     const int64_t limit = timeout_ms * 1'000'000;
     for (const auto& [id, group] : pool.groups) {
       // The clock starts at the group's first sealed sample.
-      if (!group.expired && group.stored > 0 && group.stored < group.size &&
+      if (!group.expired && group.stored > 0 && group.stored - group.unready < group.size &&
           now_nanos - group.first_sealed_unix_nanos >= limit) {
         expired[name].push_back(id);
       }
@@ -268,7 +272,7 @@ absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
     for (const std::string& id : group_ids) {
       auto group = pool.groups.find(id);
       if (group != pool.groups.end() && !group->second.expired &&
-          group->second.stored < group->second.size) {
+          group->second.stored - group->second.unready < group->second.size) {
         groups.push_back(id);
       }
     }
@@ -342,15 +346,17 @@ PoolStats SampleStore::StatsLocked(const std::string& pool_name, const Pool& poo
   stats.policy_version = pool.policy_version;
   stats.num_stale_dropped = pool.stale_dropped;
   stats.num_incomplete_groups_dropped = pool.incomplete_groups_dropped;
+  stats.num_unannotated_samples = pool.unannotated;
   for (const auto& [id, group] : pool.groups) {
     if (group.expired) continue;  // counted as dropped
-    if (group.stored == group.size) {
+    // With required scalars, complete once every member has them.
+    const int32_t sealed = group.stored - group.unready;
+    if (sealed == group.size) {
       stats.num_complete_groups++;
       continue;
     }
     stats.num_incomplete_groups++;
-    stats.incomplete_groups.push_back(
-        {id, group.size, group.stored, group.first_sealed_unix_nanos});
+    stats.incomplete_groups.push_back({id, group.size, sealed, group.first_sealed_unix_nanos});
   }
   std::sort(stats.incomplete_groups.begin(), stats.incomplete_groups.end(),
             [](const GroupShareStats& a, const GroupShareStats& b) { return a.group_id < b.group_id; });

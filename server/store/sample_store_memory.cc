@@ -56,6 +56,9 @@ int64_t SampleStore::MemoryBytes(const StoredSample& sample) {
   for (const auto& [name, value] : sample.scalars) {
     bytes += TreeNodeBytes<decltype(sample.scalars)>() + StringHeapBytes(name);
   }
+  // Names of scalars added after it was put (annotations), kept apart.
+  bytes += VectorHeapBytes(sample.later_scalars);
+  for (const std::string& name : sample.later_scalars) bytes += StringHeapBytes(name);
   // Its entries in the pool's indexes of sealed samples, three keyed by a
   // copy of its id.
   const int64_t key = StringCopyHeapBytes(sample.sample_id);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "server/store/durable_log.h"
 #include "server/store/heap_bytes.h"
@@ -122,8 +123,13 @@ std::string Who(const StoredSample& piece) {
   return absl::StrCat("sample \"", piece.sample_id, "\" piece ", piece.piece_message->index, ": ");
 }
 
-// A later piece may repeat piece 0's group and scalars, identically.
-absl::Status CheckRepeats(const StoredSample& whole, const StoredSample& piece) {
+// A later piece may repeat piece 0's group identically. Its scalars are
+// compared with the sample's now (piece 0's, annotations'): another value is
+// refused, and a name the sample lacks is taken only from the piece that
+// seals it (lifecycle.md section 6), and not while a prepared annotation of
+// the sample sets it (`pending`).
+absl::Status CheckRepeats(const StoredSample& whole, const StoredSample& piece,
+                          const ScalarAnnotation* pending) {
   if (!piece.group_id.empty() && piece.group_id != whole.group_id) {
     return absl::InvalidArgumentError(absl::StrCat(Who(piece), "group_id is \"", piece.group_id,
                                                    "\", piece 0 set \"", whole.group_id, "\""));
@@ -134,14 +140,40 @@ absl::Status CheckRepeats(const StoredSample& whole, const StoredSample& piece) 
   }
   for (const auto& [name, value] : piece.scalars) {
     auto it = whole.scalars.find(name);
-    if (it == whole.scalars.end() || std::memcmp(&it->second, &value, sizeof(value)) != 0) {
+    if (it != whole.scalars.end()) {
+      if (std::memcmp(&it->second, &value, sizeof(value)) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Who(piece), "scalars[\"", name, "\"] is ", value, ", the sample has ", it->second,
+            " (set by piece 0 or AnnotateSamples)"));
+      }
+      continue;
+    }
+    if (piece.piece_message->partial) {
       return absl::InvalidArgumentError(absl::StrCat(
-          Who(piece), "scalars[\"", name, "\"] is ", value, ", piece 0 set ",
-          it == whole.scalars.end() ? std::string("none") : absl::StrCat(it->second),
-          " (a sample's scalars are piece 0's)"));
+          Who(piece), "scalars[\"", name, "\"] is ", value,
+          ", a scalar the sample lacks: only the piece that seals it (partial = false) may add "
+          "one (or AnnotateSamples)"));
+    }
+    if (pending != nullptr && pending->scalars.count(name) > 0) {
+      return absl::AbortedError(absl::StrCat(
+          Who(piece), "scalars[\"", name,
+          "\"]: an annotation of this sample that sets it is in progress; retry"));
     }
   }
   return absl::OkStatus();
+}
+
+// A re-sent later piece: its group and scalars as the sample has them.
+bool RepeatsStored(const StoredSample& whole, const StoredSample& piece) {
+  if (!piece.group_id.empty() && piece.group_id != whole.group_id) return false;
+  if (piece.group_size != 0 && piece.group_size != whole.group_size) return false;
+  for (const auto& [name, value] : piece.scalars) {
+    auto it = whole.scalars.find(name);
+    if (it == whole.scalars.end() || std::memcmp(&it->second, &value, sizeof(value)) != 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // Whether `piece` is exactly the k-th piece stored in `whole` (an identical
@@ -187,11 +219,12 @@ bool SamePiece(const StoredSample& whole, const StoredSample& piece, int64_t row
       }
     }
   }
+  // Scalars added since (the sealing piece's, annotations) are not piece 0's.
   if (k == 0) {
     return piece.group_id == whole.group_id && piece.group_size == whole.group_size &&
-           SameScalars(piece.scalars, whole.scalars);
+           SameScalars(piece.scalars, PutScalars(whole));
   }
-  return CheckRepeats(whole, piece).ok();
+  return RepeatsStored(whole, piece);
 }
 
 }  // namespace
@@ -264,7 +297,9 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
   // The next piece: the whole sample it makes must obey layout.md section 1.
   const OpenSample& open = open_it->second;
   const StoredSample& whole = open.sample;
-  RETURN_IF_ERROR(CheckRepeats(whole, piece));
+  const ScalarAnnotation* pending = nullptr;
+  ReservationOf(pool, id, absl::Now(), &pending);
+  RETURN_IF_ERROR(CheckRepeats(whole, piece, pending));
   const int64_t n = whole.num_tokens();
   const int64_t t = piece.num_tokens();
   const int64_t n_new = n + t;
@@ -439,6 +474,8 @@ int64_t SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample 
                                              &open->layer_nonzero);
       // Staleness is judged by the oldest tokens.
       s.policy_version = std::min(s.policy_version, piece.policy_version);
+      // Scalars the sealing piece adds (PlanPiece refused them elsewhere).
+      AddLaterScalars(piece.scalars, &s);
       const int64_t no_rows_at = std::max<int64_t>(open->rows_end, 0);
       Grow(s.pieces, static_cast<int64_t>(s.pieces.size()) + 1, last);
       s.pieces.push_back({n_new, message.rows_sent ? message.rows_begin : no_rows_at,
@@ -478,6 +515,7 @@ void SampleStore::EraseOpen(Pool& pool, absl::Span<const std::string> ids) {
         pool.groups.erase(group);
       }
     }
+    pool.reserved.erase(id);
     pool.open.erase(it);
     pool.stored_bytes -= bytes;
     stored_bytes_ -= bytes;

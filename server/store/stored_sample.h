@@ -91,7 +91,13 @@ struct StoredSample {
   std::vector<uint8_t> row_valid;
   // Sorted by name, so iteration order is deterministic.
   std::map<std::string, StoredField> token_fields;
+  // Every scalar it has now: those put with it and those added later.
   std::map<std::string, double> scalars;
+  // The names in `scalars` that were not put with piece 0 (or the whole
+  // sample): added by the piece that sealed it or by AnnotateSamples
+  // (lifecycle.md section 6). Sorted. An identical re-send is compared with
+  // the sample as put, without them (SameAsPut).
+  std::vector<std::string> later_scalars;
   // A sample sent in pieces: each piece's bounds, in order (empty: sent
   // whole). The last is partial while the sample is open.
   std::vector<PieceBounds> pieces;
@@ -112,7 +118,7 @@ struct StoredSample {
            a.tokens == b.tokens &&
            a.experts == b.experts && a.row_valid == b.row_valid &&
            a.token_fields == b.token_fields && SameScalars(a.scalars, b.scalars) &&
-           a.pieces == b.pieces && a.piece_message.has_value() == b.piece_message.has_value() &&
+           a.later_scalars == b.later_scalars && a.pieces == b.pieces && a.piece_message.has_value() == b.piece_message.has_value() &&
            (!a.piece_message.has_value() ||
             (a.piece_message->index == b.piece_message->index &&
              a.piece_message->partial == b.piece_message->partial &&
@@ -120,6 +126,17 @@ struct StoredSample {
              a.piece_message->rows_sent == b.piece_message->rows_sent));
   }
 };
+
+// `sample.scalars` without its later_scalars: the scalars it was put with.
+std::map<std::string, double> PutScalars(const StoredSample& sample);
+
+// Whether `sent` (a sample as validated, never stored) is `stored` as it was
+// put: scalars added to `stored` since do not make an identical re-send differ.
+bool SameAsPut(const StoredSample& stored, const StoredSample& sent);
+
+// Adds `scalars` the sample lacks to it as later scalars; the names it has
+// keep their values. Returns how many it added.
+int AddLaterScalars(const std::map<std::string, double>& scalars, StoredSample* sample);
 
 }  // namespace rollpack
 
