@@ -484,6 +484,10 @@ TEST_F(ClusterStepsTest, AnEditedStepRecordIsReadAgainNeverServedFromTheOldPlan)
   shorter.mutable_sample_ids()->RemoveLast();
   shorter.mutable_num_tokens()->RemoveLast();
   shorter.mutable_owner()->RemoveLast();
+  // Its per-sequence metadata too (lifecycle.md section 6).
+  shorter.mutable_group_ids()->RemoveLast();
+  shorter.mutable_policy_versions()->RemoveLast();
+  for (v1::StepScalar& scalar : *shorter.mutable_scalars()) scalar.mutable_values()->RemoveLast();
   ASSERT_TRUE(etcd_client_->Put(key, shorter.SerializeAsString()).ok());
   for (size_t m = 0; m < 3; ++m) {
     absl::StatusOr<v1::Plan> plan = Client(m).GetPlan("step-e");

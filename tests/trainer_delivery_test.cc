@@ -92,11 +92,24 @@ class TrainerDeliveryTest : public InProcessServerTest {
     o.median_length = 300;
     o.max_length = 1500;
     o.seed = 19;
-    ASSERT_TRUE(client_->PutSamples(step, MakeSyntheticRollouts(model, o)).ok());
+    std::vector<v1::Sample> rollouts = MakeSyntheticRollouts(model, o);
+    // Groups of 4 with rewards and versions, so every micro-batch carries
+    // group ids, versions, scalars and GRPO advantages (layout.md section 12),
+    // which a direct pull takes from the header piece.
+    for (int i = 0; i < samples; ++i) {
+      v1::Sample& r = rollouts[i];
+      r.set_group_id(absl::StrCat("g", i / 4));
+      r.set_group_size(std::min(4, samples - i / 4 * 4));
+      r.set_policy_version(i % 3);
+      (*r.mutable_scalars())["reward"] = (i * 7 % 5) / 4.0;
+      (*r.mutable_scalars())["turns"] = 1 + i % 2;
+    }
+    ASSERT_TRUE(client_->PutSamples(step, rollouts).ok());
     v1::CreateStepRequest create;
     create.set_step_id(step);
     create.set_pool(step);
     create.set_num_samples(samples);
+    create.set_advantage(v1::ADVANTAGE_GRPO);
     v1::Topology* t = create.mutable_topology();
     t->set_cp(2);
     t->set_tp(2);
@@ -123,6 +136,13 @@ void ExpectIdenticalMicrobatchesForEveryRank(const std::shared_ptr<grpc::Channel
           ASSERT_TRUE(proxy.ok() && direct.ok() && automatic.ok())
               << what << proxy.status() << direct.status() << automatic.status();
           ASSERT_GE(proxy->size(), 2u) << what;
+          for (const std::string& bytes : *proxy) {
+            v1::Microbatch mb;
+            ASSERT_TRUE(mb.ParseFromString(bytes));
+            EXPECT_TRUE(mb.has_advantages()) << what;
+            EXPECT_EQ(mb.group_ids_size(), mb.sample_ids_size()) << what;
+            EXPECT_EQ(mb.scalars_size(), 2) << what;
+          }
           EXPECT_TRUE(*direct == *proxy) << what;
           EXPECT_TRUE(*automatic == *proxy) << what;
           // Resumed in the middle: the tail.

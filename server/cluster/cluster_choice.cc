@@ -35,7 +35,11 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
   const std::string& step_id = request.step_id;
   const std::string& pool = request.pool;
   const std::vector<std::string>& sample_ids = request.sample_ids;
-  const bool every = sample_ids.empty() && NeedsEveryFreeSample(selection);
+  // lifecycle.md section 6: with required scalars a member's oldest free
+  // samples may lack them, so the selection reads every free sample.
+  absl::StatusOr<PoolOptions> pool_options = store_->GetOptions(pool);
+  const bool annotated = pool_options.ok() && !pool_options->required_scalars.empty();
+  const bool every = sample_ids.empty() && (NeedsEveryFreeSample(selection) || annotated);
   // ListFreeSamples takes an int32 limit; past it, every free sample.
   const int limit = every || selection.num_samples > std::numeric_limits<int32_t>::max()
                         ? -1
@@ -84,6 +88,17 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
                                    response.policy_versions().end());
     listing.open_sample_ids.assign(response.open_sample_ids().begin(),
                                    response.open_sample_ids().end());
+    if (response.annotations()) {
+      listing.missing_scalars.assign(response.missing_scalars().begin(),
+                                     response.missing_scalars().end());
+      listing.ready_unix_nanos.assign(response.ready_unix_nanos().begin(),
+                                      response.ready_unix_nanos().end());
+    } else if (annotated) {
+      listings[i] = absl::FailedPreconditionError(absl::StrCat(
+          "member ", members[i].id, " runs a rollpackd without annotations, and pool \"", pool,
+          "\" requires scalars; every member must run the same version (docs/cluster.md)"));
+      return;
+    }
     listings[i] = std::move(listing);
   });
   for (int64_t b : bytes) planning_bytes_.fetch_add(b);
@@ -111,6 +126,10 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
       return absl::InternalError(absl::StrCat("member ", members[i].id,
                                               " answered ListFreeSamples without sample metadata"));
     }
+    if (annotated && (l.missing_scalars.size() != n || l.ready_unix_nanos.size() != n)) {
+      return absl::InternalError(absl::StrCat("member ", members[i].id,
+                                              " answered ListFreeSamples without annotations"));
+    }
     for (size_t j = 0; j < n; ++j) {
       auto [it, inserted] =
           where.try_emplace(l.sample_ids[j], static_cast<int>(i), static_cast<int>(j));
@@ -123,15 +142,28 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
   }
   auto candidate = [&](int member, int position) {
     const SampleStore::SampleListing& l = *listings[member];
-    return SampleCandidate{l.sample_ids[position], l.num_tokens[position],
-                           l.policy_versions[position], l.group_ids[position],
-                           l.group_sizes[position]};
+    SampleCandidate c;
+    c.sample_id = l.sample_ids[position];
+    c.num_tokens = l.num_tokens[position];
+    c.policy_version = l.policy_versions[position];
+    c.group_id = l.group_ids[position];
+    c.group_size = l.group_sizes[position];
+    if (annotated) {
+      // Not selectable while it lacks one; a group it completed late sorts
+      // by when it did (arrival times are the cluster's OLDEST clock).
+      c.missing_scalar = l.missing_scalars[position];
+      c.ready_key = l.ready_unix_nanos[position];
+    }
+    return c;
   };
   auto take = [&](int member, int position) {
     const SampleStore::SampleListing& l = *listings[member];
     choice.sample_ids.push_back(l.sample_ids[position]);
     choice.num_tokens.push_back(l.num_tokens[position]);
     choice.owner.push_back(member);
+    choice.group_ids.push_back(l.group_ids[position]);
+    choice.group_sizes.push_back(l.group_sizes[position]);
+    choice.policy_versions.push_back(l.policy_versions[position]);
   };
   if (!sample_ids.empty()) {
     absl::flat_hash_set<std::string> seen;

@@ -142,8 +142,11 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
     record.set_replay_source(v1::REPLAY_SOURCE_RECOMPUTE);
   }
 
+  // An estimator's group refusals come before any sample is held.
+  RETURN_IF_ERROR(ChoiceMetadata(choice, record, nullptr, request).status());
   const absl::Time holding = absl::Now();
-  absl::Status held = HoldAll(cluster, record);
+  HeldScalars held_scalars;
+  absl::Status held = HoldAll(cluster, record, &held_scalars);
   // Past half the owners' grace, an owner may be settling a hold against
   // etcd already: give up rather than race it.
   if (held.ok() && absl::Now() - holding > options_.hold_grace / 2) {
@@ -155,6 +158,15 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
     DropAll(cluster, record);
     return Prefixed(step_id, held);
   }
+  // From the scalars as held (frozen while the step lives): a refusal gives
+  // every hold back, as any other after holding.
+  absl::StatusOr<StepMetadata> metadata = ChoiceMetadata(choice, record, &held_scalars, request);
+  if (!metadata.ok()) {
+    DropAll(cluster, record);
+    return metadata.status();
+  }
+  SetRecordMetadata(*metadata, &record);
+  step = WithMetadata(**step, *std::move(metadata));
   const std::string bytes = DeterministicBytes(record);
   bool created = false;
   int64_t revision = 0;  // of the record created: what tells it from any later value
@@ -211,8 +223,10 @@ std::shared_ptr<ClusterSteps::CachedStep> ClusterSteps::NewCachedStep(
   return cached;
 }
 
-absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
+absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record,
+                                   HeldScalars* scalars) {
   const int n = record.members_size();
+  scalars->assign(n, std::nullopt);
   std::vector<std::vector<std::string>> ids(n);
   for (int i = 0; i < record.sample_ids_size(); ++i) {
     ids[record.owner(i)].push_back(record.sample_ids(i));
@@ -224,6 +238,7 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
       results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator(),
                                 record.created_unix_nanos(), record.reuse_samples(),
                                 record.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE);
+      if (results[i].ok()) results[i] = OwnHeldScalars(record.step_id(), ids[i], &(*scalars)[i]);
     } else {
       v1::HoldSamplesRequest request;
       request.set_step_id(record.step_id());
@@ -240,6 +255,9 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
       results[i] = FromPeer(cluster->MemberStub({record.members(i), record.members(i)})
                                 ->HoldSamples(&context, request, &response),
                             record.members(i), "HoldSamples");
+      if (results[i].ok() && response.sends_scalars()) {
+        results[i] = ScalarsOfHold(response, record.members(i), ids[i].size(), &(*scalars)[i]);
+      }
       // An older member would delete a reuse step's samples at release.
       if (results[i].ok() && record.reuse_samples() && !response.lifecycle()) {
         results[i] = absl::FailedPreconditionError(absl::StrCat(

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -144,7 +145,15 @@ class ClusterSteps final : public StepDirectory {
     std::vector<int64_t> num_tokens;
     std::vector<int32_t> owner;
     int32_t num_groups = 0;
+    // Each sample's listed group, its size and policy version (lifecycle.md
+    // section 6: every micro-batch says them; advantages group by them).
+    std::vector<std::string> group_ids;
+    std::vector<int32_t> group_sizes;
+    std::vector<int64_t> policy_versions;
   };
+  // Per member of a record, the scalars of the samples it held, in the
+  // order it was asked; nullopt: it did not say them (an older rollpackd).
+  using HeldScalars = std::vector<std::optional<std::vector<std::map<std::string, double>>>>;
 
   absl::StatusOr<Cluster*> Joined() const;
   std::string StepKey(Cluster* cluster, const std::string& step_id) const;
@@ -172,7 +181,25 @@ class ClusterSteps final : public StepDirectory {
   // a group's samples may sit on several members).
   absl::StatusOr<Choice> Choose(Cluster* cluster, const std::vector<ClusterMember>& members,
                                 const StepRequest& request, const SelectionRequest& selection);
-  absl::Status HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record);
+  absl::Status HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record,
+                       HeldScalars* scalars);
+  // In cluster_step_metadata.cc: the scalars a member's HoldSamples answer
+  // says (DATA_LOSS naming it for another count than `count`), and those
+  // this member's own hold took.
+  static absl::Status ScalarsOfHold(
+      const v1::HoldSamplesResponse& response, const std::string& member, size_t count,
+      std::optional<std::vector<std::map<std::string, double>>>* out);
+  absl::Status OwnHeldScalars(const std::string& step_id, const std::vector<std::string>& ids,
+                              std::optional<std::vector<std::map<std::string, double>>>* out);
+  // The step's per-sequence metadata and advantages (StepMetadata) from the
+  // listings and the holds' scalars: FAILED_PRECONDITION naming a member
+  // that said no scalars when the step has an estimator, or the estimator's
+  // refusals. With `scalars` null, only the estimator's group checks (before
+  // anything is held).
+  absl::StatusOr<StepMetadata> ChoiceMetadata(const Choice& choice,
+                                              const v1::ClusterStepRecord& record,
+                                              const HeldScalars* scalars,
+                                              const StepRequest& request);
   void DropAll(Cluster* cluster, const v1::ClusterStepRecord& record);
   void ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record);
   // The samples of `sequences` from their owner, and (RECOMPUTE steps)

@@ -1,5 +1,6 @@
 #include "server/cluster/member_service.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -121,6 +122,10 @@ grpc::ServerUnaryReactor* MemberService::ListFreeSamples(grpc::CallbackServerCon
                                                 listing->policy_versions.end());
     for (const std::string& id : listing->open_sample_ids) response->add_open_sample_ids(id);
     response->set_lifecycle(true);
+    for (const std::string& name : listing->missing_scalars) response->add_missing_scalars(name);
+    response->mutable_ready_unix_nanos()->Assign(listing->ready_unix_nanos.begin(),
+                                                 listing->ready_unix_nanos.end());
+    response->set_annotations(true);
   }
   return Finish(context, listing.status());
 }
@@ -130,10 +135,23 @@ grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext
                                                      v1::HoldSamplesResponse* response) {
   if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/HoldSamples")) return refused;
   response->set_lifecycle(true);
-  return Finish(context, store_->Hold(request->step_id(), request->pool(),
-                                      Ids(request->sample_ids()), request->coordinator(),
-                                      request->attempt(), request->reuse_samples(),
-                                      request->replay_source() == v1::REPLAY_SOURCE_RECOMPUTE));
+  const std::vector<std::string> ids = Ids(request->sample_ids());
+  absl::Status held = store_->Hold(request->step_id(), request->pool(), ids,
+                                   request->coordinator(), request->attempt(),
+                                   request->reuse_samples(),
+                                   request->replay_source() == v1::REPLAY_SOURCE_RECOMPUTE);
+  if (!held.ok()) return Finish(context, held);
+  // The planner's per-sequence metadata and advantages (lifecycle.md
+  // section 6): each sample's scalars as held, frozen while the step lives.
+  absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> samples =
+      store_->HeldSamples(request->step_id(), ids);
+  if (!samples.ok()) return Finish(context, samples.status());
+  response->set_sends_scalars(true);
+  for (const auto& sample : *samples) {
+    response->add_scalars()->mutable_values()->insert(sample->scalars.begin(),
+                                                      sample->scalars.end());
+  }
+  return Finish(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* MemberService::ConfirmHold(grpc::CallbackServerContext* context,
@@ -244,6 +262,43 @@ grpc::ServerUnaryReactor* MemberService::CommitRouting(grpc::CallbackServerConte
     return SetCommitResponse(steps_->CommitHeldRouting(request->step_id(), request->attempt()),
                              response);
   });
+}
+
+grpc::ServerUnaryReactor* MemberService::PrepareAnnotations(
+    grpc::CallbackServerContext* context, const v1::PrepareAnnotationsRequest* request,
+    v1::PrepareAnnotationsResponse* /*response*/) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/PrepareAnnotations")) {
+    return refused;
+  }
+  std::vector<ScalarAnnotation> annotations;
+  annotations.reserve(request->annotations_size());
+  for (const v1::SampleAnnotation& a : request->annotations()) {
+    annotations.push_back(ScalarAnnotation{
+        a.sample_id(), std::map<std::string, double>(a.scalars().begin(), a.scalars().end())});
+  }
+  return Finish(context, store_->PrepareAnnotations(request->pool(), request->ticket(),
+                                                    std::move(annotations),
+                                                    absl::Milliseconds(request->ttl_ms())));
+}
+
+grpc::ServerUnaryReactor* MemberService::CommitAnnotations(
+    grpc::CallbackServerContext* context, const v1::AnnotationTicketRequest* request,
+    v1::CommitAnnotationsResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/CommitAnnotations")) {
+    return refused;
+  }
+  absl::StatusOr<int32_t> committed = store_->CommitAnnotations(request->pool(), request->ticket());
+  if (committed.ok()) response->set_annotated(*committed);
+  return Finish(context, committed.status());
+}
+
+grpc::ServerUnaryReactor* MemberService::AbortAnnotations(
+    grpc::CallbackServerContext* context, const v1::AnnotationTicketRequest* request,
+    v1::PrepareAnnotationsResponse* /*response*/) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/AbortAnnotations")) {
+    return refused;
+  }
+  return Finish(context, store_->AbortAnnotations(request->pool(), request->ticket()));
 }
 
 grpc::ServerUnaryReactor* MemberService::OffThread(grpc::CallbackServerContext* context,

@@ -48,6 +48,17 @@ class MemberService final : public v1::Member::CallbackService {
   grpc::ServerUnaryReactor* CommitRouting(grpc::CallbackServerContext* context,
                                           const v1::MemberRoutingRequest* request,
                                           v1::CommitRoutingResponse* response) override;
+  // AnnotateSamples' two phases (cluster_annotations.h) on this member's
+  // share: SampleStore::PrepareAnnotations, CommitAnnotations, AbortAnnotations.
+  grpc::ServerUnaryReactor* PrepareAnnotations(grpc::CallbackServerContext* context,
+                                               const v1::PrepareAnnotationsRequest* request,
+                                               v1::PrepareAnnotationsResponse* response) override;
+  grpc::ServerUnaryReactor* CommitAnnotations(grpc::CallbackServerContext* context,
+                                              const v1::AnnotationTicketRequest* request,
+                                              v1::CommitAnnotationsResponse* response) override;
+  grpc::ServerUnaryReactor* AbortAnnotations(grpc::CallbackServerContext* context,
+                                             const v1::AnnotationTicketRequest* request,
+                                             v1::PrepareAnnotationsResponse* response) override;
 
  private:
   // Runs `work` on routing_calls_ and finishes the call with its status.

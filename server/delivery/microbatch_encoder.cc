@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/wire/wire_format.h"
 #include "scheduler/layout_gather.h"
 #include "server/store/ndarray.h"
@@ -24,6 +26,40 @@ std::string SerializedArrayHead(v1::DType dtype, absl::Span<const int64_t> shape
   head.set_dtype(dtype);
   head.mutable_shape()->Assign(shape.begin(), shape.end());
   return head.SerializeAsString();
+}
+
+// `bytes` low bytes of `bits`, little endian (layout.md section 12).
+char* PutLittleEndian(uint64_t bits, int bytes, char* p) {
+  for (int i = 0; i < bytes; ++i) *p++ = static_cast<char>((bits >> (8 * i)) & 0xFF);
+  return p;
+}
+
+// What the micro-batch says about each of its sequences (lifecycle.md
+// section 6), in the order of sample_ids. Small (a few values per
+// sequence), so protobuf serializes it with the header's other fields.
+void SetSequenceMetadata(const StepMetadata& metadata, absl::Span<const int> sequences,
+                         v1::Microbatch* out) {
+  const int64_t n = static_cast<int64_t>(sequences.size());
+  for (int seq : sequences) {
+    out->add_group_ids(metadata.group_ids[seq]);
+    out->add_policy_versions(metadata.policy_versions[seq]);
+  }
+  for (const auto& [name, values] : metadata.scalars) {
+    char* p = ResizeArray(&(*out->mutable_scalars())[name], v1::FLOAT64, {n});
+    for (int seq : sequences) {
+      uint64_t bits;
+      std::memcpy(&bits, &values[seq], sizeof(bits));
+      p = PutLittleEndian(bits, 8, p);
+    }
+  }
+  if (metadata.advantage.estimator != AdvantageEstimator::kNone) {
+    char* p = ResizeArray(out->mutable_advantages(), v1::FLOAT32, {n});
+    for (int seq : sequences) {
+      uint32_t bits;
+      std::memcpy(&bits, &metadata.advantages[seq], sizeof(bits));
+      p = PutLittleEndian(bits, 4, p);
+    }
+  }
 }
 
 int64_t NumBytes(v1::DType dtype, absl::Span<const int64_t> shape) {
@@ -123,6 +159,8 @@ absl::Status MicrobatchEncoder::Prepare(
     tail_.mutable_replay_layers()->Assign(rank_.replay_layers.begin(), rank_.replay_layers.end());
     tail_.set_workload(group.work_per_rank);
     tail_.set_local_cp_rank(rank_.local_cp_rank);
+    // Every rank, every pipeline stage; a piece stream's header piece alone.
+    if (!step.metadata.empty()) SetSequenceMetadata(step.metadata, group.sequences, &tail_);
   }
   if (piece == nullptr) {
     token_runs_ = rank_.token_runs;
@@ -244,7 +282,22 @@ absl::Status MicrobatchEncoder::Encode(absl::Span<char> out) const {
     data[i] = absl::MakeSpan(p, bytes);
     p += bytes;
   }
-  p = tail_.SerializeWithCachedSizesToArray(p);
+  {
+    // Deterministic: Microbatch.scalars is a map, whose default order is
+    // not canonical (and every member must send the same bytes).
+    const int tail_size = tail_.GetCachedSize();
+    google::protobuf::io::ArrayOutputStream stream(p, tail_size);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    tail_.SerializeWithCachedSizes(&coded);
+    coded.Trim();
+    if (coded.HadError() || coded.ByteCount() != tail_size) {
+      return absl::InternalError(absl::StrCat("encode micro-batch ", head_.index(), ": wrote ",
+                                              coded.ByteCount(), " bytes of its last fields, sized ",
+                                              tail_size));
+    }
+    p += tail_size;
+  }
   if (p != reinterpret_cast<uint8_t*>(out.data()) + out.size()) {
     return absl::InternalError(absl::StrCat("encode micro-batch ", head_.index(), ": wrote ",
                                             p - reinterpret_cast<uint8_t*>(out.data()),

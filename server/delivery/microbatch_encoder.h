@@ -110,7 +110,7 @@ class MicrobatchEncoder {
   // schema); -1: none.
   int first_held_ = -1;
   bool empty_piece_ = false;
-  // Fields 1-8 and 13-15 of Microbatch: serialized by protobuf around the
+  // Fields 1-8 and 13-20 of Microbatch: serialized by protobuf around the
   // gathered arrays (fields 9-12), which keeps the field-number order.
   v1::Microbatch head_;
   v1::Microbatch tail_;

@@ -35,7 +35,9 @@ ModelSpec Model(int num_experts, int first_dense) {
 }
 
 // Samples with two token fields of different shapes (map order matters),
-// some invalid rows, and ids distinct per row.
+// some invalid rows, and ids distinct per row; in groups of 4 (ids "g<k>"),
+// with versions, a reward, another scalar every sample has and one only
+// some have (lifecycle.md section 6).
 std::vector<StoredSample> Samples(const ModelSpec& model, int count, uint32_t seed) {
   std::mt19937 rng(seed);
   const int moe_layers = static_cast<int>(model.ResolvedMoeLayers().size());
@@ -64,6 +66,12 @@ std::vector<StoredSample> Samples(const ModelSpec& model, int count, uint32_t se
     advantages.trailing_shape = {2};
     for (int64_t t = 0; t < n * 4; ++t) advantages.data.push_back(static_cast<char>(rng()));
     s.token_fields["advantages"] = advantages;
+    s.group_id = "g" + std::to_string(i / 4);
+    s.group_size = 4;
+    s.policy_version = i % 5;
+    s.scalars["reward"] = static_cast<double>(rng() % 7) / 3;
+    s.scalars["b_len"] = static_cast<double>(n);
+    if (i % 3 == 0) s.scalars["some"] = 1;
     out.push_back(std::move(s));
   }
   return out;
@@ -90,7 +98,51 @@ absl::StatusOr<std::shared_ptr<const Step>> CaseStep(const Case& c, uint32_t see
   topology.tp = c.tp;
   topology.pp = c.pp;
   topology.max_tokens_per_rank = 1024;
-  return store->CreateStep("st", "p", {}, 40, topology);
+  StepRequest request;
+  request.step_id = "st";
+  request.pool = "p";
+  request.selection.num_samples = 40;
+  request.topology = topology;
+  request.advantage.estimator = AdvantageEstimator::kGrpo;
+  return store->CreateStep(request);
+}
+
+// The micro-batch's sequences' metadata, as the step has it (layout.md
+// section 12): `parsed` must say exactly this.
+void ExpectSequenceMetadata(const Step& step, const v1::Microbatch& parsed) {
+  const int n = parsed.sample_ids_size();
+  ASSERT_EQ(parsed.group_ids_size(), n);
+  ASSERT_EQ(parsed.policy_versions_size(), n);
+  ASSERT_EQ(parsed.scalars_size(), 2);  // "some" is not on every sample
+  const v1::NDArray& reward = parsed.scalars().at("reward");
+  const v1::NDArray& len = parsed.scalars().at("b_len");
+  const v1::NDArray& adv = parsed.advantages();
+  for (const v1::NDArray* a : {&reward, &len}) {
+    EXPECT_EQ(a->dtype(), v1::FLOAT64);
+    ASSERT_EQ(a->shape_size(), 1);
+    EXPECT_EQ(a->shape(0), n);
+    ASSERT_EQ(a->data().size(), 8u * n);
+  }
+  EXPECT_EQ(adv.dtype(), v1::FLOAT32);
+  ASSERT_EQ(adv.shape_size(), 1);
+  EXPECT_EQ(adv.shape(0), n);
+  ASSERT_EQ(adv.data().size(), 4u * n);
+  for (int j = 0; j < n; ++j) {
+    const auto at = std::find(step.sample_ids.begin(), step.sample_ids.end(), parsed.sample_ids(j));
+    ASSERT_NE(at, step.sample_ids.end());
+    const size_t seq = static_cast<size_t>(at - step.sample_ids.begin());
+    const StoredSample& sample = *step.samples[seq];
+    EXPECT_EQ(parsed.group_ids(j), sample.group_id);
+    EXPECT_EQ(parsed.policy_versions(j), sample.policy_version);
+    double r, l;
+    float a;
+    std::memcpy(&r, reward.data().data() + 8 * j, 8);  // little endian, as the host
+    std::memcpy(&l, len.data().data() + 8 * j, 8);
+    std::memcpy(&a, adv.data().data() + 4 * j, 4);
+    EXPECT_EQ(r, sample.scalars.at("reward"));
+    EXPECT_EQ(l, sample.scalars.at("b_len"));
+    EXPECT_EQ(std::memcmp(&a, &step.metadata.advantages[seq], 4), 0);
+  }
 }
 
 TEST_P(MicrobatchEncoderTest, EncodingIsCanonicalProtobufOnEveryRank) {
@@ -116,6 +168,7 @@ TEST_P(MicrobatchEncoderTest, EncodingIsCanonicalProtobufOnEveryRank) {
               EXPECT_EQ(parsed.index(), m);
               EXPECT_EQ(parsed.has_tokens(), p == 0 || all_fields);
               EXPECT_EQ(parsed.token_fields_size(), (p == c.pp - 1 || all_fields) ? 2 : 0);
+              ExpectSequenceMetadata(**step, parsed);
               ++checked;
             }
   }
@@ -199,6 +252,13 @@ TEST_P(MicrobatchEncoderTest, PiecesOfEveryOwnerTileTheMicrobatch) {
               for (int o = 0; o < 4; ++o) {
                 v1::Microbatch piece;
                 const bool has_rows = encode_piece(o, false, &piece);
+                if (has_rows) {
+                  // The per-sequence metadata travels in the header piece alone.
+                  EXPECT_EQ(piece.group_ids_size(), 0);
+                  EXPECT_EQ(piece.policy_versions_size(), 0);
+                  EXPECT_EQ(piece.scalars_size(), 0);
+                  EXPECT_FALSE(piece.has_advantages());
+                }
                 if (o == header_member) continue;
                 if (has_rows) {
                   expected_members.push_back(members[o]);
@@ -240,6 +300,7 @@ TEST_P(MicrobatchEncoderTest, PiecesOfEveryOwnerTileTheMicrobatch) {
                           static_cast<int64_t>(rows.size()))
                     << name;
               }
+              ExpectSequenceMetadata(**step, header);
               ASSERT_EQ(DeterministicBytes(assembled), whole);
             }
   }

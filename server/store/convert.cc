@@ -250,6 +250,20 @@ absl::StatusOr<PoolOptions> FromProto(const v1::PoolOptions& options) {
   }
   std::sort(out.token_fields.begin(), out.token_fields.end(),
             [](const DeclaredTokenField& a, const DeclaredTokenField& b) { return a.name < b.name; });
+  // Sorted, so the same names in another order are the same options.
+  for (const std::string& name : options.required_scalars()) {
+    if (name.empty()) {
+      return absl::InvalidArgumentError("options.required_scalars has an empty name");
+    }
+    RETURN_IF_ERROR(ValidateName("options.required_scalars name", name, kMaxScalarNameBytes));
+    if (std::find(out.required_scalars.begin(), out.required_scalars.end(), name) !=
+        out.required_scalars.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.required_scalars names \"", name, "\" twice"));
+    }
+    out.required_scalars.push_back(name);
+  }
+  std::sort(out.required_scalars.begin(), out.required_scalars.end());
   return out;
 }
 
@@ -267,6 +281,7 @@ v1::PoolOptions ToProto(const PoolOptions& options) {
     f->mutable_trailing_shape()->Assign(field.trailing_shape.begin(), field.trailing_shape.end());
     f->set_allow_narrowing(field.allow_narrowing);
   }
+  for (const std::string& name : options.required_scalars) out.add_required_scalars(name);
   return out;
 }
 
@@ -296,6 +311,20 @@ absl::StatusOr<SelectionRequest> SelectionFromProto(const v1::CreateStepRequest&
   out.order = request.selection() == v1::NEWEST_VERSION ? SelectionOrder::kNewestVersion
                                                          : SelectionOrder::kOldest;
   return out;
+}
+
+AdvantageRequest AdvantageFromProto(const v1::CreateStepRequest& request) {
+  AdvantageRequest out;
+  out.estimator = static_cast<AdvantageEstimator>(request.advantage());
+  out.scalar = request.advantage_scalar();
+  out.eps = request.advantage_eps();
+  return out;
+}
+
+void SetAdvantage(const AdvantageRequest& advantage, v1::CreateStepRequest* request) {
+  request->set_advantage(static_cast<v1::AdvantageEstimator>(advantage.estimator));
+  request->set_advantage_scalar(advantage.scalar);
+  request->set_advantage_eps(advantage.eps);
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {

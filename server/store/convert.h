@@ -9,6 +9,7 @@
 #include "rollpack/v1/rollouts.pb.h"
 #include "rollpack/v1/scheduler.pb.h"
 #include "rollpack/v1/trainer.pb.h"
+#include "scheduler/advantages.h"
 #include "scheduler/layout_scatter.h"
 #include "scheduler/model_spec.h"
 #include "scheduler/plan.h"
@@ -29,6 +30,12 @@ v1::PoolOptions ToProto(const PoolOptions& options);
 // The sample selection of a CreateStepRequest (its amounts, staleness,
 // order); INVALID_ARGUMENT naming a negative amount or bound.
 absl::StatusOr<SelectionRequest> SelectionFromProto(const v1::CreateStepRequest& request);
+
+// A CreateStepRequest's advantage, advantage_scalar and advantage_eps
+// (lifecycle.md section 6), as given: an estimator value the enum lacks is
+// kept for ValidateAdvantageRequest to refuse by name.
+AdvantageRequest AdvantageFromProto(const v1::CreateStepRequest& request);
+void SetAdvantage(const AdvantageRequest& advantage, v1::CreateStepRequest* request);
 
 // Sizes of 0 mean 1; unset sequence_parallel means true;
 // microbatch_group_size 0 means pp when vpp > 1, else 1; a cost model with

@@ -1,9 +1,12 @@
 #include "server/store/log_records.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "rollpack/v1/member.pb.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "rollpack/v1/scheduler.pb.h"
@@ -59,7 +62,8 @@ class Reader {
   absl::string_view in_;
 };
 
-void EncodeSample(const StoredSample& s, RecordType type, Writer* w) {
+// `as_put`: without its later scalars (those go in kAnnotations records).
+void EncodeSample(const StoredSample& s, RecordType type, bool as_put, Writer* w) {
   w->Bytes(s.sample_id);
   w->Bytes(s.group_id);
   w->U64(static_cast<uint64_t>(s.policy_version));
@@ -75,8 +79,13 @@ void EncodeSample(const StoredSample& s, RecordType type, Writer* w) {
     for (int64_t d : field.trailing_shape) w->U64(static_cast<uint64_t>(d));
     w->Bytes(field.data);
   }
-  w->U32(static_cast<uint32_t>(s.scalars.size()));
+  const size_t later = as_put ? s.later_scalars.size() : 0;
+  w->U32(static_cast<uint32_t>(s.scalars.size() - later));
   for (const auto& [name, value] : s.scalars) {
+    if (later > 0 &&
+        std::binary_search(s.later_scalars.begin(), s.later_scalars.end(), name)) {
+      continue;
+    }
     w->Bytes(name);
     uint64_t bits;
     std::memcpy(&bits, &value, sizeof(bits));
@@ -192,7 +201,7 @@ RecordType SamplesRecordType(absl::Span<const StoredSample> samples) {
 }
 
 std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample* const> samples,
-                          RecordType type) {
+                          RecordType type, bool as_put) {
   std::string out;
   int64_t size = 16 + static_cast<int64_t>(pool.size());
   for (const StoredSample* s : samples) size += EncodedSampleBytes(*s) + 4;
@@ -200,16 +209,16 @@ std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample*
   Writer w(&out);
   w.Bytes(pool);
   w.U32(static_cast<uint32_t>(samples.size()));
-  for (const StoredSample* s : samples) EncodeSample(*s, type, &w);
+  for (const StoredSample* s : samples) EncodeSample(*s, type, as_put, &w);
   return out;
 }
 
 std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples,
-                          RecordType type) {
+                          RecordType type, bool as_put) {
   std::vector<const StoredSample*> ptrs;
   ptrs.reserve(samples.size());
   for (const StoredSample& s : samples) ptrs.push_back(&s);
-  return EncodeSamples(pool, absl::MakeConstSpan(ptrs), type);
+  return EncodeSamples(pool, absl::MakeConstSpan(ptrs), type, as_put);
 }
 
 int64_t EncodedSampleBytes(const StoredSample& s) {
@@ -278,6 +287,8 @@ std::string EncodeCreateStep(const Step& step) {
   if (step.replay.source == ReplaySourceKind::kRecompute) {
     request.set_replay_source(v1::REPLAY_SOURCE_RECOMPUTE);
   }
+  // Replay computes the same advantages again from the same samples.
+  SetAdvantage(step.metadata.advantage, &request);
   return request.SerializeAsString();
 }
 
@@ -300,6 +311,26 @@ std::string EncodeHoldSamples(const std::string& step_id, const std::string& poo
   request.set_reuse_samples(reuse_samples);
   if (recompute) request.set_replay_source(v1::REPLAY_SOURCE_RECOMPUTE);
   return request.SerializeAsString();
+}
+
+std::string EncodeAnnotations(absl::string_view pool,
+                              absl::Span<const ScalarAnnotation> annotations) {
+  v1::AnnotationsRecord record;
+  record.set_pool(std::string(pool));
+  for (const ScalarAnnotation& a : annotations) {
+    v1::SampleAnnotation* out = record.add_annotations();
+    out->set_sample_id(a.sample_id);
+    out->mutable_scalars()->insert(a.scalars.begin(), a.scalars.end());
+  }
+  // Deterministic, so the same state compacts to the same bytes (map order
+  // is otherwise unspecified).
+  std::string bytes;
+  google::protobuf::io::StringOutputStream stream(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  record.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return bytes;
 }
 
 std::string EncodeDropHold(const std::string& step_id) {

@@ -13,6 +13,7 @@
 #include "scheduler/model_spec.h"
 #include "server/store/durable_log.h"
 #include "server/store/pool_options.h"
+#include "server/store/scalar_annotation.h"
 #include "server/store/step.h"
 #include "server/store/stored_sample.h"
 
@@ -23,11 +24,13 @@ namespace rollpack {
 // log without groups stays readable by older servers).
 RecordType SamplesRecordType(absl::Span<const StoredSample* const> samples);
 RecordType SamplesRecordType(absl::Span<const StoredSample> samples);
+// `as_put`: each sample with the scalars it was put with only, its later
+// scalars left to kAnnotations records (compaction).
 std::string EncodeSamples(absl::string_view pool, absl::Span<const StoredSample> samples,
-                          RecordType type = RecordType::kPutSamples);
+                          RecordType type = RecordType::kPutSamples, bool as_put = false);
 std::string EncodeSamples(absl::string_view pool,
                           absl::Span<const StoredSample* const> samples,
-                          RecordType type = RecordType::kPutSamples);
+                          RecordType type = RecordType::kPutSamples, bool as_put = false);
 absl::Status DecodeSamples(absl::string_view payload, std::string* pool,
                            std::vector<StoredSample>* samples,
                            RecordType type = RecordType::kPutSamples);
@@ -52,6 +55,9 @@ std::string EncodeHoldSamples(const std::string& step_id, const std::string& poo
                               const std::string& coordinator, int64_t attempt,
                               bool reuse_samples, bool recompute = false);
 std::string EncodeDropHold(const std::string& step_id);
+// v1::AnnotationsRecord (kAnnotations), serialized deterministically.
+std::string EncodeAnnotations(absl::string_view pool,
+                              absl::Span<const ScalarAnnotation> annotations);
 
 }  // namespace rollpack
 

@@ -14,6 +14,7 @@
 #include "server/store/names.h"
 #include "server/store/ndarray.h"
 #include "server/store/step_builder.h"
+#include "server/store/step_metadata.h"
 
 namespace rollpack {
 namespace {
@@ -312,7 +313,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     }
     auto stored = pool.samples.find(sample.sample_id);
     if (stored != pool.samples.end()) {
-      if (!(*stored->second == sample)) {
+      if (!SameAsPut(*stored->second, sample)) {
         return absl::AlreadyExistsError(absl::StrCat(
             "sample \"", sample.sample_id, "\" already exists in pool \"", pool_name,
             "\" with different content"));
@@ -481,6 +482,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
   // or hold are ever erased (ReturnToFree relies on it too).
   std::vector<const StoredSample*> reserved;
   int32_t num_groups = 0;
+  StepMetadata metadata;  // taken before any sample leaves the free set
   StepReplay replay;
   absl::Status replay_status;
   {
@@ -502,7 +504,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
       for (const std::string& id : request.sample_ids) {
         samples.push_back(pool.samples.at(id));
         const StoredSample& s = *samples.back();
-        chosen.push_back({s.sample_id, s.num_tokens(), s.policy_version, s.group_id, s.group_size});
+        chosen.push_back(Candidate(pool, s, pool.arrival_of.at(s.sample_id)));
       }
       if (request.replay) {
         num_groups = CountCompleteGroups(chosen);
@@ -511,6 +513,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
                          CheckExplicitSelection(chosen, selection,
                                                 absl::StrCat("step \"", step_id, "\"")));
       }
+      ASSIGN_OR_RETURN(metadata, MakeStepMetadata(samples, request.advantage, step_name));
       for (const std::string& id : request.sample_ids) {
         pool.free_by_arrival.erase(pool.arrival_of.at(id));
       }
@@ -532,13 +535,13 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
         if (!chosen.needs_more) break;
         limit *= 4;
       }
+      RETURN_IF_ERROR(CheckUnreserved(pool, step_id, candidates, chosen.chosen));
       // Taken out through the free map's own entries, with no lookup by
       // id (the chosen indices are distinct: each entry is taken once).
       samples.reserve(chosen.chosen.size());
-      for (int32_t i : chosen.chosen) {
-        auto node = pool.free_by_arrival.extract(where[i]);
-        samples.push_back(std::move(node.mapped()));
-      }
+      for (int32_t i : chosen.chosen) samples.push_back(where[i]->second);
+      ASSIGN_OR_RETURN(metadata, MakeStepMetadata(samples, request.advantage, step_name));
+      for (int32_t i : chosen.chosen) pool.free_by_arrival.erase(where[i]);
       num_groups = chosen.num_groups;
     }
     reserved.reserve(samples.size());
@@ -566,7 +569,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
   absl::StatusOr<std::shared_ptr<const Step>> step =
       replay_status.ok() ? BuildStep(step_id, pool_name, model, request.topology,
                                      std::move(samples), num_groups, request.reuse_samples,
-                                     std::move(replay))
+                                     std::move(replay), std::move(metadata))
                          : absl::StatusOr<std::shared_ptr<const Step>>(replay_status);
 
   int64_t ticket = 0;
@@ -664,6 +667,7 @@ ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string
   ReleaseResult result;
   for (const std::string& id : sample_ids) {
     auto it = pool.samples.find(id);
+    ForgetAnnotations(pool, *it->second);
     int64_t bytes = MemoryBytes(*it->second);
     if (auto routing = pool.recompute_routing.find(id); routing != pool.recompute_routing.end()) {
       bytes += static_cast<int64_t>(routing->second.ids->size());

@@ -4,6 +4,7 @@
 #define ROLLPACK_SERVER_STORE_SAMPLE_STORE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "scheduler/sample_selection.h"
 #include "scheduler/topology.h"
 #include "server/store/pool_options.h"
+#include "server/store/scalar_annotation.h"
 #include "server/store/step.h"
 #include "server/store/step_builder.h"
 #include "server/store/stored_sample.h"
@@ -42,6 +44,8 @@ struct FieldSchema {
 struct GroupShareStats {
   std::string group_id;
   int32_t group_size = 0;
+  // Sealed samples that count towards completeness: with the pool's
+  // required_scalars, only those that have every one (lifecycle.md 6).
   int32_t num_sealed = 0;
   int64_t first_sealed_unix_nanos = 0;
 };
@@ -63,6 +67,9 @@ struct PoolStats {
   int64_t num_incomplete_groups_dropped = 0;
   // Free samples stale at policy_version under the pool's max_staleness.
   int64_t num_stale_samples = 0;
+  // Sealed free samples still missing one of options.required_scalars
+  // (counted in num_free_samples too, but not selectable).
+  int64_t num_unannotated_samples = 0;
   // The incomplete groups, by id (a cluster sums them over its members).
   std::vector<GroupShareStats> incomplete_groups;
 };
@@ -251,6 +258,11 @@ class SampleStore {
     std::vector<int64_t> policy_versions;
     // Explicit ids that are open samples here (not selectable).
     std::vector<std::string> open_sample_ids;
+    // lifecycle.md section 6, per listed sample: the first required scalar
+    // it lacks ("" = none), and when it became selectable (its arrival, or
+    // the annotation that gave it its last required scalar).
+    std::vector<std::string> missing_scalars;
+    std::vector<int64_t> ready_unix_nanos;
   };
   // Explicit ids: those stored here (free or not), in the order given.
   // Otherwise the oldest free samples, at most `limit` (< 0: all). NOT_FOUND
@@ -299,6 +311,34 @@ class SampleStore {
   absl::Status ReplayDrop(const v1::DroppedSamplesRecord& record);
   absl::Status ReplayUses(const v1::SampleUsesRecord& record);
 
+  // Scalars added after the fact (lifecycle.md section 6), in
+  // sample_store_annotations.cc. All or nothing, durably; returns the
+  // number of entries (no-op entries included). NOT_FOUND for an unknown
+  // pool or sample; INVALID_ARGUMENT for an id twice; FAILED_PRECONDITION
+  // naming the step of a sample in a live step (or hold), or naming sample,
+  // scalar and both values for a scalar set to another value (the same
+  // value, bit for bit, is a no-op); ABORTED naming a sample another
+  // annotation has reserved (retry); RESOURCE_EXHAUSTED past the memory
+  // limit. Open samples take annotations too.
+  absl::StatusOr<int32_t> AnnotateSamples(const std::string& pool,
+                                          absl::Span<const ScalarAnnotation> annotations);
+  // The same in two phases, for a cluster's AnnotateSamples over several
+  // members (Member.PrepareAnnotations, Commit, Abort). Prepare checks as
+  // AnnotateSamples does and reserves the samples for `ticket` until commit,
+  // abort or `ttl` passes: meanwhile CreateStep and Hold refuse them, and
+  // so do other annotations and a later piece that sets a reserved name
+  // (ABORTED, naming the sample). A prepare again of a live ticket is OK.
+  absl::Status PrepareAnnotations(const std::string& pool, const std::string& ticket,
+                                  std::vector<ScalarAnnotation> annotations, absl::Duration ttl);
+  // Applies the prepared annotations durably and frees the reservation;
+  // returns the entries applied (those of samples deleted meanwhile left
+  // out). A commit again answers as the first; FAILED_PRECONDITION for an
+  // unknown or expired ticket.
+  absl::StatusOr<int32_t> CommitAnnotations(const std::string& pool, const std::string& ticket);
+  // Frees the reservation; OK for an unknown ticket (an abort again).
+  absl::Status AbortAnnotations(const std::string& pool, const std::string& ticket);
+  absl::Status ReplayAnnotations(const v1::AnnotationsRecord& record);
+
   // R2 (docs/layout.md section 11), in sample_store_routing.cc.
   // Gives the samples of the live step `step_id` their recompute routing
   // (`routing[i]` for the step's sample i: [n_i, stored layers, K] ids of
@@ -339,6 +379,9 @@ class SampleStore {
     int64_t first_sealed_unix_nanos = 0;
     // Dropped for staying incomplete while some samples were in live steps.
     bool expired = false;
+    // Sealed samples stored here still missing a required scalar: not
+    // counted towards completeness (lifecycle.md section 6).
+    int32_t unready = 0;
   };
   // A sample whose pieces are still arriving (lifecycle.md section 5): kept
   // apart from the sealed ones and mutable, so each piece costs what it
@@ -385,6 +428,25 @@ class SampleStore {
     absl::flat_hash_map<std::string, int64_t> arrival_unix_nanos;
     int64_t stored_bytes = 0;
     int64_t live_steps = 0;
+    // lifecycle.md section 6 (sample_store_annotations.cc): sealed samples
+    // missing a required scalar; for samples that were sealed without one,
+    // when they got the last (a sequence number of the arrival clock, and
+    // ns since the Unix epoch), by id; samples a prepared annotation
+    // reserved, by id: its ticket.
+    int64_t unannotated = 0;
+    struct Ready {
+      uint64_t seq = 0;
+      int64_t unix_nanos = 0;
+    };
+    absl::flat_hash_map<std::string, Ready> ready_at;
+    absl::flat_hash_map<std::string, std::string> reserved;
+  };
+  // A prepared annotation (PrepareAnnotations): its samples are reserved
+  // until it is committed, aborted or expires.
+  struct AnnotationTicket {
+    std::string pool;
+    std::vector<ScalarAnnotation> annotations;
+    absl::Time expires;
   };
 
   // A piece message or an open sample's snapshot (sample_store_pieces.cc).
@@ -437,6 +499,35 @@ class SampleStore {
   absl::Status CheckGroup(const Pool& pool, const StoredSample& sample,
                           const absl::flat_hash_map<std::string, int32_t>& batch_counts) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The first required scalar `sample` lacks, or null.
+  static const std::string* MissingScalar(const Pool& pool, const StoredSample& sample);
+  // The sealed `sample` (its arrival `arrival`) as selection sees it.
+  static SampleCandidate Candidate(const Pool& pool, const StoredSample& sample,
+                                   uint64_t arrival);
+  // Annotations (sample_store_annotations.cc): the checks of AnnotateSamples
+  // (`ticket`: the caller's own reservation, "" for none) with the bytes the
+  // new scalars add; their application, logged first unless replaying.
+  absl::Status CheckAnnotations(const std::string& pool_name, const Pool& pool,
+                                absl::Span<const ScalarAnnotation> annotations,
+                                const std::string& ticket, absl::Time now,
+                                int64_t* new_bytes) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyAnnotations(const std::string& pool_name, Pool& pool,
+                                absl::Span<const ScalarAnnotation> annotations, bool log,
+                                int64_t* ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live prepared annotation that reserved sample `id`, or null; with
+  // `entry`, the sample's entry in it.
+  const AnnotationTicket* ReservationOf(const Pool& pool, absl::string_view id, absl::Time now,
+                                        const ScalarAnnotation** entry = nullptr) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // ABORTED naming the first of the samples a live reservation holds.
+  absl::Status CheckUnreserved(const Pool& pool, const std::string& step_id,
+                               absl::Span<const SampleCandidate> candidates,
+                               absl::Span<const int32_t> chosen) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // What the pool keeps about a sealed sample beside it, forgotten as it is
+  // erased.
+  void ForgetAnnotations(Pool& pool, const StoredSample& sample)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddToGroup(Pool& pool, const StoredSample& sample, int64_t now_nanos)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free samples in ingest order as selection sees them, the first `limit`
@@ -537,6 +628,12 @@ class SampleStore {
   absl::Status PoolRoomLocked(const std::string& pool) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t max_pools_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
+  // Prepared annotations by ticket; committed tickets and what they
+  // answered, the latest kept for retries (sample_store_annotations.cc).
+  absl::flat_hash_map<std::string, AnnotationTicket> annotation_tickets_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int32_t> committed_tickets_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> committed_order_ ABSL_GUARDED_BY(mu_);
+  void ExpireTicketsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace rollpack

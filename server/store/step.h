@@ -5,10 +5,12 @@
 #define ROLLPACK_SERVER_STORE_STEP_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "scheduler/advantages.h"
 #include "scheduler/layout.h"
 #include "scheduler/model_spec.h"
 #include "scheduler/plan.h"
@@ -31,12 +33,33 @@ struct StepReplay {
   std::vector<std::shared_ptr<const std::string>> recompute_routing;
 };
 
+// What every micro-batch says about its sequences (lifecycle.md section 6;
+// docs/layout.md section 12), per sample in the step's order. Fixed when the
+// step is made: a sample in a live step takes no annotation.
+struct StepMetadata {
+  // "" for an ungrouped sample (no group_id, or group_size 0).
+  std::vector<std::string> group_ids;
+  std::vector<int64_t> policy_versions;
+  // The scalars every sample of the step has, by name (sorted: the order
+  // the encoder writes Microbatch.scalars in; an empty name is left out),
+  // one value per sample.
+  std::map<std::string, std::vector<double>> scalars;
+  // The estimator as CreateStep asked (a cluster step's record keeps the
+  // estimator alone), and one advantage per sample unless it is kNone.
+  AdvantageRequest advantage;
+  std::vector<float> advantages;
+
+  // A step made before lifecycle.md section 6 (a cluster record written by
+  // an older planner): its micro-batches say nothing per sequence.
+  bool empty() const { return group_ids.empty() && policy_versions.empty(); }
+};
+
 struct Step {
   Step(std::string step_id, std::string pool, ModelSpec model, Topology topology,
        std::vector<std::string> sample_ids,
        std::vector<std::shared_ptr<const StoredSample>> samples, Plan plan,
        StepLayout layout, int32_t num_groups = 0, bool reuse_samples = false,
-       StepReplay replay = {})
+       StepReplay replay = {}, StepMetadata metadata = {})
       : step_id(std::move(step_id)),
         pool(std::move(pool)),
         model(std::move(model)),
@@ -47,7 +70,8 @@ struct Step {
         layout(std::move(layout)),
         num_groups(num_groups),
         reuse_samples(reuse_samples),
-        replay(std::move(replay)) {}
+        replay(std::move(replay)),
+        metadata(std::move(metadata)) {}
 
   const std::string step_id;
   const std::string pool;
@@ -67,6 +91,8 @@ struct Step {
   const bool reuse_samples;
   // What the ranks replay.
   const StepReplay replay;
+  // Group ids, versions, scalars and advantages of the step's samples.
+  const StepMetadata metadata;
 };
 
 }  // namespace rollpack

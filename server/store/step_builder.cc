@@ -14,12 +14,27 @@
 namespace rollpack {
 namespace {
 
+// The encoder indexes every column by sequence: each has one entry per
+// sample (or none, for a step without metadata or advantages).
+absl::Status CheckMetadataSizes(const std::string& step_id, const StepMetadata& metadata,
+                                size_t n) {
+  bool ok = metadata.empty() ? metadata.scalars.empty()
+                             : metadata.group_ids.size() == n && metadata.policy_versions.size() == n;
+  for (const auto& [name, values] : metadata.scalars) ok = ok && values.size() == n;
+  const bool estimated = metadata.advantage.estimator != AdvantageEstimator::kNone;
+  ok = ok && metadata.advantages.size() == (estimated ? n : 0);
+  if (ok) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("step \"", step_id, "\": per-sequence metadata of ",
+                                          metadata.group_ids.size(), " samples (",
+                                          metadata.advantages.size(), " advantages) for ", n));
+}
+
 absl::StatusOr<std::shared_ptr<const Step>> Build(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::string> sample_ids,
     const std::vector<int64_t>& lengths,
     std::vector<std::shared_ptr<const StoredSample>> samples, int32_t num_groups,
-    bool reuse_samples, StepReplay replay) {
+    bool reuse_samples, StepReplay replay, StepMetadata metadata) {
   RETURN_IF_ERROR(PipelineLayers::Create(model, topology));
   if (lengths.size() != sample_ids.size()) {
     return absl::InternalError(absl::StrCat("step \"", step_id, "\": ", sample_ids.size(),
@@ -35,11 +50,13 @@ absl::StatusOr<std::shared_ptr<const Step>> Build(
           LargestLengthThatFits(topology, largest)));
     }
   }
+  RETURN_IF_ERROR(CheckMetadataSizes(step_id, metadata, sample_ids.size()));
   ASSIGN_OR_RETURN(Plan plan, ComputePlan(lengths, topology));
   ASSIGN_OR_RETURN(StepLayout layout, StepLayout::Create(plan, lengths, topology, model));
   return std::make_shared<const Step>(step_id, pool, model, topology, std::move(sample_ids),
                                       std::move(samples), std::move(plan), std::move(layout),
-                                      num_groups, reuse_samples, std::move(replay));
+                                      num_groups, reuse_samples, std::move(replay),
+                                      std::move(metadata));
 }
 
 }  // namespace
@@ -62,13 +79,15 @@ absl::Status ValidateCreateStep(const StepRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step \"", request.step_id, "\": amounts, policy_version and max_staleness must be >= 0"));
   }
-  return ValidateTopologySizes(request.topology);
+  RETURN_IF_ERROR(ValidateTopologySizes(request.topology));
+  return ValidateAdvantageRequest(request.advantage,
+                                  absl::StrCat("step \"", request.step_id, "\""));
 }
 
 absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples,
-    int32_t num_groups, bool reuse_samples, StepReplay replay) {
+    int32_t num_groups, bool reuse_samples, StepReplay replay, StepMetadata metadata) {
   std::vector<std::string> ids;
   std::vector<int64_t> lengths;
   ids.reserve(samples.size());
@@ -78,20 +97,29 @@ absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     lengths.push_back(sample->num_tokens());
   }
   return Build(step_id, pool, model, topology, std::move(ids), lengths, std::move(samples),
-               num_groups, reuse_samples, std::move(replay));
+               num_groups, reuse_samples, std::move(replay), std::move(metadata));
 }
 
 absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::string> sample_ids,
     const std::vector<int64_t>& num_tokens, int32_t num_groups, bool reuse_samples,
-    ReplaySourceKind replay_source) {
+    ReplaySourceKind replay_source, StepMetadata metadata) {
   // A cluster's RECOMPUTE step: the routing stays with the samples' owners
   // (RankStep::recompute_routing).
   StepReplay replay;
   replay.source = replay_source;
   return Build(step_id, pool, model, topology, std::move(sample_ids), num_tokens, {}, num_groups,
-               reuse_samples, std::move(replay));
+               reuse_samples, std::move(replay), std::move(metadata));
+}
+
+std::shared_ptr<const Step> WithMetadata(const Step& step, StepMetadata metadata) {
+  // Copies the plan and layout (linear in the samples), where planning again
+  // would cost the packer's search.
+  return std::make_shared<const Step>(step.step_id, step.pool, step.model, step.topology,
+                                      step.sample_ids, step.samples, step.plan, step.layout,
+                                      step.num_groups, step.reuse_samples, step.replay,
+                                      std::move(metadata));
 }
 
 }  // namespace rollpack

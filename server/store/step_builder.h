@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "scheduler/advantages.h"
 #include "scheduler/model_spec.h"
 #include "scheduler/sample_selection.h"
 #include "scheduler/topology.h"
@@ -28,14 +29,17 @@ struct StepRequest {
   Topology topology;
   bool reuse_samples = false;
   ReplaySourceKind replay_source = ReplaySourceKind::kRollout;
+  // The advantages every micro-batch carries (lifecycle.md section 6).
+  AdvantageRequest advantage;
   // Replaying the durable log: the ids were checked when the step was made
   // (their staleness then, not now).
   bool replay = false;
 };
 
 // INVALID_ARGUMENT for a CreateStep's names (names.h), not exactly one of
-// sample_ids / num_samples / num_groups / num_tokens, or topology sizes the
-// scheduler refuses.
+// sample_ids / num_samples / num_groups / num_tokens, topology sizes the
+// scheduler refuses, or an advantage request ValidateAdvantageRequest
+// refuses.
 absl::Status ValidateCreateStep(const StepRequest& request);
 
 // The plan and per-rank layout of `samples` (in the step's order) on
@@ -46,7 +50,8 @@ absl::Status ValidateCreateStep(const StepRequest& request);
 absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::shared_ptr<const StoredSample>> samples,
-    int32_t num_groups = 0, bool reuse_samples = false, StepReplay replay = {});
+    int32_t num_groups = 0, bool reuse_samples = false, StepReplay replay = {},
+    StepMetadata metadata = {});
 
 // The same plan and layout from the samples' ids and lengths alone; the
 // step's `samples` is empty (the bytes are elsewhere).
@@ -54,7 +59,11 @@ absl::StatusOr<std::shared_ptr<const Step>> BuildStepFromMetadata(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,
     const Topology& topology, std::vector<std::string> sample_ids,
     const std::vector<int64_t>& num_tokens, int32_t num_groups = 0, bool reuse_samples = false,
-    ReplaySourceKind replay_source = ReplaySourceKind::kRollout);
+    ReplaySourceKind replay_source = ReplaySourceKind::kRollout, StepMetadata metadata = {});
+
+// `step` with `metadata`: a cluster's planner plans before it holds the
+// samples and learns their scalars (and so the advantages) from the holds.
+std::shared_ptr<const Step> WithMetadata(const Step& step, StepMetadata metadata);
 
 }  // namespace rollpack
 
