@@ -62,7 +62,8 @@ const Command kCommands[] = {
      rollpack::RunPlanCommand},
     {"put", "ingest captured engine responses via the Python producer (docs/producer.md)",
      ForwardToPython},
-    {"pool", "show a pool, or list every pool (docs/operations.md#controller)", ForwardToPython},
+    {"pool", "show, list, register or annotate pools (docs/operations.md#controller)",
+     ForwardToPython},
     {"step", "create, show, plan, release and list steps (docs/operations.md#controller)",
      ForwardToPython},
 };

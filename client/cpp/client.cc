@@ -288,6 +288,19 @@ absl::StatusOr<v1::PoolInfo> RollpackClient::GetPool(const std::string& pool) {
   return response;
 }
 
+absl::StatusOr<int32_t> RollpackClient::AnnotateSamples(
+    const std::string& pool, absl::Span<const v1::SampleAnnotation> annotations) {
+  v1::AnnotateSamplesRequest request;
+  request.set_pool(pool);
+  request.mutable_annotations()->Reserve(static_cast<int>(annotations.size()));
+  for (const v1::SampleAnnotation& a : annotations) *request.add_annotations() = a;
+  v1::AnnotateSamplesResponse response;
+  auto context = NewContext();
+  grpc::Status status = rollouts_->AnnotateSamples(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.annotated();
+}
+
 absl::StatusOr<v1::StepInfo> RollpackClient::CreateStep(const v1::CreateStepRequest& request) {
   v1::StepInfo response;
   auto context = NewContext();

@@ -105,6 +105,15 @@ class RollpackClient {
   absl::StatusOr<v1::PutSamplesResponse> PutSamples(const std::string& pool,
                                                     absl::Span<const v1::Sample> samples);
   absl::StatusOr<v1::PoolInfo> GetPool(const std::string& pool);
+  // Adds scalars (a reward, ...) to stored samples that are in no live step
+  // (Rollouts.AnnotateSamples, lifecycle.md section 6), all or nothing:
+  // returns the number of entries accepted, no-op entries (a scalar set
+  // again to its value) included. Not retried here; re-sending the same
+  // request is safe (its entries are then no-ops).
+  absl::StatusOr<int32_t> AnnotateSamples(const std::string& pool,
+                                          absl::Span<const v1::SampleAnnotation> annotations);
+  // The request as given: CreateStepRequest.advantage, advantage_scalar and
+  // advantage_eps (lifecycle.md section 6) travel with the rest.
   absl::StatusOr<v1::StepInfo> CreateStep(const v1::CreateStepRequest& request);
   absl::StatusOr<v1::Plan> GetPlan(const std::string& step_id);
   absl::StatusOr<v1::ReleaseStepResponse> ReleaseStep(const std::string& step_id);

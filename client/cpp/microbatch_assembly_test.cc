@@ -68,6 +68,15 @@ v1::Microbatch RandomMicrobatch(std::mt19937& rng, int tokens, int router, int l
   *m.mutable_replay_mask() = Array(rng, v1::UINT8, {router}, 1);
   for (int l = 0; l < layers; ++l) m.add_replay_layers(3 + l);
   m.set_workload(1234.5);
+  // Per sequence (lifecycle.md section 6): held whole in meta(), the
+  // header piece's alone on FetchPieces streams.
+  m.add_group_ids("q0");
+  m.add_group_ids("");
+  m.add_policy_versions(3);
+  m.add_policy_versions(-1);
+  (*m.mutable_scalars())["reward"] = Array(rng, v1::FLOAT64, {2}, 8);
+  (*m.mutable_scalars())["len_penalty"] = Array(rng, v1::FLOAT64, {2}, 8);
+  *m.mutable_advantages() = Array(rng, v1::FLOAT32, {2}, 4);
   return m;
 }
 
@@ -304,6 +313,34 @@ TEST(MicrobatchAssemblyTest, HeaderAloneIsTheWholeMicrobatch) {
   absl::StatusOr<ReceivedMicrobatch> got = AssembleMicrobatch(Received(rng, header), {});
   ASSERT_TRUE(got.ok()) << got.status();
   ExpectAssembledEquals(*got, m, "header alone");
+}
+
+// Group ids, versions, scalars and advantages travel in the header piece
+// alone (trainer.proto): a three-member assembly hands them out as sent.
+TEST(MicrobatchAssemblyTest, PerSequenceFieldsComeFromTheHeader) {
+  std::mt19937 rng(11);
+  const v1::Microbatch m = RandomMicrobatch(rng, 60, 60, 2, true);
+  std::vector<int> owner(60);
+  for (int r = 0; r < 60; ++r) owner[r] = r / 20;
+  const Split split = SplitMicrobatch(rng, m, owner, owner, /*vary=*/false);
+  for (const v1::Microbatch& p : split.pieces) {
+    ASSERT_EQ(p.group_ids_size() + p.policy_versions_size() + p.scalars_size(), 0);
+    ASSERT_FALSE(p.has_advantages());
+  }
+  absl::StatusOr<ReceivedMicrobatch> got = Assemble(rng, split);
+  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<SequenceMetadata> seq = got->sequences();
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  EXPECT_TRUE(seq->sent);
+  EXPECT_EQ(seq->group_ids, (std::vector<std::string>{"q0", ""}));
+  EXPECT_EQ(seq->policy_versions, (std::vector<int64_t>{3, -1}));
+  ASSERT_EQ(seq->scalars.size(), 2u);
+  ASSERT_TRUE(seq->has_advantages);
+  ASSERT_EQ(seq->advantages.size(), 2u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(seq->advantages.data()), 8),
+            m.advantages().data());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(seq->scalars.at("reward").data()), 16),
+            m.scalars().at("reward").data());
 }
 
 // A valid three-member split of a 60-row micro-batch (members 0, 1, 2 own

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/cpp/sequence_metadata.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "rollpack/v1/trainer.pb.h"
@@ -45,8 +46,14 @@ class ReceivedMicrobatch {
   ReceivedMicrobatch(ReceivedMicrobatch&&) = default;
   ReceivedMicrobatch& operator=(ReceivedMicrobatch&&) = default;
 
-  // Every field but the arrays' `data`, which is empty here.
+  // Every field but the arrays' `data`, which is empty here. The
+  // per-sequence fields (group_ids, policy_versions, scalars, advantages:
+  // a few bytes per sequence) are held whole, data included.
   const v1::Microbatch& meta() const { return meta_; }
+  // Those per-sequence fields, checked against the number of sequences
+  // (DATA_LOSS naming the field otherwise) and decoded
+  // (client/cpp/sequence_metadata.h).
+  absl::StatusOr<SequenceMetadata> sequences() const { return ReadSequenceMetadata(meta_); }
   // Bytes the message occupied on the wire.
   int64_t wire_bytes() const { return wire_bytes_; }
 

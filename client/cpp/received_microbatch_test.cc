@@ -53,6 +53,15 @@ v1::Microbatch RandomMicrobatch(std::mt19937& rng, int rows) {
   *m.mutable_replay_mask() = Array(rng, v1::UINT8, {rows}, 1);
   for (int l : {3, 4, 5, 6, 7, 8}) m.add_replay_layers(l);
   m.set_workload(1234.5);
+  // Per sequence (lifecycle.md section 6): held whole in meta(), the
+  // header piece's alone on FetchPieces streams.
+  m.add_group_ids("q0");
+  m.add_group_ids("");
+  m.add_policy_versions(3);
+  m.add_policy_versions(-1);
+  (*m.mutable_scalars())["reward"] = Array(rng, v1::FLOAT64, {2}, 8);
+  (*m.mutable_scalars())["len_penalty"] = Array(rng, v1::FLOAT64, {2}, 8);
+  *m.mutable_advantages() = Array(rng, v1::FLOAT32, {2}, 4);
   return m;
 }
 
@@ -121,6 +130,26 @@ TEST(ReceivedMicrobatchTest, CanonicalBytesInAnySlicingGiveTheSameMessageAndArra
     check("field:loss_mask", m.token_fields().at("loss_mask"));
     EXPECT_EQ(r->data_size("field:absent"), -1);
   }
+}
+
+// The per-sequence fields are parsed with the small fields, whole, and
+// read back checked (sequence_metadata_test has the refusals).
+TEST(ReceivedMicrobatchTest, PerSequenceFieldsAreHeldInMeta) {
+  std::mt19937 rng(3);
+  const v1::Microbatch m = RandomMicrobatch(rng, 40);
+  const std::string bytes = m.SerializeAsString();
+  absl::StatusOr<ReceivedMicrobatch> r =
+      ReceivedMicrobatch::Parse(Buffer(bytes, RandomCuts(rng, bytes.size(), 7)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->meta().advantages().data(), m.advantages().data());
+  EXPECT_EQ(r->meta().scalars().at("reward").data(), m.scalars().at("reward").data());
+  EXPECT_EQ(r->data_size("advantages"), -1);  // not an array located in the slices
+  absl::StatusOr<SequenceMetadata> seq = r->sequences();
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  EXPECT_EQ(seq->group_ids, (std::vector<std::string>{"q0", ""}));
+  EXPECT_EQ(seq->policy_versions, (std::vector<int64_t>{3, -1}));
+  EXPECT_EQ(seq->scalars.size(), 2u);
+  EXPECT_TRUE(seq->has_advantages);
 }
 
 // Each field serialized on its own, in shuffled order, some twice, plus

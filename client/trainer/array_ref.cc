@@ -7,7 +7,7 @@ int ElementSize(v1::DType dtype) {
     case v1::UINT8: return 1;
     case v1::UINT16: case v1::INT16: case v1::FLOAT16: case v1::BFLOAT16: return 2;
     case v1::INT32: case v1::FLOAT32: return 4;
-    case v1::INT64: return 8;
+    case v1::INT64: case v1::FLOAT64: return 8;
     default: return 0;
   }
 }

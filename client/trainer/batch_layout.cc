@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "client/cpp/sequence_metadata.h"
 
 namespace rollpack::trainer_internal {
 namespace {
@@ -25,6 +27,8 @@ const v1::NDArray& ArrayOf(const v1::Microbatch& m, const std::string& name) {
   if (name == "cu_seqlens_padded") return m.cu_seqlens_padded();
   if (name == "replay_mask") return m.replay_mask();
   if (name == "replay_experts") return m.replay_experts();
+  if (name == "advantages") return m.advantages();
+  if (name.rfind(kScalarPrefix, 0) == 0) return m.scalars().at(name.substr(kScalarPrefix.size()));
   return m.token_fields().at(name.substr(6));
 }
 
@@ -32,6 +36,8 @@ int64_t DataSize(const v1::Microbatch& m, const std::string& name) {
   return static_cast<int64_t>(ArrayOf(m, name).data().size());
 }
 int64_t DataSize(const ReceivedMicrobatch& m, const std::string& name) {
+  // The per-sequence arrays are parsed with the metadata, not located.
+  if (IsSequenceSlot(name)) return DataSize(m.meta(), name);
   return std::max<int64_t>(0, m.data_size(name));
 }
 const v1::Microbatch& MetaOf(const v1::Microbatch& m) { return m; }
@@ -52,7 +58,18 @@ absl::Status CheckBytesOf(const Message& m, const Layout& l) {
 
 }  // namespace
 
+bool IsSequenceSlot(const std::string& name) {
+  return name == "advantages" || name.rfind(kScalarPrefix, 0) == 0;
+}
+
+bool KeptInMeta(const std::string& name) {
+  return name == "cu_seqlens" || name == "cu_seqlens_padded" || IsSequenceSlot(name);
+}
+
 absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32, bool replay_ids) {
+  // Checked before any of them gets a slot: what a trainer reads as its
+  // rewards and advantages came from the network.
+  RETURN_IF_ERROR(CheckSequenceMetadata(m));
   Layout l;
   auto add = [&](const std::string& name, const v1::NDArray& a) -> absl::Status {
     Slot s;
@@ -80,6 +97,15 @@ absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32, bo
   for (const std::string& n : names) {
     if (!(st = add("field:" + n, m.token_fields().at(n))).ok()) return st;
   }
+  // After every array there was before them: the leading offsets stay as
+  // they were. Absent advantages (no estimator) take a slot of 0 bytes.
+  if (!(st = add("advantages", m.advantages())).ok()) return st;
+  std::vector<std::string> scalars;
+  for (const auto& [name, a] : m.scalars()) scalars.push_back(name);
+  std::sort(scalars.begin(), scalars.end());
+  for (const std::string& n : scalars) {
+    if (!(st = add(std::string(kScalarPrefix) + n, m.scalars().at(n))).ok()) return st;
+  }
   if (IsReplay3d(m.replay_experts())) {
     l.rows = m.replay_experts().shape(0);
     l.layers = m.replay_experts().shape(1);
@@ -103,6 +129,17 @@ const Slot* FindSlot(const Layout& l, const std::string& name) {
 }
 
 absl::Status CheckBytes(const v1::Microbatch& m, const Layout& l) { return CheckBytesOf(m, l); }
+absl::Status CheckMetaBytes(const v1::Microbatch& m, const Layout& l) {
+  for (const Slot& s : l.slots) {
+    if (!KeptInMeta(s.name)) continue;
+    const int64_t have = DataSize(m, s.name);
+    if (have != s.bytes) {
+      return absl::DataLossError(absl::StrCat("micro-batch ", m.index(), ": ", s.name, " holds ",
+                                              have, " bytes, its shape needs ", s.bytes));
+    }
+  }
+  return absl::OkStatus();
+}
 absl::Status CheckBytes(const ReceivedMicrobatch& m, const Layout& l) {
   return CheckBytesOf(m, l);
 }
@@ -112,6 +149,7 @@ void CopyData(const v1::Microbatch& m, const std::string& name, void* out) {
   std::memcpy(out, data.data(), data.size());
 }
 void CopyData(const ReceivedMicrobatch& m, const std::string& name, void* out) {
+  if (IsSequenceSlot(name)) return CopyData(m.meta(), name, out);
   m.CopyData(name, out);
 }
 
@@ -124,6 +162,9 @@ void AssignViews(const Layout& l, char* base, void* ids, bool ids_int32, BatchSt
     else if (s.name == "cu_seqlens_padded") b->cu_seqlens_padded = r;
     else if (s.name == "replay_mask") b->replay_mask = r;
     else if (s.name == "replay_experts") b->replay_experts = r;
+    else if (s.name == "advantages") b->advantages = r;
+    else if (s.name.rfind(kScalarPrefix, 0) == 0)
+      b->scalars[s.name.substr(kScalarPrefix.size())] = r;
     else b->token_fields[s.name.substr(6)] = r;
   }
   if (!l.unpacked_ids) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,8 +24,12 @@ namespace rollpack::trainer_internal {
 constexpr int64_t kAlign = 256;
 inline int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+// Slot names of the per-sequence arrays (lifecycle.md section 6):
+// "advantages" and "scalar:<name>" for scalars[<name>].
+inline constexpr std::string_view kScalarPrefix = "scalar:";
+
 struct Slot {
-  std::string name;  // "tokens", ..., or "field:<name>"
+  std::string name;  // "tokens", ..., "field:<name>", "advantages", "scalar:<name>"
   ArrayRef ref;      // data = nullptr; shapes and dtype
   int64_t offset = 0;
   int64_t bytes = 0;
@@ -45,14 +50,24 @@ struct Layout {
 
 // With `replay_ids` false, no room for unpacked ids (ids_bytes 0, unpacked_ids
 // false): the caller writes targets itself (DeviceStreamOptions::replay_ids).
+// Per-sequence fields that do not fit the sequences are DATA_LOSS
+// (CheckSequenceMetadata, client/cpp/sequence_metadata.h).
 absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32,
                                      bool replay_ids = true);
 const Slot* FindSlot(const Layout& l, const std::string& name);
+// advantages and scalar:<name>: a few bytes per sequence, parsed with the
+// metadata (ReceivedMicrobatch::meta() holds their bytes).
+bool IsSequenceSlot(const std::string& name);
+// The arrays ClearData leaves in the metadata (cu_seqlens, cu_seqlens_padded
+// and the per-sequence arrays): a TP follower copies them from the header.
+bool KeptInMeta(const std::string& name);
 
 // A message whose byte fields disagree with their shapes is refused before
 // anything is copied, whichever form it arrived in.
 absl::Status CheckBytes(const v1::Microbatch& m, const Layout& l);
 absl::Status CheckBytes(const ReceivedMicrobatch& m, const Layout& l);
+// The same for the slots KeptInMeta alone (a TP header has no other bytes).
+absl::Status CheckMetaBytes(const v1::Microbatch& m, const Layout& l);
 
 // Copies the bytes of slot `name` to `out` (ReceivedMicrobatch: straight
 // from gRPC's received slices, the one host copy of the payload).
@@ -67,7 +82,8 @@ kernels::UnpackArgs MakeUnpack(const Layout& l, const ArrayRef& experts, const A
                                void* out, bool ids_int32, bool masked_fill_minus_one);
 absl::Status FromKernel(const kernels::KernelStatus& s);
 
-// Drops the big byte fields once they live on the device; cu_seqlens stay.
+// Drops the big byte fields once they live on the device; cu_seqlens and the
+// per-sequence arrays stay (KeptInMeta).
 void ClearData(v1::Microbatch* m);
 
 }  // namespace rollpack::trainer_internal

@@ -29,6 +29,10 @@ struct BatchState {
   int device = -1;
   ArrayRef tokens, cu_seqlens, cu_seqlens_padded, replay_experts, replay_mask, replay_ids;
   std::map<std::string, ArrayRef> token_fields;
+  // Per sequence (lifecycle.md section 6): advantages absent (dtype
+  // DTYPE_UNSPECIFIED) when the step has no estimator.
+  ArrayRef advantages;
+  std::map<std::string, ArrayRef> scalars;
   std::vector<int64_t> host_ids;  // host path: the unpacked ids live here
   std::function<void(void*)> release;
   void* consumer_stream = nullptr;

@@ -21,5 +21,7 @@ const ArrayRef& DeviceBatch::replay_ids() const { return state_->replay_ids; }
 const std::map<std::string, ArrayRef>& DeviceBatch::token_fields() const {
   return state_->token_fields;
 }
+const ArrayRef& DeviceBatch::advantages() const { return state_->advantages; }
+const std::map<std::string, ArrayRef>& DeviceBatch::scalars() const { return state_->scalars; }
 
 }  // namespace rollpack

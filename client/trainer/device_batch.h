@@ -40,6 +40,15 @@ class DeviceBatch {
   // [layers, rows, K] int64 (or int32): the unpacked RouterReplay targets.
   const ArrayRef& replay_ids() const;
   const std::map<std::string, ArrayRef>& token_fields() const;
+  // Per sequence, in the order of meta().sample_ids() (lifecycle.md section
+  // 6), on `device` like cu_seqlens: float32 [S] advantages (absent, dtype
+  // DTYPE_UNSPECIFIED, when the step has no estimator) and float64 [S] per
+  // scalar every sample of the step has. Group ids and policy versions are
+  // host data: meta().group_ids(), meta().policy_versions(). All of them
+  // were checked against the number of sequences when the batch was made
+  // (both lists empty from a rollpackd older than them).
+  const ArrayRef& advantages() const;
+  const std::map<std::string, ArrayRef>& scalars() const;
 
  private:
   std::unique_ptr<trainer_internal::BatchState> state_;

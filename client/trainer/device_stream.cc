@@ -71,6 +71,9 @@ class HostSource final : public BatchSource {
     point(&b->replay_mask, b->meta.mutable_replay_mask());
     point(&b->replay_experts, b->meta.mutable_replay_experts());
     for (auto& [name, ref] : b->token_fields) point(&ref, &(*b->meta.mutable_token_fields())[name]);
+    // Only when present: mutable_advantages() would make an absent one set.
+    if (b->meta.has_advantages()) point(&b->advantages, b->meta.mutable_advantages());
+    for (auto& [name, ref] : b->scalars) point(&ref, &(*b->meta.mutable_scalars())[name]);
     if (l->ids_bytes > 0) {
       kernels::UnpackArgs a = MakeUnpack(*l, b->replay_experts, b->replay_mask, b->host_ids.data(),
                                          options_.ids_int32, options_.masked_fill_minus_one);

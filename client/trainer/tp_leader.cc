@@ -314,25 +314,27 @@ class TpLeaderSource final : public CudaSource {
     absl::StatusOr<char*> base = AllocBatch(b.get(), l->total);
     if (!base.ok()) return base.status();
     AssignViews(*l, *base, *base + l->ids_offset, options_.ids_int32, b.get());
-    // cu_seqlens came in the header.
-    const Slot* cu = FindSlot(*l, "cu_seqlens");
-    const Slot* cup = FindSlot(*l, "cu_seqlens_padded");
-    const int64_t small = AlignUp(cu->bytes) + AlignUp(cup->bytes);
+    // cu_seqlens and the per-sequence arrays (advantages, scalars) came in
+    // the header: each rank copies its own from there.
+    if (absl::Status s = CheckMetaBytes(b->meta, *l); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("TP header: ", s.message()));
+    }
+    int64_t small = 0;
+    for (const Slot& s : l->slots) {
+      if (KeptInMeta(s.name)) small += AlignUp(s.bytes);
+    }
     if (small > 0) {
       absl::StatusOr<PinnedSlot*> slot = AcquirePinned(small);
       if (!slot.ok()) return slot.status();
       char* host = static_cast<char*>((*slot)->ptr);
-      if (b->meta.cu_seqlens().data().size() != static_cast<size_t>(cu->bytes) ||
-          b->meta.cu_seqlens_padded().data().size() != static_cast<size_t>(cup->bytes)) {
-        return absl::DataLossError("TP header: cu_seqlens sizes differ from their shapes");
+      int64_t at = 0;
+      for (const Slot& s : l->slots) {
+        if (!KeptInMeta(s.name) || s.bytes == 0) continue;
+        CopyData(b->meta, s.name, host + at);
+        RP_CUDA(cudaMemcpyAsync(*base + s.offset, host + at, s.bytes, cudaMemcpyHostToDevice,
+                                state_->copy));
+        at += AlignUp(s.bytes);
       }
-      std::memcpy(host, b->meta.cu_seqlens().data().data(), cu->bytes);
-      std::memcpy(host + AlignUp(cu->bytes), b->meta.cu_seqlens_padded().data().data(), cup->bytes);
-      // cu_seqlens and cu_seqlens_padded are adjacent slots (offsets aligned).
-      RP_CUDA(cudaMemcpyAsync(*base + cu->offset, host, cu->bytes, cudaMemcpyHostToDevice,
-                              state_->copy));
-      RP_CUDA(cudaMemcpyAsync(*base + cup->offset, host + AlignUp(cu->bytes), cup->bytes,
-                              cudaMemcpyHostToDevice, state_->copy));
       RP_CUDA(cudaEventRecord((*slot)->done, state_->copy));
     }
     if (absl::Status s = BroadcastShared(*l, *base); !s.ok()) return s;

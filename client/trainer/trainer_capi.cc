@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -86,10 +87,34 @@ bool DType(rollpack::v1::DType d, DLDataType* out) {
     case INT32: *out = {0, 32, 1}; return true;
     case INT64: *out = {0, 64, 1}; return true;
     case FLOAT32: *out = {2, 32, 1}; return true;
+    case FLOAT64: *out = {2, 64, 1}; return true;
     case FLOAT16: *out = {2, 16, 1}; return true;
     case BFLOAT16: *out = {4, 16, 1}; return true;
     default: return false;
   }
+}
+
+// The batch's array of a rpt_batch_dlpack name; nullptr for an unknown one.
+const ArrayRef* FindArray(const DeviceBatch& b, const std::string& n) {
+  if (n == "tokens") return &b.tokens();
+  if (n == "cu_seqlens") return &b.cu_seqlens();
+  if (n == "cu_seqlens_padded") return &b.cu_seqlens_padded();
+  if (n == "replay_experts") return &b.replay_experts();
+  if (n == "replay_mask") return &b.replay_mask();
+  if (n == "replay_ids") return &b.replay_ids();
+  if (n == "advantages") return &b.advantages();
+  const std::map<std::string, ArrayRef>* named = nullptr;
+  size_t prefix = 0;
+  if (n.rfind("field:", 0) == 0) {
+    named = &b.token_fields();
+    prefix = 6;
+  } else if (n.rfind("scalar:", 0) == 0) {
+    named = &b.scalars();
+    prefix = 7;
+  }
+  if (named == nullptr) return nullptr;
+  auto it = named->find(n.substr(prefix));
+  return it != named->end() ? &it->second : nullptr;
 }
 
 k::IndexView View(const void* data, int type, int64_t row_stride, int64_t layer_stride) {
@@ -326,20 +351,33 @@ const char* rpt_batch_field_name(void* batch, int i) {
   return it->first.c_str();
 }
 
+int rpt_batch_num_group_ids(void* batch) { return B(batch).meta().group_ids_size(); }
+const char* rpt_batch_group_id(void* batch, int i) {
+  const rollpack::v1::Microbatch& m = B(batch).meta();
+  return i >= 0 && i < m.group_ids_size() ? m.group_ids(i).c_str() : nullptr;
+}
+const int64_t* rpt_batch_policy_versions(void* batch) {
+  const rollpack::v1::Microbatch& m = B(batch).meta();
+  return m.policy_versions_size() > 0 ? m.policy_versions().data() : nullptr;
+}
+int rpt_batch_num_scalars(void* batch) { return static_cast<int>(B(batch).scalars().size()); }
+const char* rpt_batch_scalar_name(void* batch, int i) {
+  const auto& scalars = B(batch).scalars();
+  if (i < 0 || i >= static_cast<int>(scalars.size())) return nullptr;
+  auto it = scalars.begin();
+  std::advance(it, i);
+  return it->first.c_str();
+}
+
+int rpt_batch_has_array(void* batch, const char* name) {
+  const ArrayRef* r = FindArray(B(batch), name);
+  return r != nullptr && r->dtype != rollpack::v1::DTYPE_UNSPECIFIED ? 1 : 0;
+}
+
 void* rpt_batch_dlpack(void* batch, const char* name) {
   const DeviceBatch& b = B(batch);
   const std::string n = name;
-  const ArrayRef* r = nullptr;
-  if (n == "tokens") r = &b.tokens();
-  else if (n == "cu_seqlens") r = &b.cu_seqlens();
-  else if (n == "cu_seqlens_padded") r = &b.cu_seqlens_padded();
-  else if (n == "replay_experts") r = &b.replay_experts();
-  else if (n == "replay_mask") r = &b.replay_mask();
-  else if (n == "replay_ids") r = &b.replay_ids();
-  else if (n.rfind("field:", 0) == 0) {
-    auto it = b.token_fields().find(n.substr(6));
-    if (it != b.token_fields().end()) r = &it->second;
-  }
+  const ArrayRef* r = FindArray(b, n);
   if (r == nullptr) {
     g_error = "no array named " + n;
     g_resume_from = -1;

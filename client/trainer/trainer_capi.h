@@ -28,7 +28,11 @@ extern "C" {
  *    Since grown, without a new version (nothing changed, only added):
  *    rpt_stream_options.resume_timeout_ms and .max_resumes,
  *    rpt_last_resume_from, rpt_stream_options.delivery, rpt_unpack_static,
- *    rpt_store_rows and rpt_stage_static. */
+ *    rpt_store_rows and rpt_stage_static; the per-sequence metadata
+ *    (lifecycle.md section 6): rpt_batch_num_group_ids, rpt_batch_group_id,
+ *    rpt_batch_policy_versions, rpt_batch_num_scalars, rpt_batch_scalar_name,
+ *    rpt_batch_has_array and rpt_batch_dlpack's "advantages" and
+ *    "scalar:<name>". */
 #define RPT_ABI_VERSION 3
 
 int rpt_abi_version(void);
@@ -164,9 +168,30 @@ int rpt_batch_num_fields(void* batch);
 const char* rpt_batch_field_name(void* batch, int i);
 /* A new DLManagedTensor* (keeps the batch's memory alive until its deleter
  * runs) for: tokens, cu_seqlens, cu_seqlens_padded, replay_experts,
- * replay_mask, replay_ids, field:<name>. NULL for an unknown name. uint16
- * replay ids are exported as int16 (ids < 1024, same bits). */
+ * replay_mask, replay_ids, field:<name>, advantages (float32 [S]) and
+ * scalar:<name> (float64 [S]), on the batch's device. NULL for an unknown
+ * name. uint16 replay ids are exported as int16 (ids < 1024, same bits). An
+ * absent array (replay_ids skipped, advantages of a step without an
+ * estimator) comes as uint8 [0]: ask rpt_batch_has_array first. */
 void* rpt_batch_dlpack(void* batch, const char* name);
+/* 1 when the batch has the array `name` (a rpt_batch_dlpack name) and it is
+ * present, else 0 (unknown, or absent as above). */
+int rpt_batch_has_array(void* batch, const char* name);
+
+/* Per sequence, in the order of the sample ids (lifecycle.md section 6),
+ * checked against their number when the batch was made. Group ids and
+ * policy versions are host data: rpt_batch_num_group_ids is the number of
+ * sample ids, or 0 when a rollpackd older than these fields sent the
+ * micro-batch; rpt_batch_group_id(i) is "" for an ungrouped sample (NULL
+ * for i out of range); rpt_batch_policy_versions points at that many
+ * int64 (valid while the batch lives; NULL when there are none). Scalars
+ * (every sample of the step has each) and advantages are arrays:
+ * rpt_batch_dlpack "scalar:<name>" and "advantages". */
+int rpt_batch_num_group_ids(void* batch);
+const char* rpt_batch_group_id(void* batch, int i);
+const int64_t* rpt_batch_policy_versions(void* batch);
+int rpt_batch_num_scalars(void* batch);
+const char* rpt_batch_scalar_name(void* batch, int i);
 /* Frees a DLManagedTensor nobody consumed. */
 void rpt_dlpack_free(void* managed);
 

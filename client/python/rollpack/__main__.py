@@ -8,12 +8,19 @@
     python3 -m rollpack pool [show] --server HOST:PORT --pool POOL [--json]
         [--token T | --token-file F] [--tls] [--root-cert PEM] ...
     python3 -m rollpack pool list [--json] ...
+    python3 -m rollpack pool register --pool POOL --model-json JSON_OR_@FILE
+        [--options-json JSON_OR_@FILE] [--required-scalar NAME ...] ...
+    python3 -m rollpack pool annotate --pool POOL [--sample ID --scalar NAME=VALUE ...]...
+        [--from-jsonl FILE] [--json] ...
 
     python3 -m rollpack step create STEP --pool POOL (--num-samples N | --num-groups G |
         --num-tokens T | --sample-ids A,B,...) --max-tokens-per-rank T [--dp D --cp C
         --tp T --pp P | --topology-json JSON] [--whole-groups] [--policy-version V]
-        [--max-staleness S] [--selection oldest|newest_version] [--reuse-samples] [--json]
+        [--max-staleness S] [--selection oldest|newest_version] [--reuse-samples]
+        [--advantage none|grpo|grpo-mean|rloo [--advantage-scalar NAME]
+        [--advantage-eps EPS]] [--json]
     python3 -m rollpack step show|plan|release STEP [--json] ...
+    python3 -m rollpack step plan STEP --groups ...
     python3 -m rollpack step list [--pool POOL] [--json] ...
 
 `put` reads captured engine responses (one JSON object per line, format in
@@ -25,10 +32,21 @@ stdout. Exit status: 0 on success, 1 when a line or the server refused
 
 `pool` prints the pool's samples, groups (complete, incomplete, dropped),
 policy version, stale samples and options (docs/lifecycle.md); `pool list`
-every pool, one line each. `step` is the controller's side (docs/operations.md,
+every pool, one line each. `pool register` registers the pool's model and
+options without putting samples (`--required-scalar reward`: samples are
+selectable only once annotated). `pool annotate` adds scalars to stored
+samples (lifecycle.md section 6): each `--sample ID` is followed by its
+`--scalar NAME=VALUE`s, and `--from-jsonl FILE` ("-" = stdin) adds one
+entry per line, {"sample_id": ID, "scalars": {NAME: VALUE}}; all of them go
+in one request, accepted or refused whole. The pool may be given as the
+argument after the action instead of --pool. `step` is the controller's side (docs/operations.md,
 "Controller"): create a step, show it, print its plan, release it, and list
 the live steps (with their age and trainer streams: what a restarted
-controller finds). --json prints the messages as JSON. Exit status: 0, 1 when
+controller finds). `step create --advantage` has the step compute each
+sequence's advantage over its group (lifecycle.md section 6); `step plan
+--groups` also prints every sequence's group, policy version, scalars and
+advantage, read from the micro-batches of one rank per CP group (a trainer
+token; a rank's bytes per stream read). --json prints the messages as JSON. Exit status: 0, 1 when
 the server refused (its message on stderr), 2 on usage errors.
 """
 
@@ -76,6 +94,60 @@ def _connection_flags(parser, timeout, pool_required=True):
     parser.add_argument("--timeout", type=float, default=timeout)
 
 
+class _SampleAction(argparse.Action):
+    """--sample ID: starts an annotation entry; the --scalar flags after it
+    are its scalars."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        entries = list(getattr(namespace, self.dest, None) or [])
+        entries.append((value, {}))
+        setattr(namespace, self.dest, entries)
+
+
+class _ScalarAction(argparse.Action):
+    """--scalar NAME=VALUE: a scalar of the last --sample."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        entries = getattr(namespace, self.dest, None)
+        if not entries:
+            parser.error("--scalar %s: give --sample ID before its scalars" % value)
+        name, sep, number = value.partition("=")
+        try:
+            number = float(number)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            parser.error("--scalar %r: NAME=VALUE with a number, e.g. reward=1.0" % value)
+        if name in entries[-1][1]:
+            parser.error("--scalar %s: sample %r has scalar %r already" % (value, entries[-1][0],
+                                                                          name))
+        entries[-1][1][name] = number
+
+
+def _read_annotations(path):
+    """Entries of a JSON lines file ("-" = stdin): {"sample_id", "scalars"}."""
+    f = sys.stdin if path == "-" else open(path, "r", encoding="utf-8")
+    out = []
+    try:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError as e:
+                raise ValueError("%s:%d: not JSON (%s)" % (path, n, e)) from None
+            if not isinstance(entry, dict) or not isinstance(entry.get("sample_id"), str) or \
+                    not isinstance(entry.get("scalars"), dict) or set(entry) - {"sample_id",
+                                                                               "scalars"}:
+                raise ValueError("%s:%d: not {\"sample_id\": ID, \"scalars\": {NAME: VALUE}}"
+                                 % (path, n))
+            out.append(entry)
+    finally:
+        if f is not sys.stdin:
+            f.close()
+    return out
+
+
 def _token(a):
     if a.token_file:
         with open(a.token_file) as f:
@@ -96,14 +168,32 @@ def _parser():
                      help="the pool's PoolOptions as JSON (or @file), registered with --model-json, "
                           "e.g. {\"token_fields\": {\"loss_mask\": \"uint8\"}} "
                           "(docs/producer.md#token-field-schema)")
+    put.add_argument("--required-scalar", action="append", default=[], metavar="NAME",
+                     help="with --model-json: a sealed sample is selectable only once it has "
+                          "scalar NAME (given with it, or later by `pool annotate`); repeatable")
     put.add_argument("--batch-bytes", type=int, default=16 << 20)
     put.add_argument("--keep-going", action="store_true",
                      help="skip lines that cannot be adapted (reported on stderr)")
     pool = sub.add_parser("pool", help="show a pool (samples, groups, versions, options), or "
                                        "list every pool")
-    pool.add_argument("action", nargs="?", choices=["show", "list"], default="show")
+    pool.add_argument("action", nargs="?", choices=["show", "list", "register", "annotate"],
+                      default="show")
+    pool.add_argument("pool_name", nargs="?", metavar="POOL", help="the pool (or --pool)")
     _connection_flags(pool, timeout=10.0, pool_required=False)
     pool.add_argument("--json", action="store_true", help="the PoolInfo message(s) as JSON")
+    g = pool.add_argument_group("pool register")
+    g.add_argument("--model-json", metavar="JSON|@FILE", help="the ModelSpec as JSON (or @file)")
+    g.add_argument("--options-json", metavar="JSON|@FILE", help="PoolOptions as JSON (or @file)")
+    g.add_argument("--required-scalar", action="append", default=[], metavar="NAME",
+                   help="PoolOptions.required_scalars: selectable once annotated; repeatable")
+    g = pool.add_argument_group("pool annotate (lifecycle.md section 6)")
+    g.add_argument("--sample", action=_SampleAction, dest="annotations", metavar="ID",
+                   help="a stored sample; the --scalar flags after it are its scalars")
+    g.add_argument("--scalar", action=_ScalarAction, dest="annotations", metavar="NAME=VALUE",
+                   help="a scalar of the --sample before it, e.g. reward=1.0")
+    g.add_argument("--from-jsonl", metavar="FILE",
+                   help="more entries, one JSON object per line: {\"sample_id\": ID, "
+                        "\"scalars\": {NAME: VALUE}} ('-' = stdin)")
     step = sub.add_parser("step", help="create, show, plan, release and list steps "
                                        "(the controller's side)")
     step.add_argument("action", choices=["create", "show", "plan", "release", "list"])
@@ -122,6 +212,17 @@ def _parser():
     g.add_argument("--selection", choices=["oldest", "newest_version"], default="oldest")
     g.add_argument("--reuse-samples", action="store_true",
                    help="release returns the samples to the free set")
+    g.add_argument("--advantage", choices=["none", "grpo", "grpo-mean", "rloo"], default="none",
+                   help="advantages computed per group and sent with every micro-batch "
+                        "(lifecycle.md section 6)")
+    g.add_argument("--advantage-scalar", default="", metavar="NAME",
+                   help="the scalar the estimator reads (default reward)")
+    g.add_argument("--advantage-eps", type=float, default=0.0, metavar="EPS",
+                   help="GRPO's epsilon (default 1e-6)")
+    g = step.add_argument_group("step plan")
+    g.add_argument("--groups", action="store_true",
+                   help="also every sequence's group, version, scalars and advantage, read "
+                        "from the micro-batches of one rank per CP group")
     g = step.add_argument_group("step create: topology")
     for name in ("dp", "cp", "tp", "pp"):
         g.add_argument("--" + name, type=int, default=1)
@@ -153,6 +254,11 @@ def cmd_put(a):
         raise SystemExit("rollpack put: --options-json needs --model-json (options come with "
                          "the pool's registration)")
     options = json.loads(_json_arg(a.options_json)) if a.options_json else None
+    if a.required_scalar:
+        if spec is None:
+            raise SystemExit("rollpack put: --required-scalar needs --model-json (options come "
+                             "with the pool's registration)")
+        options = _with_required(options, a.required_scalar)
     p = Producer(a.server, a.pool, token=token, tls=a.tls, root_certificates=a.root_cert,
                  client_certificate=a.client_cert, client_key=a.client_key,
                  server_name=a.server_name, timeout=a.timeout, max_message_bytes=a.batch_bytes)
@@ -176,6 +282,14 @@ def cmd_put(a):
     return 0
 
 
+def _with_required(options, names):
+    """PoolOptions as a dict with ``names`` added to its required_scalars."""
+    options = dict(options or {})
+    have = list(options.get("required_scalars", []))
+    options["required_scalars"] = have + [n for n in names if n not in have]
+    return options
+
+
 def _pool_lines(info):
     o = info.options
     stale = ("max_staleness %d%s" % (o.max_staleness, ", drop_stale" if o.drop_stale else "")
@@ -196,6 +310,9 @@ def _pool_lines(info):
         "  stored        %d bytes (server %d of %d)" % (
             info.stored_bytes, info.server_stored_bytes, info.server_max_memory_bytes),
     ]
+    if o.required_scalars or info.num_unannotated_samples:
+        lines.insert(-1, "  scalars       required %s; %d sealed free samples still missing one"
+                     % (", ".join(o.required_scalars) or "none", info.num_unannotated_samples))
     for m in info.members:
         lines.append("  member %s: %d samples, %d free%s" % (
             m.member, m.num_samples, m.num_free_samples,
@@ -204,6 +321,14 @@ def _pool_lines(info):
 
 
 def cmd_pool(a):
+    if a.pool_name:
+        if a.pool and a.pool != a.pool_name:
+            print("rollpack pool %s: pool %r and --pool %r differ" % (a.action, a.pool_name,
+                                                                    a.pool), file=sys.stderr)
+            return 2
+        a.pool = a.pool_name
+    if a.action in ("register", "annotate"):
+        return _pool_write(a)
     if a.action == "list":
         with _controller(a) as c:
             pools = [p for p in c.pools() if not a.pool or p.pool == a.pool]
@@ -230,6 +355,44 @@ def cmd_pool(a):
         print(json_format.MessageToJson(info, preserving_proto_field_name=True, indent=None))
     else:
         print("\n".join(_pool_lines(info)))
+    return 0
+
+
+def _pool_write(a):
+    """`pool register` and `pool annotate`."""
+    if not a.pool:
+        print("rollpack pool %s: the pool is required (POOL or --pool)" % a.action,
+              file=sys.stderr)
+        return 2
+    if a.action == "register":
+        if not a.model_json:
+            print("rollpack pool register: --model-json is required", file=sys.stderr)
+            return 2
+        spec = _model(a.model_json)
+        options = json.loads(_json_arg(a.options_json)) if a.options_json else None
+        if a.required_scalar:
+            options = _with_required(options, a.required_scalar)
+    else:
+        entries = list(a.annotations or [])
+        if a.from_jsonl:
+            entries += _read_annotations(a.from_jsonl)
+        if not entries:
+            print("rollpack pool annotate: nothing to add: --sample ID --scalar NAME=VALUE or "
+                  "--from-jsonl FILE", file=sys.stderr)
+            return 2
+    with Producer(a.server, a.pool, token=_token(a), tls=a.tls, root_certificates=a.root_cert,
+                  client_certificate=a.client_cert, client_key=a.client_key,
+                  server_name=a.server_name, timeout=a.timeout) as p:
+        if a.action == "register":
+            created = p.register_model(spec, options=options)
+            result = {"pool": a.pool, "created": created}
+            text = "pool %s: model %r %s" % (a.pool, spec.name, "registered" if created else
+                                            "was registered already (unchanged)")
+        else:
+            n = p.annotate(entries)
+            result = {"pool": a.pool, "annotated": n}
+            text = "pool %s: %d annotations accepted" % (a.pool, n)
+    print(json.dumps(result) if a.json else text)
     return 0
 
 
@@ -309,11 +472,15 @@ def cmd_step(a):
                                  num_samples=a.num_samples, num_groups=a.num_groups,
                                  num_tokens=a.num_tokens, whole_groups=a.whole_groups,
                                  policy_version=a.policy_version, max_staleness=a.max_staleness,
-                                 selection=a.selection, reuse_samples=a.reuse_samples)
+                                 selection=a.selection, reuse_samples=a.reuse_samples,
+                                 advantage=a.advantage, advantage_scalar=a.advantage_scalar,
+                                 advantage_eps=a.advantage_eps)
+            advantage = "" if a.advantage == "none" else ", advantage %s of %s" % (
+                a.advantage, a.advantage_scalar or "reward")
             print(_json(info) if a.json else
-                  "step %s: %d samples (%d tokens, %d groups), %d micro-batches per rank, %s"
+                  "step %s: %d samples (%d tokens, %d groups), %d micro-batches per rank, %s%s"
                   % (info.step_id, info.num_samples, info.num_tokens, info.num_groups,
-                     info.num_microbatches, _topology(info.topology)))
+                     info.num_microbatches, _topology(info.topology), advantage))
         elif a.action == "show":
             info = c.step(a.step_id)
             print(_json(info) if a.json else "\n".join(_step_lines([info])))
@@ -322,7 +489,13 @@ def cmd_step(a):
             print(_json(steps) if a.json else "\n".join(_step_lines(steps)))
         elif a.action == "plan":
             plan = c.plan(a.step_id)
-            if a.json:
+            sequences = c.sequences(a.step_id) if a.groups else None
+            if a.json and sequences is not None:
+                from google.protobuf import json_format
+                print(json.dumps({"plan": json_format.MessageToDict(
+                    plan, preserving_proto_field_name=True),
+                    "sequences": [s._asdict() for s in sequences]}))
+            elif a.json:
                 print(_json(plan))
             else:
                 st = plan.stats
@@ -335,6 +508,11 @@ def cmd_step(a):
                     ids = [sid for g in mb.groups for sid in g.sample_ids]
                     print("  micro-batch %d: %d CP groups, %d samples" % (i, len(mb.groups),
                                                                          len(ids)))
+                if sequences is not None:
+                    from rollpack.step_sequences import by_group, table
+                    print("groups: %d, sequences: %d" % (len(by_group(sequences)),
+                                                         len(sequences)))
+                    print("\n".join("  " + line for line in table(sequences)))
         else:  # release
             r = c.release(a.step_id)
             print(_json(r) if a.json else
@@ -351,6 +529,9 @@ def main(argv=None):
     if a.command == "step" and a.step_id is None and len(extra) == 1 and \
             not extra[0].startswith("-"):
         a.step_id, extra = extra[0], []
+    if a.command == "pool" and a.pool_name is None and len(extra) == 1 and \
+            not extra[0].startswith("-"):
+        a.pool_name, extra = extra[0], []
     if extra:
         parser.error("unrecognized arguments: %s" % " ".join(extra))
     try:

@@ -78,6 +78,12 @@ _SIGS = {
     "rpt_batch_num_fields": (_I, [_P]),
     "rpt_batch_field_name": (_c.c_char_p, [_P, _I]),
     "rpt_batch_dlpack": (_P, [_P, _c.c_char_p]),
+    "rpt_batch_has_array": (_I, [_P, _c.c_char_p]),
+    "rpt_batch_num_group_ids": (_I, [_P]),
+    "rpt_batch_group_id": (_c.c_char_p, [_P, _I]),
+    "rpt_batch_policy_versions": (_c.POINTER(_L), [_P]),
+    "rpt_batch_num_scalars": (_I, [_P]),
+    "rpt_batch_scalar_name": (_c.c_char_p, [_P, _I]),
     "rpt_dlpack_free": (None, [_P]),
     "rpt_unpack": (_I, [_I, _P, _I, _P, _L, _L, _I, _P, _I, _I, _P]),
     "rpt_apply_forward": (_I, [_I, _P, _I, _P, _I, _L, _L, _I, _I, _I, _I, _F, _P, _P, _P, _P]),
@@ -91,8 +97,12 @@ _SIGS = {
 
 
 # Added to ABI 3 after its first release: a library built before them still
-# works, without what they give (here: RollpackError.resume_from is None).
-_OPTIONAL = {"rpt_last_resume_from", "rpt_unpack_static", "rpt_store_rows", "rpt_stage_static"}
+# works, without what they give (here: RollpackError.resume_from is None;
+# micro-batches without group_ids, policy_versions, scalars, advantages).
+_SEQUENCE_INFO = ("rpt_batch_has_array", "rpt_batch_num_group_ids", "rpt_batch_group_id",
+                  "rpt_batch_policy_versions", "rpt_batch_num_scalars", "rpt_batch_scalar_name")
+_OPTIONAL = {"rpt_last_resume_from", "rpt_unpack_static", "rpt_store_rows",
+             "rpt_stage_static"} | set(_SEQUENCE_INFO)
 
 
 def library_path():
@@ -287,6 +297,43 @@ def batch_layers(b):
 def batch_fields(b):
     lib = _lib()
     return [lib.rpt_batch_field_name(b, i).decode() for i in range(lib.rpt_batch_num_fields(b))]
+
+
+def has_sequence_info():
+    """Whether the library hands out the per-sequence metadata (group ids,
+    policy versions, scalars, advantages; lifecycle.md section 6)."""
+    lib = _lib()
+    return all(hasattr(lib, n) for n in _SEQUENCE_INFO)
+
+
+def batch_has_array(b, name):
+    return bool(_lib().rpt_batch_has_array(b, name.encode()))
+
+
+def batch_group_ids(b):
+    """The group id of every sequence ("" = ungrouped), or None when the
+    micro-batch came without them (a rollpackd older than them)."""
+    lib = _lib()
+    n = lib.rpt_batch_num_group_ids(b)
+    if n == 0 and lib.rpt_batch_num_samples(b) > 0:
+        return None
+    return [lib.rpt_batch_group_id(b, i).decode() for i in range(n)]
+
+
+def batch_policy_versions(b):
+    """The policy version of every sequence as a list of ints (None as for
+    batch_group_ids)."""
+    lib = _lib()
+    n = lib.rpt_batch_num_group_ids(b)
+    if n == 0:
+        return None if lib.rpt_batch_num_samples(b) > 0 else []
+    p = lib.rpt_batch_policy_versions(b)
+    return [int(p[i]) for i in range(n)]
+
+
+def batch_scalar_names(b):
+    lib = _lib()
+    return [lib.rpt_batch_scalar_name(b, i).decode() for i in range(lib.rpt_batch_num_scalars(b))]
 
 
 def batch_tensor(b, name, from_dlpack):

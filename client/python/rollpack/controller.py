@@ -1,7 +1,9 @@
 """Controller: what a training loop's controller does with rollpackd besides
-producing and fetching: list and inspect pools, create steps, read their
-plans, release them, and find steps again after a crash
-(docs/operations.md, "Controller").
+producing and fetching: list and inspect pools, annotate samples, create
+steps (with an advantage estimator), read their plans and what their
+micro-batches say about each sequence, release them, and find steps again
+after a crash (docs/operations.md, "Controller"; docs/trainer.md,
+"Per-sequence metadata").
 
     with rollpack.Controller("127.0.0.1:50051", token=ADMIN) as c:
         step = c.create_step("step-7", "grpo", num_groups=64,
@@ -26,7 +28,9 @@ import grpc
 from rollpack import errors
 from rollpack._proto import (rollouts_pb2, rollouts_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc,
                              trainer_pb2, trainer_pb2_grpc)
+from rollpack.annotations import AnnotationsLike, advantage_estimator, annotate_request
 from rollpack.producer import PemSource, _read
+from rollpack.step_sequences import SequenceInfo, collect, streams_to_read
 
 #: A Topology message, or a dict of its fields.
 TopologyLike = Union[scheduler_pb2.Topology, Mapping[str, Any]]
@@ -122,13 +126,24 @@ class Controller:
         return self._call("GetPool %r" % pool, self._rollouts.GetPool,
                           rollouts_pb2.GetPoolRequest(pool=pool))
 
+    def annotate(self, pool: str, annotations: AnnotationsLike) -> int:
+        """Adds scalars (a reward, ...) to stored samples of ``pool`` in no
+        live step (lifecycle.md section 6): ``{sample_id: {name: value}}``
+        or a list of entries (rollpack.annotations). All or nothing, durable;
+        returns the number of entries accepted (the same values again are
+        no-ops). NotFound, InvalidArgument, FailedPrecondition name the
+        pool, sample or scalar."""
+        return self._call("AnnotateSamples of pool %r" % pool, self._rollouts.AnnotateSamples,
+                          annotate_request(pool, annotations)).annotated
+
     # -- steps ---------------------------------------------------------------
     def create_step(self, step_id: str, pool: str, *, topology: Optional[TopologyLike] = None,
                     sample_ids: Optional[Iterable[str]] = None, num_samples: int = 0,
                     num_groups: int = 0, num_tokens: int = 0, whole_groups: bool = False,
                     policy_version: int = 0, max_staleness: Optional[int] = None,
                     selection: str = "oldest", reuse_samples: bool = False,
-                    replay_source: str = "rollout",
+                    replay_source: str = "rollout", advantage: Union[str, int, None] = None,
+                    advantage_scalar: str = "", advantage_eps: float = 0.0,
                     **topology_fields: int) -> scheduler_pb2.StepInfo:
         """Creates step ``step_id`` from pool ``pool``: exactly one of
         ``sample_ids``, ``num_samples``, ``num_groups``, ``num_tokens``
@@ -136,8 +151,13 @@ class Controller:
         keywords (``dp=8, cp=2, max_tokens_per_rank=16384``). ``selection``:
         "oldest" or "newest_version". ``replay_source``: "rollout" (the
         engine's routing, R3) or "recompute" (the routing committed with
-        :meth:`commit_routing`, R2; docs/layout.md section 11). Returns the
-        StepInfo."""
+        :meth:`commit_routing`, R2; docs/layout.md section 11).
+        ``advantage``: None or "none", "grpo" ((r - mean) / (std + eps) per
+        group, population std), "grpo_mean" (r - mean) or "rloo" (r - mean
+        of the group's others), computed over each group's samples in the
+        step from scalar ``advantage_scalar`` ("" = "reward") and sent as
+        every micro-batch's ``advantages``; ``advantage_eps``: GRPO's eps
+        (0 = 1e-6) (lifecycle.md section 6). Returns the StepInfo."""
         if selection not in _SELECTIONS:
             raise ValueError("selection must be one of %s, got %r" % (sorted(_SELECTIONS), selection))
         if replay_source not in _REPLAY_SOURCES:
@@ -148,7 +168,9 @@ class Controller:
             sample_ids=list(sample_ids or ()), num_samples=num_samples, num_groups=num_groups,
             num_tokens=num_tokens, whole_groups=whole_groups, policy_version=policy_version,
             selection=_SELECTIONS[selection], reuse_samples=reuse_samples,
-            replay_source=_REPLAY_SOURCES[replay_source])
+            replay_source=_REPLAY_SOURCES[replay_source],
+            advantage=advantage_estimator(advantage), advantage_scalar=advantage_scalar,
+            advantage_eps=float(advantage_eps))
         if max_staleness is not None:
             request.max_staleness = max_staleness
         return self._call("CreateStep %r" % step_id, self._scheduler.CreateStep, request)
@@ -171,6 +193,30 @@ class Controller:
         """The step's Plan (micro-batches, CP groups, sample ids)."""
         return self._call("GetPlan %r" % step_id, self._scheduler.GetPlan,
                           scheduler_pb2.GetPlanRequest(step_id=step_id))
+
+    def sequences(self, step_id: str) -> List[SequenceInfo]:
+        """Every sequence of the step, in plan order, as its micro-batches
+        say (lifecycle.md section 6): SequenceInfo(sample_id, group_id,
+        policy_version, scalars, advantage, microbatch). Reads the streams of
+        one rank per CP group's first rank (rollpack.step_sequences: a
+        rank's bytes each, with a trainer token), not GetPlan, which does
+        not carry them."""
+        plan = self.plan(step_id)
+        info = self.step(step_id)
+
+        def stream(rank):
+            dp, cp, tp, pp = rank
+            req = trainer_pb2.FetchRequest(step_id=step_id, rank=trainer_pb2.RankCoords(
+                dp=dp, cp=cp, tp=tp, pp=pp))
+            try:
+                yield from self._trainer.FetchMicrobatches(req, timeout=self.timeout,
+                                                           metadata=self._metadata)
+            except grpc.RpcError as err:
+                raise errors.from_rpc_error(
+                    err, "FetchMicrobatches %r rank (dp=%d, cp=%d, tp=%d, pp=%d)"
+                    % (step_id, dp, cp, tp, pp)) from None
+
+        return collect(plan, (stream(r) for r in streams_to_read(plan, info)))
 
     def release(self, step_id: str) -> scheduler_pb2.ReleaseStepResponse:
         """Releases the step (its samples are deleted, or returned to the free

@@ -44,6 +44,7 @@ from numpy.typing import ArrayLike
 from rollpack import errors
 from rollpack._feed import Feed
 from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc
+from rollpack.annotations import AnnotationsLike, annotate_request
 from rollpack.pool_options import pool_options
 from rollpack.sample import Sample
 from rollpack.spec import ModelSpec
@@ -165,6 +166,16 @@ class _Retry:
         if o.retry_for is not None:
             delay = min(delay, max(0.0, o.retry_for - waited))
         return delay
+
+
+def _annotate_request(own_pool, pool, annotations):
+    """annotate(annotations) or annotate(pool, annotations)."""
+    if annotations is None:
+        if isinstance(pool, str):
+            raise TypeError("annotate(pool, annotations): no annotations given for pool %r"
+                            % pool)
+        pool, annotations = own_pool, pool
+    return annotate_request(pool, annotations)
 
 
 class _Base:
@@ -335,7 +346,9 @@ class Producer(_Base):
         ``options``: the pool's lifecycle options (docs/lifecycle.md), a dict
         of PoolOptions fields (``default_group_size``, ``max_staleness``,
         ``drop_stale``, ``max_uses``, ``incomplete_group_timeout_ms``,
-        ``token_fields``) or a ``rollouts_pb2.PoolOptions``; fixed by the
+        ``token_fields``, ``required_scalars``: a sealed sample is selectable
+        only once it has each, e.g. ``["reward"]`` added later by
+        :meth:`annotate`) or a ``rollouts_pb2.PoolOptions``; fixed by the
         pool's first registration (other options later raise
         FailedPrecondition; None leaves them). ``token_fields`` declares the
         pool's token fields, e.g. ``{"loss_mask": "uint8", "logprobs":
@@ -354,6 +367,25 @@ class Producer(_Base):
         req = rollouts_pb2.GetPoolRequest(pool=self.pool)
         return self._call("GetPool of pool %r" % self.pool, lambda: self._stub.GetPool(
             req, timeout=self._deadline(timeout), metadata=self._metadata))
+
+    def annotate(self, pool: Union[str, AnnotationsLike],
+                 annotations: Optional[AnnotationsLike] = None,
+                 timeout: Optional[float] = None) -> int:
+        """``annotate(annotations)`` or ``annotate(pool, annotations)``: adds
+        scalars (a reward, ...) to samples stored earlier and in no live step
+        (lifecycle.md section 6), of this producer's pool unless another is
+        named. ``annotations``: ``{sample_id: {name: value}}`` or a list of
+        entries (rollpack.annotations). All or nothing, durable; returns the
+        number of entries accepted (a scalar set again to its value is a
+        no-op, so a retry is safe; UNAVAILABLE is retried as for ``put``).
+        Raises NotFound (pool or sample id), InvalidArgument (a sample id
+        twice), FailedPrecondition (a sample in a live step, or a scalar
+        already set to another value), each naming it."""
+        req = _annotate_request(self.pool, pool, annotations)
+        return self._call("AnnotateSamples of pool %r" % req.pool,
+                          lambda: self._stub.AnnotateSamples(
+                              req, timeout=self._deadline(timeout),
+                              metadata=self._metadata)).annotated
 
     def model(self, timeout: Optional[float] = None) -> ModelSpec:
         """The pool's ModelSpec (registered by this producer, or fetched once)."""
@@ -541,6 +573,17 @@ class AsyncProducer(_Base):
         req = rollouts_pb2.GetPoolRequest(pool=self.pool)
         return await self._call("GetPool of pool %r" % self.pool, lambda: self._stub.GetPool(
             req, timeout=self._deadline(timeout), metadata=self._metadata))
+
+    async def annotate(self, pool: Union[str, AnnotationsLike],
+                       annotations: Optional[AnnotationsLike] = None,
+                       timeout: Optional[float] = None) -> int:
+        """As :meth:`Producer.annotate`."""
+        req = _annotate_request(self.pool, pool, annotations)
+        resp = await self._call("AnnotateSamples of pool %r" % req.pool,
+                                lambda: self._stub.AnnotateSamples(
+                                    req, timeout=self._deadline(timeout),
+                                    metadata=self._metadata))
+        return resp.annotated
 
     async def model(self, timeout: Optional[float] = None) -> ModelSpec:
         """As :meth:`Producer.model`."""

@@ -167,12 +167,22 @@ class Microbatch:
     index_dtype=torch.int32): ``replay_indices[l]`` is local MoE layer l's
     RouterReplay target. ``replay_experts`` is the received [rows, layers, K]
     buffer (uint8, or int16 holding the uint16 ids). Empty arrays (e.g. tokens
-    off the first pipeline stage) are tensors with 0 elements."""
+    off the first pipeline stage) are tensors with 0 elements.
+
+    Per sequence, in the order of ``sample_ids``, on every rank
+    (lifecycle.md section 6): ``group_ids`` (list of str, "" for an
+    ungrouped sample), ``policy_versions`` (int64 CPU tensor [S]),
+    ``scalars`` (dict name -> float64 tensor [S] on the client's device, the
+    scalars every sample of the step has) and ``advantages`` (float32 tensor
+    [S] on the device, None when the step was created without an advantage
+    estimator). From a rollpackd older than these fields, ``group_ids`` and
+    ``policy_versions`` are None and ``scalars`` is empty."""
 
     __slots__ = ("step_id", "index", "num_microbatches", "local_cp_size", "local_cp_rank",
                  "max_seqlen", "workload", "sample_ids", "replay_layers", "tokens", "cu_seqlens",
                  "cu_seqlens_padded", "replay_experts", "replay_mask", "replay_indices",
-                 "token_fields", "device")
+                 "token_fields", "group_ids", "policy_versions", "scalars", "advantages",
+                 "device")
 
     def __repr__(self):
         return ("Microbatch(step=%r, index=%d/%d, samples=%d, tokens=%s, replay=%s, device=%s)"
@@ -204,6 +214,15 @@ def _from_batch(b, device, replay_ids=True):
     mb.replay_mask = t("replay_mask")
     mb.replay_indices = t("replay_ids") if replay_ids else None
     mb.token_fields = {n: t("field:" + n) for n in _capi.batch_fields(b)}
+    mb.group_ids, mb.policy_versions, mb.scalars, mb.advantages = None, None, {}, None
+    if _capi.has_sequence_info():  # else a library older than them
+        mb.group_ids = _capi.batch_group_ids(b)
+        versions = _capi.batch_policy_versions(b)
+        if versions is not None:
+            mb.policy_versions = torch.tensor(versions, dtype=torch.int64)
+        mb.scalars = {n: t("scalar:" + n) for n in _capi.batch_scalar_names(b)}
+        if _capi.batch_has_array(b, "advantages"):
+            mb.advantages = t("advantages")
     return mb
 
 

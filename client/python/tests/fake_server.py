@@ -26,6 +26,8 @@ class FakeRollouts(rollouts_pb2_grpc.RolloutsServicer):
         self.messages = 0
         self.metadata = []
         self.delay = 0.0
+        self.options = {}  # pool -> PoolOptions of its registration
+        self.annotations = []  # AnnotateSamplesRequest, as received
 
     def _md(self, ctx):
         with self.lock:
@@ -40,6 +42,7 @@ class FakeRollouts(rollouts_pb2_grpc.RolloutsServicer):
                 ctx.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           'pool "%s" holds model "%s", a different spec' % (req.pool, old.name))
             self.models[req.pool] = req.model
+            self.options.setdefault(req.pool, req.options)
         return rollouts_pb2.RegisterModelResponse(created=old is None, model=req.model)
 
     def GetPool(self, req, ctx):
@@ -85,6 +88,22 @@ class FakeRollouts(rollouts_pb2_grpc.RolloutsServicer):
             ctx.abort(fault[0], fault[1])
         return rollouts_pb2.PutSamplesResponse(accepted=accepted, duplicates=dups,
                                                stored_bytes=stored)
+
+
+    def AnnotateSamples(self, req, ctx):
+        """Records the request; refuses an unknown pool and an id twice (the
+        server's checks on stored samples are rollpackd's, test_grpo)."""
+        self._md(ctx)
+        with self.lock:
+            if req.pool not in self.models:
+                ctx.abort(grpc.StatusCode.NOT_FOUND, 'pool "%s" does not exist' % req.pool)
+            ids = [a.sample_id for a in req.annotations]
+            for i in ids:
+                if ids.count(i) > 1:
+                    ctx.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              'sample "%s" is annotated twice in one request' % i)
+            self.annotations.append(req)
+        return rollouts_pb2.AnnotateSamplesResponse(annotated=len(req.annotations))
 
 
 class Serve:

@@ -2,7 +2,9 @@
 
 - TrainerClient on cuda (pinned staging, async copy, CUDA unpack) equals
   TrainerClient on cpu (CPU reference) for every rank of a cp=2 tp=2 pp=2
-  step, uint8 and uint16 ids, int64 and int32, with and without -1 fill;
+  step, uint8 and uint16 ids, int64 and int32, with and without -1 fill,
+  the per-sequence metadata included (the steps are GRPO steps: groups of
+  4, a reward each, advantages on the device; lifecycle.md section 6);
 - apply_replay (forward, backward) and routing_agreement on CUDA equal the
   CPU reference path;
 - TP-leader mode (needs 2 GPUs): two processes, one per GPU, each TP group
@@ -42,12 +44,20 @@ def setup_steps(address):
     sched = scheduler_pb2_grpc.SchedulerStub(ch)
     for pool, e, k in (("u8", 64, 6), ("u16", 300, 8)):
         spec = rollpack.ModelSpec("m", num_layers=6, moe_layers=[1, 2, 4, 5], num_experts=e, topk=k)
+        rng = np.random.default_rng(len(pool) + e)
+        samples = make_samples(rng, 24, 6, [1, 2, 4, 5], e, k, max_len=900)
+        # Groups of 4 with a reward each: the step sends group ids, versions,
+        # the reward and GRPO advantages (staged as cu_seqlens are).
+        samples = [rollpack.Sample(s.sample_id, s.tokens, s.routed_experts, s.row_offset,
+                                   token_fields=s.token_fields, group_id="g%d" % (i // 4),
+                                   group_size=4, policy_version=i % 3,
+                                   scalars={"reward": float(rng.integers(0, 3))})
+                   for i, s in enumerate(samples)]
         with rollpack.Producer(address, pool) as p:
             p.register_model(spec)
-            p.put(make_samples(np.random.default_rng(len(pool) + e), 24, 6, [1, 2, 4, 5], e, k,
-                               max_len=900))
+            p.put(samples)
         sched.CreateStep(scheduler_pb2.CreateStepRequest(
-            step_id=pool, pool=pool, num_samples=24,
+            step_id=pool, pool=pool, num_samples=24, advantage=scheduler_pb2.ADVANTAGE_GRPO,
             topology=scheduler_pb2.Topology(max_tokens_per_rank=1024, **TOPO)), timeout=60)
     ch.close()
 
@@ -62,6 +72,16 @@ def assert_same(test_eq, a, b, what):
     test_eq(sorted(a.token_fields) == sorted(b.token_fields), what + ": fields")
     for n in a.token_fields:
         test_eq(torch.equal(a.token_fields[n].cpu(), b.token_fields[n].cpu()), what + ": " + n)
+    test_eq(a.group_ids == b.group_ids and len(a.group_ids) == len(a.sample_ids),
+            what + ": group_ids")
+    test_eq(torch.equal(a.policy_versions, b.policy_versions), what + ": policy_versions")
+    test_eq(sorted(a.scalars) == sorted(b.scalars) == ["reward"], what + ": scalars")
+    for n in a.scalars:
+        test_eq(a.scalars[n].device == a.cu_seqlens.device and
+                torch.equal(a.scalars[n].cpu(), b.scalars[n].cpu()), what + ": scalar " + n)
+    test_eq(a.advantages is not None and a.advantages.device == a.cu_seqlens.device and
+            a.advantages.dtype == torch.float32 and
+            torch.equal(a.advantages.cpu(), b.advantages.cpu()), what + ": advantages")
 
 
 @unittest.skipUnless(CUDA, "no CUDA device")
