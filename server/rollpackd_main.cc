@@ -74,6 +74,9 @@ ABSL_FLAG(std::string, capture_pool, "",
 ABSL_FLAG(std::string, capture_model, "",
           "a rollpack.v1.ModelSpec in protobuf JSON, registered on --capture-pool at start "
           "like RegisterModel");
+ABSL_FLAG(std::string, capture_pool_options, "",
+          "a rollpack.v1.PoolOptions in protobuf JSON (e.g. {\"requiredScalars\": "
+          "[\"reward\"]}), registered with --capture-model");
 ABSL_FLAG(bool, capture_keep_routing, false,
           "leave the routing payload in the responses the capture port returns");
 ABSL_FLAG(int64_t, capture_timeout_seconds, 600,
@@ -342,6 +345,7 @@ int main(int argc, char** argv) {
   }
   options.capture.pool = absl::GetFlag(FLAGS_capture_pool);
   options.capture.model_file = absl::GetFlag(FLAGS_capture_model);
+  options.capture.pool_options_file = absl::GetFlag(FLAGS_capture_pool_options);
   options.capture.keep_routing = absl::GetFlag(FLAGS_capture_keep_routing);
   if (absl::GetFlag(FLAGS_capture_timeout_seconds) < 1 ||
       absl::GetFlag(FLAGS_capture_max_body_bytes) < 1) {

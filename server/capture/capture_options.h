@@ -16,6 +16,9 @@ struct CaptureOptions {
   Engine engine = Engine::kVllm;  // --capture-engine
   std::string pool;               // --capture-pool: the default pool
   std::string model_file;         // --capture-model: registered on `pool` at start
+  // --capture-pool-options: the PoolOptions (protobuf JSON) registered with
+  // the model (required_scalars, group size, ...); needs model_file.
+  std::string pool_options_file;
   bool keep_routing = false;      // --capture-keep-routing
   // --capture-timeout-seconds: the wait for the engine's response headers,
   // then between body reads; also a client's idle keep-alive connection.
