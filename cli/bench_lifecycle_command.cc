@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "cli/bench_annotations.h"
 #include "cli/bench_step_scaling.h"
 #include "cli/bench_support.h"
 #include "cli/flags.h"
@@ -38,6 +39,10 @@ struct LifecycleBenchConfig {
   std::vector<std::string> scaling;
   int scaling_rounds = 1;
   std::string data_dir;
+  // > 0: the annotation run (bench_annotations.h) instead of the table.
+  int64_t annotations = 0;
+  int annotation_batch = 1000;
+  int annotation_members = 3;
 };
 
 struct Mode {
@@ -77,7 +82,27 @@ int RunBenchLifecycleCommand(int argc, char** argv) {
       .Min(1);
   flags.String("data-dir", &config.data_dir,
                "With --scaling: the embedded rollpackd's --data-dir (durable mode).");
+  flags.Int64("annotations", &config.annotations,
+              "Instead of the selection table: AnnotateSamples throughput over a pool of this "
+              "many one-token samples (e.g. 100000), on one rollpackd in memory and durable, "
+              "and on a cluster annotated through one member; --rounds rounds each.")
+      .Min(0);
+  flags.Int("annotation-batch", &config.annotation_batch,
+            "With --annotations: annotations per request.")
+      .Min(1);
+  flags.Int("annotation-members", &config.annotation_members,
+            "With --annotations: cluster members holding the samples (0: no cluster row; "
+            "needs /usr/bin/etcd).")
+      .Min(0);
   if (ParseResult r = flags.Parse(argc, argv); r.should_exit()) return r.exit_code();
+  if (config.annotations > 0) {
+    AnnotationBenchConfig annotation;
+    annotation.samples = config.annotations;
+    annotation.batch = config.annotation_batch;
+    annotation.members = config.annotation_members;
+    annotation.rounds = config.rounds;
+    return RunAnnotationBench(annotation);
+  }
   if (!config.scaling.empty()) {
     StepScalingConfig scaling;
     for (const std::string& n : config.scaling) {
