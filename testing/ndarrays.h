@@ -20,6 +20,12 @@ v1::NDArray TestArray(v1::DType dtype, std::vector<int64_t> shape, const std::ve
   return a;
 }
 
+// A 1-D array of `values`.
+template <typename T>
+v1::NDArray TestArray(v1::DType dtype, const std::vector<T>& values) {
+  return TestArray(dtype, {static_cast<int64_t>(values.size())}, values);
+}
+
 }  // namespace rollpack
 
 #endif  // ROLLPACK_TESTING_NDARRAYS_H_

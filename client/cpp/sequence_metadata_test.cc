@@ -9,22 +9,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/ndarrays.h"
 
 namespace rollpack {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-template <typename T>
-v1::NDArray Array(v1::DType dtype, const std::vector<T>& values) {
-  v1::NDArray a;
-  a.set_dtype(dtype);
-  a.add_shape(static_cast<int64_t>(values.size()));
-  a.set_data(std::string(reinterpret_cast<const char*>(values.data()),
-                         values.size() * sizeof(T)));
-  return a;
-}
 
 // Three sequences: two of group "q", one ungrouped.
 v1::Microbatch ThreeSequences() {
@@ -34,9 +25,9 @@ v1::Microbatch ThreeSequences() {
   for (const char* id : {"a", "b", "c"}) m.add_sample_ids(id);
   for (const char* g : {"q", "q", ""}) m.add_group_ids(g);
   for (int64_t v : {5, 6, 5}) m.add_policy_versions(v);
-  (*m.mutable_scalars())["reward"] = Array<double>(v1::FLOAT64, {1.0, 0.0, 0.25});
-  (*m.mutable_scalars())["len"] = Array<double>(v1::FLOAT64, {10, 20, 30});
-  *m.mutable_advantages() = Array<float>(v1::FLOAT32, {1.0f, -1.0f, 0.0f});
+  (*m.mutable_scalars())["reward"] = TestArray<double>(v1::FLOAT64, {1.0, 0.0, 0.25});
+  (*m.mutable_scalars())["len"] = TestArray<double>(v1::FLOAT64, {10, 20, 30});
+  *m.mutable_advantages() = TestArray<float>(v1::FLOAT32, {1.0f, -1.0f, 0.0f});
   return m;
 }
 
@@ -95,12 +86,12 @@ TEST(SequenceMetadataTest, RefusesWhatDoesNotFitTheSequences) {
   ExpectRefused(m, {"3 sequences but 3 group_ids and 0 policy_versions"});
 
   m = ThreeSequences();
-  (*m.mutable_scalars())["reward"] = Array<float>(v1::FLOAT32, {1, 0, 0.25});
+  (*m.mutable_scalars())["reward"] = TestArray<float>(v1::FLOAT32, {1, 0, 0.25});
   ExpectRefused(m, {"scalars[\"reward\"] is FLOAT32 [3] (12 bytes), not FLOAT64 [3] (24 bytes)",
                     "one value per sequence"});
 
   m = ThreeSequences();
-  (*m.mutable_scalars())["len"] = Array<double>(v1::FLOAT64, {10, 20});
+  (*m.mutable_scalars())["len"] = TestArray<double>(v1::FLOAT64, {10, 20});
   ExpectRefused(m, {"scalars[\"len\"] is FLOAT64 [2] (16 bytes), not FLOAT64 [3]"});
 
   m = ThreeSequences();
@@ -112,7 +103,7 @@ TEST(SequenceMetadataTest, RefusesWhatDoesNotFitTheSequences) {
   ExpectRefused(m, {"scalars[\"len\"] is FLOAT64 [3, 1]"});
 
   m = ThreeSequences();
-  *m.mutable_advantages() = Array<double>(v1::FLOAT64, {1, -1, 0});
+  *m.mutable_advantages() = TestArray<double>(v1::FLOAT64, {1, -1, 0});
   ExpectRefused(m, {"advantages is FLOAT64 [3] (24 bytes), not FLOAT32 [3] (12 bytes)"});
 
   m = ThreeSequences();

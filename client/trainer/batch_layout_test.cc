@@ -11,21 +11,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/ndarrays.h"
 
 namespace rollpack::trainer_internal {
 namespace {
 
 using ::testing::HasSubstr;
-
-template <typename T>
-v1::NDArray Array(v1::DType dtype, const std::vector<T>& values) {
-  v1::NDArray a;
-  a.set_dtype(dtype);
-  a.add_shape(static_cast<int64_t>(values.size()));
-  a.set_data(std::string(reinterpret_cast<const char*>(values.data()),
-                         values.size() * sizeof(T)));
-  return a;
-}
 
 v1::Microbatch TwoSequences() {
   v1::Microbatch m;
@@ -37,13 +28,13 @@ v1::Microbatch TwoSequences() {
   m.add_group_ids("g");
   m.add_policy_versions(1);
   m.add_policy_versions(1);
-  *m.mutable_cu_seqlens() = Array<int32_t>(v1::INT32, {0, 3, 5});
-  *m.mutable_cu_seqlens_padded() = Array<int32_t>(v1::INT32, {0, 4, 8});
-  *m.mutable_tokens() = Array<int32_t>(v1::INT32, {1, 2, 3, 4, 5, 6, 7, 8});
-  (*m.mutable_token_fields())["logprobs"] = Array<float>(v1::FLOAT32, std::vector<float>(8, .5f));
-  (*m.mutable_scalars())["reward"] = Array<double>(v1::FLOAT64, {1.0, 0.0});
-  (*m.mutable_scalars())["acc"] = Array<double>(v1::FLOAT64, {0.5, 0.25});
-  *m.mutable_advantages() = Array<float>(v1::FLOAT32, {1.0f, -1.0f});
+  *m.mutable_cu_seqlens() = TestArray<int32_t>(v1::INT32, {0, 3, 5});
+  *m.mutable_cu_seqlens_padded() = TestArray<int32_t>(v1::INT32, {0, 4, 8});
+  *m.mutable_tokens() = TestArray<int32_t>(v1::INT32, {1, 2, 3, 4, 5, 6, 7, 8});
+  (*m.mutable_token_fields())["logprobs"] = TestArray<float>(v1::FLOAT32, std::vector<float>(8, .5f));
+  (*m.mutable_scalars())["reward"] = TestArray<double>(v1::FLOAT64, {1.0, 0.0});
+  (*m.mutable_scalars())["acc"] = TestArray<double>(v1::FLOAT64, {0.5, 0.25});
+  *m.mutable_advantages() = TestArray<float>(v1::FLOAT32, {1.0f, -1.0f});
   return m;
 }
 
@@ -122,7 +113,7 @@ TEST(BatchLayoutTest, ViewsAndBytesOfBothMessageForms) {
 
 TEST(BatchLayoutTest, MetadataThatDoesNotFitIsRefusedFirst) {
   v1::Microbatch m = TwoSequences();
-  (*m.mutable_scalars())["reward"] = Array<double>(v1::FLOAT64, {1.0, 0.0, 2.0});
+  (*m.mutable_scalars())["reward"] = TestArray<double>(v1::FLOAT64, {1.0, 0.0, 2.0});
   absl::StatusOr<Layout> l = ComputeLayout(m, false);
   ASSERT_FALSE(l.ok());
   EXPECT_EQ(l.status().code(), absl::StatusCode::kDataLoss);

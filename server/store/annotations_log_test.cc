@@ -12,6 +12,7 @@
 #include "server/store/sample_store.h"
 #include "testing/durable_store.h"
 #include "testing/ndarrays.h"
+#include "testing/store_samples.h"
 
 namespace rollpack {
 namespace {
@@ -19,15 +20,9 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// 2 layers, both MoE, E = 4, K = 1.
-ModelSpec Model() {
-  ModelSpec m;
-  m.name = "m";
-  m.num_layers = 2;
-  m.num_experts = 4;
-  m.topk = 1;
-  return m;
-}
+using store_testing::Model;
+using store_testing::Request;
+using store_testing::Taken;
 
 // Tokens [begin, end) of sample `id` with routed rows for the same tokens.
 v1::Sample Piece(const std::string& id, int piece, bool partial, int64_t begin, int64_t end,
@@ -75,37 +70,11 @@ std::vector<ScalarAnnotation> Reward(const std::string& id, double reward) {
   return {{id, {{"reward", reward}}}};
 }
 
-Topology Topo() {
-  Topology t;
-  t.max_tokens_per_rank = 4096;
-  return t;
-}
-
-// The sample as a reuse step takes it (released again: it stays).
-StoredSample Taken(SampleStore& store, const std::string& id) {
-  static int n = 0;
-  StepRequest request;
-  request.step_id = "look-" + std::to_string(n++);
-  request.pool = "p";
-  request.topology = Topo();
-  request.sample_ids = {id};
-  request.reuse_samples = true;
-  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(request);
-  EXPECT_TRUE(step.ok()) << step.status();
-  if (!step.ok()) return {};
-  StoredSample copy = *(*step)->samples.at(0);
-  EXPECT_TRUE(store.ReleaseStep(request.step_id).ok());
-  return copy;
-}
-
 // The groups taken one at a time by OLDEST (each step released whole).
 std::vector<std::string> GroupOrder(SampleStore& store, int groups) {
   std::vector<std::string> order;
   for (int i = 0; i < groups; ++i) {
-    StepRequest request;
-    request.step_id = "order-" + std::to_string(i);
-    request.pool = "p";
-    request.topology = Topo();
+    StepRequest request = Request("order-" + std::to_string(i));
     request.selection.num_groups = 1;
     request.reuse_samples = true;
     absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(request);

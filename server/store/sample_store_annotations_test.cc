@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "server/store/convert.h"
 #include "server/store/sample_store.h"
+#include "testing/store_samples.h"
 
 namespace rollpack {
 namespace {
@@ -18,45 +19,15 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-ModelSpec Model() {
-  ModelSpec m;
-  m.name = "m";
-  m.num_layers = 2;
-  m.num_experts = 4;
-  m.topk = 1;
-  return m;
-}
-
-StoredSample Sample(const std::string& id, int64_t n, const std::string& group = "",
-                    int32_t group_size = 0, int64_t version = 0) {
-  StoredSample s;
-  s.sample_id = id;
-  s.group_id = group;
-  s.group_size = group_size;
-  s.policy_version = version;
-  s.tokens.assign(n, 3);
-  s.experts.assign(n * 2, '\x01');
-  s.row_valid.assign(n, 1);
-  return s;
-}
+using store_testing::Model;
+using store_testing::Request;
+using store_testing::Sample;
+using store_testing::Taken;
+using store_testing::Topo;
 
 StoredSample WithReward(StoredSample s, double reward) {
   s.scalars["reward"] = reward;
   return s;
-}
-
-Topology Topo() {
-  Topology t;
-  t.max_tokens_per_rank = 4096;
-  return t;
-}
-
-StepRequest Request(const std::string& step_id) {
-  StepRequest r;
-  r.step_id = step_id;
-  r.pool = "p";
-  r.topology = Topo();
-  return r;
 }
 
 std::vector<ScalarAnnotation> Rewards(std::vector<std::pair<std::string, double>> rewards) {
@@ -70,21 +41,6 @@ PoolOptions Required(std::vector<std::string> names, int32_t default_group_size 
   options.required_scalars = std::move(names);
   options.default_group_size = default_group_size;
   return options;
-}
-
-// The sample as a step holds it (a reuse step taking it by id, released
-// again: the sample stays).
-StoredSample Taken(SampleStore& store, const std::string& id) {
-  static int n = 0;
-  StepRequest request = Request("look-" + std::to_string(n++));
-  request.sample_ids = {id};
-  request.reuse_samples = true;
-  absl::StatusOr<std::shared_ptr<const Step>> step = store.CreateStep(request);
-  EXPECT_TRUE(step.ok()) << step.status();
-  if (!step.ok()) return {};
-  StoredSample copy = *(*step)->samples.at(0);
-  EXPECT_TRUE(store.ReleaseStep(request.step_id).ok());
-  return copy;
 }
 
 class AnnotationsTest : public ::testing::Test {

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "server/store/sample_store.h"
 #include "testing/durable_store.h"
+#include "testing/store_samples.h"
 
 namespace rollpack {
 namespace {
@@ -15,41 +16,9 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-ModelSpec Model() {
-  ModelSpec m;
-  m.name = "m";
-  m.num_layers = 2;
-  m.num_experts = 4;
-  m.topk = 1;
-  return m;
-}
-
-StoredSample Sample(const std::string& id, int64_t n, const std::string& group = "",
-                    int32_t group_size = 0, int64_t version = 0) {
-  StoredSample s;
-  s.sample_id = id;
-  s.group_id = group;
-  s.group_size = group_size;
-  s.policy_version = version;
-  s.tokens.assign(n, 3);
-  s.experts.assign(n * 2, '\x01');
-  s.row_valid.assign(n, 1);
-  return s;
-}
-
-Topology Topo() {
-  Topology t;
-  t.max_tokens_per_rank = 4096;
-  return t;
-}
-
-StepRequest Request(const std::string& step_id) {
-  StepRequest r;
-  r.step_id = step_id;
-  r.pool = "p";
-  r.topology = Topo();
-  return r;
-}
+using store_testing::Model;
+using store_testing::Request;
+using store_testing::Sample;
 
 std::vector<std::string> Ids(const Step& step) { return step.sample_ids; }
 

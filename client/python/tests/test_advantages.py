@@ -21,6 +21,7 @@ from rollpack.producer import Producer
 from rollpack.sample import Sample
 from tests import engines as eng
 from tests.rollpackd import Rollpackd
+from tests.server_case import ServerTest
 
 S = eng.SMALL
 _pools = itertools.count()
@@ -76,22 +77,7 @@ def groups_of(sizes, seed):
     return out
 
 
-class Advantages(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Rollpackd()
-        cls.addClassCleanup(cls.d.cleanup)
-        cls.d.start()
-        cls.channel = grpc.insecure_channel(cls.d.address)
-        cls.addClassCleanup(cls.channel.close)
-        cls.sched = scheduler_pb2_grpc.SchedulerStub(cls.channel)
-        cls.trainer = trainer_pb2_grpc.TrainerStub(cls.channel)
-
-    @classmethod
-    def tearDownClass(cls):
-        rc = cls.d.stop()
-        if rc != 0:
-            raise AssertionError("rollpackd exited with %s:\n%s" % (rc, cls.d.output()))
+class Advantages(ServerTest):
 
     def pool(self, address, groups):
         name = "adv-%d" % next(_pools)

@@ -29,8 +29,8 @@ except ImportError:  # pragma: no cover
 import rollpack
 from rollpack import errors
 from tests.rollpackd import Rollpackd
+from tests.test_trainer import _need_trainer
 
-REQUIRED = os.environ.get("ROLLPACK_TRAINER_REQUIRED") == "1"
 DEVICE = os.environ.get("ROLLPACK_TEST_DEVICE", "cpu")
 HERE = os.path.dirname(os.path.abspath(__file__))
 NUM_LAYERS, MOE, E, K = 4, [1, 3], 16, 2
@@ -40,23 +40,6 @@ GROUPS, SIZE = 4, 4
 # by zero); q3 gets its rewards from the CLI.
 REWARDS = {"q0": [1.0, 0.0, 0.0, 1.0], "q1": [0.5, 0.5, 0.5, 0.5],
            "q2": [0.0, 0.25, 1.0, 0.75], "q3": [1.0, 0.0, 0.0, 0.0]}
-
-
-def _need_trainer():
-    if torch is None:
-        if REQUIRED:
-            raise AssertionError("torch is not importable (install python3-torch)")
-        raise unittest.SkipTest("no torch")
-    try:
-        from rollpack import _capi, trainer
-        _capi.abi_version()
-        if not _capi.has_sequence_info():
-            raise ImportError("%s predates the per-sequence metadata" % _capi.library_path())
-    except ImportError as e:
-        if REQUIRED:
-            raise AssertionError("trainer binding missing: %s" % e)
-        raise unittest.SkipTest("trainer binding not built: %s" % e)
-    return trainer
 
 
 def cli(*args, stdin=None):
@@ -104,7 +87,7 @@ def reference(truth, ids, estimator, eps=1e-6):
 class Grpo(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.trainer = _need_trainer()
+        cls.trainer = _need_trainer(sequence_info=True)
         cls.d = Rollpackd()
         cls.addClassCleanup(cls.d.cleanup)
         cls.d.start()

@@ -13,11 +13,11 @@ import grpc
 
 from rollpack import adapters as ad
 from rollpack import errors
-from rollpack._proto import rollouts_pb2, scheduler_pb2, scheduler_pb2_grpc
+from rollpack._proto import rollouts_pb2, scheduler_pb2
 from rollpack.producer import Producer
 from rollpack.sample import Sample
 from tests import engines as eng
-from tests.rollpackd import Rollpackd
+from tests.server_case import ServerTest
 
 S = eng.SMALL
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,21 +32,7 @@ def rollout(sample_id, n, *, group_id="", group_size=0, version=0, seed=0):
                   group_id=group_id, group_size=group_size, policy_version=version)
 
 
-class Lifecycle(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Rollpackd()
-        cls.addClassCleanup(cls.d.cleanup)
-        cls.d.start()
-        cls.channel = grpc.insecure_channel(cls.d.address)
-        cls.addClassCleanup(cls.channel.close)
-        cls.sched = scheduler_pb2_grpc.SchedulerStub(cls.channel)
-
-    @classmethod
-    def tearDownClass(cls):
-        rc = cls.d.stop()
-        if rc != 0:
-            raise AssertionError("rollpackd exited with %s:\n%s" % (rc, cls.d.output()))
+class Lifecycle(ServerTest):
 
     def pool(self, **options):
         name = "life-%d" % next(_pools)

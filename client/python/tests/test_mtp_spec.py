@@ -5,14 +5,13 @@ round trip through a running rollpackd (skipped by hand without one)."""
 import json
 import unittest
 
-import grpc
 import numpy as np
 
 from rollpack import FailedPrecondition, ModelSpec, PayloadError, Producer, Sample
 from rollpack import ndarray as nd
 from rollpack._proto import (rollouts_pb2, scheduler_pb2, scheduler_pb2_grpc, trainer_pb2,
                              trainer_pb2_grpc)
-from tests.rollpackd import Rollpackd
+from tests.server_case import ServerTest
 
 # N = 6, M = {1, 3, 5}, D = 2 (MTP layers 6, 7), E = 16, K = 2.
 MTP = ModelSpec("mtp", num_layers=6, moe_layers=[1, 3, 5], num_experts=16, topk=2,
@@ -139,23 +138,8 @@ class SampleWithMtp(unittest.TestCase):
         np.testing.assert_array_equal(s.routed_experts, truth[:, [1, 3, 5, 6, 7], :])
 
 
-class ServerRoundTrip(unittest.TestCase):
+class ServerRoundTrip(ServerTest):
     """Producer -> rollpackd -> GetPool and Trainer.FetchMicrobatches."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Rollpackd()
-        cls.addClassCleanup(cls.d.cleanup)
-        cls.d.start()
-        cls.channel = grpc.insecure_channel(cls.d.address)
-        cls.addClassCleanup(cls.channel.close)
-
-    @classmethod
-    def tearDownClass(cls):
-        rc = cls.d.stop()
-        if rc != 0:
-            raise AssertionError("rollpackd exited with %s on SIGTERM (expected 0):\n%s"
-                                 % (rc, cls.d.output()))
 
     def fetch(self, pool, step, pp):
         sched = scheduler_pb2_grpc.SchedulerStub(self.channel)

@@ -25,31 +25,17 @@ import rollpack
 from rollpack import ModelSpec, Producer, Sample
 from rollpack import adapters as ad
 from rollpack import ndarray as nd
-from rollpack._proto import scheduler_pb2, scheduler_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from rollpack._proto import scheduler_pb2, scheduler_pb2_grpc, trainer_pb2
 from tests import engines as eng
 from tests.rollpackd import Rollpackd
+from tests.server_case import ServerTest
 
 S, W = eng.SMALL, eng.WIDE
 _steps = itertools.count()
 
 
-class RoundTrip(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Rollpackd()
-        cls.addClassCleanup(cls.d.cleanup)
-        cls.d.start()
-        cls.channel = grpc.insecure_channel(cls.d.address, [("grpc.max_receive_message_length", -1)])
-        cls.addClassCleanup(cls.channel.close)
-        cls.sched = scheduler_pb2_grpc.SchedulerStub(cls.channel)
-        cls.trainer = trainer_pb2_grpc.TrainerStub(cls.channel)
-
-    @classmethod
-    def tearDownClass(cls):
-        rc = cls.d.stop()
-        if rc != 0:
-            raise AssertionError("rollpackd exited with %s on SIGTERM (expected 0):\n%s"
-                                 % (rc, cls.d.output()))
+class RoundTrip(ServerTest):
+    CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 
     def producer(self, pool, spec):
         p = Producer(self.d.address, pool, timeout=30)

@@ -33,7 +33,9 @@ from tests.rollpackd import Rollpackd
 REQUIRED = os.environ.get("ROLLPACK_TRAINER_REQUIRED") == "1"
 
 
-def _need_trainer():
+def _need_trainer(sequence_info=False):
+    """rollpack.trainer, or a skip (a failure under CTest) without torch or the
+    binding; with `sequence_info`, a binding that has the per-sequence metadata."""
     if torch is None:
         if REQUIRED:
             raise AssertionError("torch is not importable (install python3-torch)")
@@ -41,6 +43,8 @@ def _need_trainer():
     try:
         from rollpack import _capi, trainer
         _capi.abi_version()  # loads the library
+        if sequence_info and not _capi.has_sequence_info():
+            raise ImportError("%s predates the per-sequence metadata" % _capi.library_path())
     except ImportError as e:
         if REQUIRED:
             raise AssertionError("trainer binding missing: %s" % e)
