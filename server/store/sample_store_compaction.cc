@@ -67,9 +67,9 @@ absl::Status SampleStore::CompactLog() {
           items.push_back({2 * ready->second.seq, true, &name, sample.get()});
         } else if (MissingScalar(pool, *sample) == nullptr &&
                    std::any_of(sample->later_scalars.begin(), sample->later_scalars.end(),
-                               [&](const std::string& later) {
-                                 return std::binary_search(pool.options.required_scalars.begin(),
-                                                           pool.options.required_scalars.end(),
+                               [&required = pool.options.required_scalars](
+                                   const std::string& later) {
+                                 return std::binary_search(required.begin(), required.end(),
                                                            later);
                                })) {
           items.push_back({2 * arrival + 1, true, &name, sample.get()});
