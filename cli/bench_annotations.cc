@@ -23,23 +23,6 @@
 namespace rollpack {
 namespace {
 
-v1::ModelSpec DenseModel() {
-  v1::ModelSpec m;
-  m.set_name("bench-dense");
-  m.set_num_layers(4);
-  return m;
-}
-
-v1::Sample OneTokenSample(const std::string& id) {
-  v1::Sample s;
-  s.set_sample_id(id);
-  v1::NDArray* tokens = s.mutable_tokens();
-  tokens->set_dtype(v1::INT32);
-  tokens->add_shape(1);
-  tokens->set_data(std::string(4, '\1'));
-  return s;
-}
-
 struct Row {
   std::string name;
   std::vector<double> per_second;   // annotations per second, per round
@@ -61,7 +44,7 @@ absl::Status RunRound(const std::vector<std::unique_ptr<RollpackServer>>& server
   const std::string pool = absl::StrCat("annotate-", round);
   v1::RegisterModelRequest registration;
   registration.set_pool(pool);
-  *registration.mutable_model() = DenseModel();
+  *registration.mutable_model() = BenchDenseModel();
   registration.mutable_options()->add_required_scalars("reward");
   RollpackClient first(MakeChannel(servers[0]->address()));
   if (absl::Status s = first.RegisterModel(registration).status(); !s.ok()) return s;
@@ -71,7 +54,7 @@ absl::Status RunRound(const std::vector<std::unique_ptr<RollpackServer>>& server
     std::vector<v1::Sample> batch;
     for (int64_t i = static_cast<int64_t>(m); i < config.samples;
          i += static_cast<int64_t>(holders)) {
-      batch.push_back(OneTokenSample(absl::StrCat("s", i)));
+      batch.push_back(OneTokenSample(absl::StrCat("s", i), 1));
       if (batch.size() == 4096) {
         if (absl::Status s = client.PutSamples(pool, batch).status(); !s.ok()) return s;
         batch.clear();

@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cli/bench_capture_client.h"
+#include "testing/child_process.h"
 
 namespace rollpack {
 
@@ -125,22 +125,17 @@ absl::StatusOr<std::unique_ptr<RollpackdChild>> RollpackdChild::Start(
   args.push_back("--capture-port-file=" + capture_file);
   args.push_back("--metrics-listen=127.0.0.1:0");
   args.push_back("--metrics-port-file=" + metrics_file);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    const int fd = open(child->log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
+  // The log is opened here, not in the child: a failure to open it is the
+  // command's error, and the child only inherits it as stdout and stderr.
+  const int log_fd = open(child->log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) return absl::InternalError(absl::StrCat("cannot write ", child->log_));
+  ChildOutput output;
+  output.stdout_fd = log_fd;
+  output.stderr_fd = log_fd;
+  absl::StatusOr<pid_t> spawned = SpawnChild(std::move(args), output);
+  close(log_fd);
+  if (!spawned.ok()) return spawned.status();
+  const pid_t pid = *spawned;
   child->pid_ = pid;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (absl::Now() < deadline) {

@@ -20,27 +20,13 @@
 namespace rollpack {
 namespace {
 
-// Dense: a one-token sample is its id and one token, nothing else, so the
-// pool's size is the only thing that grows.
-v1::ModelSpec ScalingModel() {
-  v1::ModelSpec m;
-  m.set_name("bench-dense");
-  m.set_num_layers(4);
-  return m;
-}
-
 // The same ids every round (a released step's samples are gone), so every
 // round's plan is the same bytes.
 std::vector<v1::Sample> OneTokenSamples(int64_t n) {
   std::vector<v1::Sample> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    v1::Sample& s = out[static_cast<size_t>(i)];
-    s.set_sample_id(absl::StrCat("s", i));
-    v1::NDArray* tokens = s.mutable_tokens();
-    tokens->set_dtype(v1::INT32);
-    tokens->add_shape(1);
-    const int32_t token = static_cast<int32_t>(i % 32000);
-    tokens->set_data(std::string(reinterpret_cast<const char*>(&token), sizeof(token)));
+    out[static_cast<size_t>(i)] =
+        OneTokenSample(absl::StrCat("s", i), static_cast<int32_t>(i % 32000));
   }
   return out;
 }
@@ -98,7 +84,7 @@ int RunStepScaling(const StepScalingConfig& config) {
     Row row;
     row.samples = n;
     const std::string pool = absl::StrCat("scaling-", n);
-    if (absl::Status s = client.RegisterModel(pool, ScalingModel()).status(); !s.ok()) {
+    if (absl::Status s = client.RegisterModel(pool, BenchDenseModel()).status(); !s.ok()) {
       Fail("RegisterModel", s);
       return 1;
     }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,26 @@ inline v1::ModelSpec BenchModel() {
   m.set_num_experts(64);
   m.set_topk(4);
   return m;
+}
+
+// A dense model (4 layers, no MoE): the benchmarks whose samples are one
+// token each, so that only the number of samples grows.
+inline v1::ModelSpec BenchDenseModel() {
+  v1::ModelSpec m;
+  m.set_name("bench-dense");
+  m.set_num_layers(4);
+  return m;
+}
+
+// Sample `id`: one int32 token and nothing else.
+inline v1::Sample OneTokenSample(const std::string& id, int32_t token) {
+  v1::Sample s;
+  s.set_sample_id(id);
+  v1::NDArray* tokens = s.mutable_tokens();
+  tokens->set_dtype(v1::INT32);
+  tokens->add_shape(1);
+  tokens->set_data(std::string(reinterpret_cast<const char*>(&token), sizeof(token)));
+  return s;
 }
 
 // The median of `v` (the upper one of an even count); 0 when empty.

@@ -4,7 +4,6 @@
 #define ROLLPACK_TESTING_DAEMON_PROCESS_H_
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "testing/child_process.h"
 
 namespace rollpack {
 
@@ -38,18 +38,9 @@ class DaemonProcess {
     for (const std::string& a : args) listen_given = listen_given || a.rfind("--listen=", 0) == 0;
     if (!listen_given) args.push_back("--listen=127.0.0.1:0");
     args.push_back("--port-file=" + port_file);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) return absl::InternalError("fork failed");
-    if (pid == 0) {
-      // A test that dies (an abort, a signal) takes its servers with it.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      execv(binary.c_str(), argv.data());
-      _exit(127);
-    }
-    std::unique_ptr<DaemonProcess> d(new DaemonProcess(pid));
+    absl::StatusOr<pid_t> pid = SpawnChild(std::move(args));
+    if (!pid.ok()) return pid.status();
+    std::unique_ptr<DaemonProcess> d(new DaemonProcess(*pid));
     const absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline) {
       int port = 0;
@@ -59,7 +50,7 @@ class DaemonProcess {
         return d;
       }
       int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
+      if (waitpid(*pid, &status, WNOHANG) == *pid) {
         d->pid_ = -1;
         return absl::UnavailableError(
             absl::StrCat(binary, " exited with status ", status, " before serving"));

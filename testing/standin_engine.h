@@ -6,7 +6,6 @@
 #define ROLLPACK_TESTING_STANDIN_ENGINE_H_
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "testing/child_process.h"
 
 namespace rollpack {
 
@@ -33,21 +33,16 @@ class StandinEngine {
     int out[2];
     if (pipe(out) != 0) return absl::InternalError("pipe failed");
     args.insert(args.begin(), {python, script, "--port", "0"});
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) return absl::InternalError("fork failed");
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      close(out[1]);
-      execv(python.c_str(), argv.data());
-      _exit(127);
-    }
+    ChildOutput output;
+    output.stdout_fd = out[1];
+    output.close_in_child = {out[0], out[1]};
+    absl::StatusOr<pid_t> pid = SpawnChild(std::move(args), output);
     close(out[1]);
-    std::unique_ptr<StandinEngine> engine(new StandinEngine(pid));
+    if (!pid.ok()) {
+      close(out[0]);
+      return pid.status();
+    }
+    std::unique_ptr<StandinEngine> engine(new StandinEngine(*pid));
     FILE* stream = fdopen(out[0], "r");
     char line[128] = {0};
     const bool got = stream != nullptr && std::fgets(line, sizeof(line), stream) != nullptr;
