@@ -144,7 +144,6 @@ class StepLayout {
   const ModelSpec& model() const { return model_; }
   const PipelineLayers& pipeline() const { return pipeline_; }
   int num_microbatches() const { return num_microbatches_; }
-  int num_sequences() const { return static_cast<int>(lengths_.size()); }
   absl::Span<const int64_t> lengths() const { return lengths_; }
 
   // Groups of micro-batch m, sorted by first_rank. Requires a valid m.

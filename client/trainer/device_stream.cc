@@ -93,8 +93,6 @@ DeviceStream::DeviceStream(std::unique_ptr<BatchSource> source, int start_index)
     : source_(std::move(source)), next_index_(start_index) {}
 DeviceStream::~DeviceStream() = default;
 
-bool DeviceStream::cuda_built() const { return DeviceStreamHasCuda(); }
-
 absl::StatusOr<std::shared_ptr<DeviceBatch>> DeviceStream::Next(void* consumer_stream) {
   absl::StatusOr<std::shared_ptr<DeviceBatch>> b = source_->Next(consumer_stream);
   if (!b.ok()) {

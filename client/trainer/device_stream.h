@@ -57,7 +57,6 @@ class DeviceStream {
   // client/cpp/stream_resume.h): the first micro-batch not handed out.
   absl::StatusOr<std::shared_ptr<DeviceBatch>> Next(void* consumer_stream = nullptr);
 
-  bool cuda_built() const;
 
  private:
   DeviceStream(std::unique_ptr<trainer_internal::BatchSource> source, int start_index);

@@ -47,11 +47,6 @@ void PinnedCache::Give(int device, PinnedSlot slot) {
   Free(slot);
 }
 
-int64_t PinnedCache::kept_bytes() const {
-  absl::MutexLock lock(&mu_);
-  return kept_bytes_;
-}
-
 void PinnedCache::Free(PinnedSlot& slot) {
   if (slot.done != nullptr) {
     cudaEventSynchronize(slot.done);

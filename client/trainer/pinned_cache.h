@@ -43,7 +43,6 @@ class PinnedCache {
   // otherwise waits for its copy and frees it. Its event is kept with it.
   void Give(int device, PinnedSlot slot);
 
-  int64_t kept_bytes() const;
 
  private:
   static void Free(PinnedSlot& slot);

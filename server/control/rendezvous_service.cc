@@ -24,16 +24,6 @@ RendezvousService::~RendezvousService() {
   }
 }
 
-size_t RendezvousService::num_keys() const {
-  absl::MutexLock lock(&mu_);
-  return entries_.size();
-}
-
-size_t RendezvousService::num_waiting() const {
-  absl::MutexLock lock(&mu_);
-  return waiters_.size();
-}
-
 void RendezvousService::ExpireLocked(absl::Time now) {
   while (!order_.empty()) {
     auto it = entries_.find(order_.front());

@@ -38,9 +38,6 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
                                        const v1::ExchangeIdRequest* request,
                                        v1::ExchangeIdResponse* response) override;
 
-  size_t num_keys() const;
-  size_t num_waiting() const;
-
   // Token auth (server/ops/auth.h); null = off. Set before serving.
   void set_authorizer(const Authorizer* auth) { auth_ = auth; }
 

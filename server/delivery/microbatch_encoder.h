@@ -3,8 +3,8 @@
 // with tokens, token fields and replay gathered from the stored samples into
 // their final place in the output buffer. That gather is the only copy of
 // payload bytes the server makes when serving a fetch (docs/performance.md).
-#ifndef ROLLPACK_SERVER_DELIVERY_MICROBATCH_BUILDER_H_
-#define ROLLPACK_SERVER_DELIVERY_MICROBATCH_BUILDER_H_
+#ifndef ROLLPACK_SERVER_DELIVERY_MICROBATCH_ENCODER_H_
+#define ROLLPACK_SERVER_DELIVERY_MICROBATCH_ENCODER_H_
 
 #include <cstdint>
 #include <memory>
@@ -120,4 +120,4 @@ class MicrobatchEncoder {
 
 }  // namespace rollpack
 
-#endif  // ROLLPACK_SERVER_DELIVERY_MICROBATCH_BUILDER_H_
+#endif  // ROLLPACK_SERVER_DELIVERY_MICROBATCH_ENCODER_H_
