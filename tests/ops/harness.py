@@ -128,6 +128,53 @@ class Rollpackd:
             raise AssertionError("rollpackd exited with %d:\n%s" % (rc, self.process.output()))
 
 
+class Etcd:
+    """One etcd member (Debian's etcd-server) on free loopback ports, its data
+    in `workdir`: ``with Etcd(d) as e: Rollpackd(d2, "--cluster-etcd", e.url)``."""
+
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.exe = "/usr/bin/etcd"
+        if not os.access(self.exe, os.X_OK):
+            raise AssertionError("no /usr/bin/etcd: run tools/install_deps.sh")
+
+    def __enter__(self):
+        last = ""
+        for attempt in range(3):  # a free port may be taken between probe and bind
+            client, peer = free_port(), free_port()
+            self.url = "http://127.0.0.1:%d" % client
+            self.process = Process(
+                [self.exe, "--name=ops", "--data-dir=" + os.path.join(self.workdir, "etcd%d" % attempt),
+                 "--listen-client-urls=" + self.url, "--advertise-client-urls=" + self.url,
+                 "--listen-peer-urls=http://127.0.0.1:%d" % peer,
+                 "--initial-advertise-peer-urls=http://127.0.0.1:%d" % peer,
+                 "--initial-cluster=ops=http://127.0.0.1:%d" % peer,
+                 "--log-level=error", "--logger=zap"],
+                os.path.join(self.workdir, "etcd.log"))
+            if self._wait_healthy(30):
+                return self
+            last = self.process.output()
+            self.process.stop()
+        raise AssertionError("etcd did not start:\n" + last)
+
+    def _wait_healthy(self, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if json.loads(r.read().decode()).get("health") == "true":
+                        return True
+            except (urllib.error.URLError, ConnectionError, OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        return False
+
+    def __exit__(self, *exc):
+        self.process.stop()
+
+
 def parse_exposition(text):
     """{'name{labels}': value} of an exposition's samples."""
     out = {}

@@ -2,8 +2,9 @@
 rollpackd's: flag names against `rollpackd --helpfull`, ports across
 Deployment, probes, Service, ServiceMonitor, Dockerfile and systemd unit;
 the runtime image installs the libraries rollpackd links; the dashboard
-queries only metrics rollpackd exports and shows every one of them; the
-PrometheusRule carries the same rules as deploy/prometheus."""
+queries only metrics rollpackd exports and shows every one of them (a
+single durable server's and a cluster member's); the PrometheusRule carries
+the same rules as deploy/prometheus; --version and rollpack_build_info agree."""
 
 import json
 import os
@@ -54,6 +55,38 @@ def split_flags(args):
 
 def port_of(address):
     return int(address.rsplit(":", 1)[1])
+
+
+def dashboard_families(expr):
+    """Metric families a PromQL expression reads (histogram series by family)."""
+    return set(re.findall(r"\b((?:rollpack|exposer|process)_[a-z0-9_]+?)(?:_bucket|_sum|_count)?"
+                          r"\b(?=[{\[ )]|$)", expr))
+
+
+def exported_families():
+    """Families live rollpackds declare (# TYPE lines): a single server with
+    --data-dir (the durable-log families), and a member of a cluster on a
+    real etcd (the cluster families)."""
+    texts = {}
+    with harness.tempdir() as d:
+        single, member = os.path.join(d, "single"), os.path.join(d, "member")
+        os.mkdir(single)
+        os.mkdir(member)
+        with harness.Rollpackd(single, "--data-dir", os.path.join(single, "data")) as rp:
+            texts["single"] = rp.scrape()
+        with harness.Etcd(d) as etcd, harness.Rollpackd(
+                member, "--data-dir", os.path.join(member, "data"), "--cluster-etcd", etcd.url,
+                "--cluster-lease-seconds", "2") as rp:
+            texts["member"] = rp.scrape()
+    declared = {k: set(re.findall(r"^# TYPE (\S+) ", v, re.M)) for k, v in texts.items()}
+    # Not vacuous: each mode adds its families, and both have the rest.
+    for mode, family in [("single", "rollpack_durable_log_cut_bytes"),
+                         ("single", "process_open_fds"), ("single", "rollpack_build_info"),
+                         ("member", "rollpack_cluster_members"),
+                         ("member", "rollpack_durable_log_cut_bytes"),
+                         ("member", "rollpack_ingested_samples_total")]:
+        assert family in declared[mode], (mode, family, sorted(declared[mode]))
+    return declared["single"] | declared["member"]
 
 
 class DeployTest(unittest.TestCase):
@@ -273,17 +306,45 @@ class DeployTest(unittest.TestCase):
             self.assertTrue(p["options"]["legend"].get("showLegend"), p["title"])
             for t in p["targets"]:
                 self.assertTrue(t.get("legendFormat"), (p["title"], t["expr"]))
+        rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
+        for row in ["Cluster", "Durable log", "Process"]:
+            self.assertTrue(any(r.startswith(row) for r in rows), (row, rows))
         self.assertGreater(len(exprs), 20)
         used = set()
         for e in exprs:
-            used |= set(re.findall(r"\b((?:rollpack|exposer)_[a-z0-9_]+?)(?:_bucket|_sum|_count)?\b(?=[{\[ )]|$)", e))
-        # What a live rollpackd exports (families from # TYPE lines).
-        with harness.tempdir() as d, harness.Rollpackd(d) as rp:
-            text = rp.scrape()
-        families = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
-        self.assertTrue(families)
+            used |= dashboard_families(e)
+        families = exported_families()
         self.assertEqual(used - families, set(), "dashboard queries unknown metrics")
         self.assertEqual(families - used, set(), "exported metrics without a panel")
+
+    def test_version_and_build_info(self):
+        """`rollpackd --version`, `rollpack --version` and `rollpack version`
+        print one line and exit 0; rollpackd's rollpack_build_info says the
+        same; the Python package carries the same version."""
+        import rollpack
+        line = re.compile(r"^(rollpackd?) (\d+\.\d+\.\d+) \(commit ([0-9a-f]{4,}|unknown), "
+                          r"gRPC (\d+\.\d+\.\d+), protobuf (\d+\.\d+\.\d+)\)\n$")
+        rollpackd = harness.require_env_binary("ROLLPACKD")
+        cli = harness.require_env_binary("ROLLPACK_CLI")
+        seen = []
+        for args in ([rollpackd, "--version"], [cli, "--version"], [cli, "version"]):
+            out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+            self.assertEqual((out.returncode, out.stderr), (0, ""), args)
+            m = line.match(out.stdout)
+            self.assertTrue(m, (args, out.stdout))
+            self.assertEqual(m.group(1), os.path.basename(args[0]))
+            seen.append(m.groups()[1:])
+        self.assertEqual(len(set(seen)), 1, seen)
+        version, commit, grpc_version, protobuf = seen[0]
+        with open(os.path.join(harness.REPO, "base", "version.h")) as f:
+            self.assertIn('kRollpackVersion[] = "%s";' % version, f.read())
+        self.assertEqual(rollpack.__version__, version, "client/python/rollpack/__init__.py")
+        with harness.tempdir() as d, harness.Rollpackd(d) as rp:
+            samples = harness.parse_exposition(rp.scrape())
+        info = [k for k in samples if k.startswith("rollpack_build_info{")]
+        self.assertEqual(info, ['rollpack_build_info{commit="%s",grpc="%s",protobuf="%s",'
+                                'version="%s"}' % (commit, grpc_version, protobuf, version)])
+        self.assertEqual(samples[info[0]], 1.0)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ deploy/prometheus/rollpack-rules.yml loaded, the `rollpack demo` workload
 Prometheus's HTTP query API; then a trainer's routing agreement reports
 (Telemetry.ReportRoutingAgreement) as Prometheus sees them. `promtool check
 metrics` validates the exposition, `promtool check rules` the shipped
-rules."""
+rules and `promtool test rules` their unit tests; a two-member cluster on a
+real etcd as Prometheus sees it."""
 
 import json
 import os
@@ -17,8 +18,38 @@ import unittest
 import harness
 
 RULES = os.path.join(harness.REPO, "deploy", "prometheus", "rollpack-rules.yml")
+RULES_TEST = os.path.join(harness.REPO, "deploy", "prometheus", "rollpack-rules.test.yml")
 DASHBOARD = os.path.join(harness.REPO, "deploy", "grafana", "rollpack-dashboard.json")
 NUM_SAMPLES = 64
+NUM_RULES = 16
+# Declared by every rollpackd, with series only in cluster mode.
+CLUSTER_SERIES_ONLY = {"rollpack_pool_held_steps"}
+# Series that appear with their first event (a loss), not at start.
+FIRST_EVENT_SERIES = {"rollpack_cluster_lost_samples_total"}
+# Families of cluster mode, durable mode, and the process and build ones.
+MODE_FAMILIES = ("rollpack_cluster_", "rollpack_durable_log_", "process_", "rollpack_build_info")
+
+
+def dashboard_families(expr):
+    return set(re.findall(r"\b((?:rollpack|exposer|process)_[a-z0-9_]+?)(?:_bucket|_sum|_count)?"
+                          r"\b(?=[{\[ )]|$)", expr))
+
+
+def check_dashboard(test, prom, needs_data):
+    """Runs every panel query of the dashboard on `prom` (a PromQL error
+    raises); those without a rate window whose families pass `needs_data`
+    must have data. Returns how many had to."""
+    with open(DASHBOARD) as f:
+        dash = json.load(f)
+    checked = 0
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$instance", ".*")
+            result = prom.query(expr)  # raises on a PromQL error
+            if "rate(" not in expr and needs_data(dashboard_families(expr)):
+                test.assertTrue(result, "%s: %s has no data" % (panel["title"], expr))
+                checked += 1
+    return checked
 
 
 class PrometheusTest(unittest.TestCase):
@@ -93,7 +124,7 @@ class PrometheusTest(unittest.TestCase):
                 if evaluated or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
-            self.assertEqual(len(rules), 11, groups)
+            self.assertEqual(len(rules), NUM_RULES, groups)
             for r in rules:
                 self.assertEqual(r["health"], "ok", r)
             prom.wait_for("rollpack:store_utilization:ratio", 0.0)
@@ -103,15 +134,12 @@ class PrometheusTest(unittest.TestCase):
             self.report_routing_agreement(rp, prom)
 
             # Every Grafana panel query is valid PromQL here, and the ones
-            # over gauges and counters (no rate window) have data.
-            with open(DASHBOARD) as f:
-                dash = json.load(f)
-            for panel in dash["panels"]:
-                for target in panel.get("targets", []):
-                    expr = target["expr"].replace("$instance", ".*")
-                    result = prom.query(expr)  # raises on a PromQL error
-                    if "rate(" not in expr:
-                        self.assertTrue(result, "%s: %s has no data" % (panel["title"], expr))
+            # over gauges and counters (no rate window) have data, but for
+            # the durable-log and cluster families (test_cluster_...).
+            declared = set(re.findall(r"^# TYPE (\S+) ", rp.scrape(), re.M))
+            checked = check_dashboard(self, prom, lambda families: families <= declared
+                                      and not families & CLUSTER_SERIES_ONLY)
+            self.assertGreater(checked, 40)
 
     def report_routing_agreement(self, rp, prom):
         """A step of its own, reported on twice by its one rank (with a scrape
@@ -166,6 +194,50 @@ class PrometheusTest(unittest.TestCase):
             sched.ReleaseStep(scheduler_pb2.ReleaseStepRequest(step_id="routing-step"),
                               timeout=30)
 
+    def test_cluster_as_seen_by_prometheus(self):
+        """Two durable members on a real etcd, scraped by Prometheus with the
+        rules loaded: the cluster, durable-log, process and build families
+        the dashboard plots have data, and no alert fires on a healthy
+        cluster."""
+        with harness.tempdir() as d:
+            dirs = [os.path.join(d, name) for name in ("a", "b")]
+            for x in dirs:
+                os.mkdir(x)
+            with harness.Etcd(d) as etcd, \
+                    harness.Rollpackd(dirs[0], "--data-dir", os.path.join(dirs[0], "data"),
+                                      "--cluster-etcd", etcd.url,
+                                      "--cluster-lease-seconds", "2") as a, \
+                    harness.Rollpackd(dirs[1], "--data-dir", os.path.join(dirs[1], "data"),
+                                      "--cluster-etcd", etcd.url,
+                                      "--cluster-lease-seconds", "2") as b, \
+                    harness.Prometheus(d, ["127.0.0.1:%d" % m.metrics_port for m in (a, b)],
+                                       [RULES]) as prom:
+                prom.wait_for('count(up{job="rollpackd"} == 1)', 2.0)
+                prom.wait_for("min(rollpack_cluster_members)", 2.0)
+                prom.wait_for("count(rollpack_cluster_etcd_up == 1)", 2.0)
+                for member in (a, b):
+                    prom.wait_for('min(rollpack_cluster_member_up{member="%s"})' % member.address,
+                                  1.0)
+                prom.wait_for("max(rollpack_cluster_etcd_unreachable_seconds)", 0.0)
+                prom.wait_for("max(rollpack_cluster_member_draining)", 0.0)
+                prom.wait_for("count(rollpack_durable_log_cut_bytes == 0)", 2.0)
+                prom.wait_for("count(count by (version, commit) (rollpack_build_info))", 1.0)
+                # Two scrapes of every series, so increase() has data.
+                time.sleep(2.5)
+                declared = set()
+                for member in (a, b):
+                    declared |= set(re.findall(r"^# TYPE (\S+) ", member.scrape(), re.M))
+                # The panels of what a single in-memory server lacks (the
+                # pools and streams are test_workload_...'s).
+                checked = check_dashboard(self, prom, lambda families: families <= declared
+                                          and not families & FIRST_EVENT_SERIES and any(
+                                              f.startswith(MODE_FAMILIES) for f in families))
+                self.assertGreaterEqual(checked, 15)
+                rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
+                self.assertEqual(len(rules), NUM_RULES)
+                self.assertEqual([r["name"] for r in rules if r["health"] == "err"], [])
+                self.assertEqual(prom.api("alerts")["alerts"], [])
+
     def test_promtool_checks_exposition(self):
         promtool = harness.require_tool("promtool")
         with harness.tempdir() as d, harness.Rollpackd(d) as rp:
@@ -199,7 +271,18 @@ class PrometheusTest(unittest.TestCase):
         check = subprocess.run([promtool, "check", "rules", RULES], capture_output=True,
                                text=True, timeout=60)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
-        self.assertIn("SUCCESS: 11 rules found", check.stdout)
+        self.assertIn("SUCCESS: %d rules found" % NUM_RULES, check.stdout)
+        # Each cluster and process alert firing and not (the test file says
+        # how); promtool fails on any alert fired or missed against it.
+        test = subprocess.run([promtool, "test", "rules", RULES_TEST], capture_output=True,
+                              text=True, timeout=60)
+        self.assertEqual(test.returncode, 0, test.stdout + test.stderr)
+        self.assertIn("SUCCESS", test.stdout)
+        with open(RULES_TEST) as f:
+            tested = set(re.findall(r"alertname: (\w+)", f.read()))
+        self.assertEqual(tested, {"RollpackEtcdUnreachable", "RollpackClusterMemberLost",
+                                  "RollpackMemberDrained", "RollpackSamplesLost",
+                                  "RollpackFileDescriptorsNearLimit"})
 
 
 if __name__ == "__main__":
