@@ -20,32 +20,21 @@
 #include "cli/demo_command.h"
 #include "cli/grpc_ceiling.h"
 #include "cli/plan_command.h"
-
-#ifndef ROLLPACK_PYTHON_DIR
-#define ROLLPACK_PYTHON_DIR "client/python"  // relative to the repository root
-#endif
+#include "cli/python_forward.h"
+#include "server/ops/build_info.h"
 
 namespace {
 
 // `rollpack put` (the Python producer's JSONL ingester: the engine adapters
-// live there, once), `rollpack pool` and `rollpack step` (the controller
-// tools, over rollpack.Controller) are client/python/rollpack/__main__.py's.
-// Their flags are Python's to parse, so argv (the command and everything
-// after it) goes on as is.
-int ForwardToPython(int argc, char** argv) {
-  const char* existing = getenv("PYTHONPATH");
-  std::string path = ROLLPACK_PYTHON_DIR;
-  if (existing != nullptr && *existing != '\0') path += std::string(":") + existing;
-  setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<char*> args = {const_cast<char*>("/usr/bin/python3"), const_cast<char*>("-m"),
-                             const_cast<char*>("rollpack")};
-  for (int i = 0; i < argc; ++i) args.push_back(argv[i]);
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  const int error = errno;
-  std::fprintf(stderr, "rollpack %s: cannot run /usr/bin/python3: %s\n", argv[0],
-               std::strerror(error));
-  return 127;
+// live there, once), `rollpack pool`, `step`, ... (the controller tools, over
+// rollpack.Controller) are client/python/rollpack/__main__.py's, reached by
+// ForwardToPython (cli/python_forward.h); argv goes on as is.
+using rollpack::ForwardToPython;
+
+// Answered here, not by Python: the version is the binary's.
+int PrintVersion(int argc, char** argv) {
+  std::printf("%s\n", rollpack::VersionLine("rollpack").c_str());
+  return 0;
 }
 
 // Each command gets argv from its own name on (argv[0] == name).
@@ -66,6 +55,11 @@ const Command kCommands[] = {
      ForwardToPython},
     {"step", "create, show, plan, release and list steps (docs/operations.md#controller)",
      ForwardToPython},
+    {"cluster", "the cluster's members, their samples and health, and etcd (docs/cluster.md)",
+     ForwardToPython},
+    {"member", "drain a member before maintenance, or undrain it (docs/cluster.md)",
+     ForwardToPython},
+    {"version", "this build: version, commit, gRPC and protobuf (also --version)", PrintVersion},
 };
 
 const Command kBenchmarks[] = {
@@ -121,6 +115,7 @@ int main(int argc, char** argv) {
     Usage(stdout);
     return 0;
   }
+  if (command == "--version") return PrintVersion(argc - 1, argv + 1);
   for (const Command& c : kCommands) {
     if (command == c.name) return c.run(argc - 1, argv + 1);
   }

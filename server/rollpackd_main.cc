@@ -18,10 +18,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/cluster/cluster.h"
+#include "server/cluster/cluster_config_check.h"
+#include "server/cluster/member_count_watch.h"
+#include "server/ops/build_info.h"
 #include "server/ops/keep_freed_memory.h"
 #include "server/ops/log_format.h"
 #include "server/ops/metrics/metrics_endpoint.h"
@@ -180,6 +184,9 @@ ABSL_FLAG(std::string, cluster_advertise, "",
           "host:port the other members reach this one at; default: the --listen address");
 ABSL_FLAG(std::string, cluster_name, "rollpack",
           "etcd key prefix of the cluster, so several clusters can share one etcd");
+ABSL_FLAG(int, cluster_expect_members, 0,
+          "warn every minute while fewer members than this are live (members that failed to "
+          "start, or joined under another --cluster-name); 0 = never");
 ABSL_FLAG(int, cluster_lease_seconds, 5,
           "membership lease TTL: a member that stops renewing it leaves after this long");
 ABSL_FLAG(std::string, cluster_member_identity, "rollpack-member",
@@ -229,6 +236,10 @@ int main(int argc, char** argv) {
     setrlimit(RLIMIT_NOFILE, &files);
   }
   absl::SetProgramUsageMessage("rollpackd --listen 127.0.0.1:50051 [--max-memory BYTES]");
+  // absl's --version prints this and exits 0, before any other flag is acted on.
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] { return rollpack::VersionLine("rollpackd") + "\n"; };
+  absl::SetFlagsUsageConfig(usage_config);
   std::vector<std::string> args = NormalizeFlagSpelling(argc, argv);
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
@@ -392,6 +403,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.cluster_lease_ttl = absl::Seconds(absl::GetFlag(FLAGS_cluster_lease_seconds));
+  if (absl::GetFlag(FLAGS_cluster_expect_members) < 0) {
+    std::fprintf(stderr, "rollpackd: --cluster-expect-members is %d, must be >= 0\n",
+                 absl::GetFlag(FLAGS_cluster_expect_members));
+    return 2;
+  }
+  if (!options.cluster_etcd.empty()) {
+    // Mistakes that would form a working but wrong cluster
+    // (server/cluster/cluster_config_check.h).
+    if (absl::Status s = rollpack::CheckAdvertisable(options.listen, options.cluster_advertise);
+        !s.ok()) {
+      std::fprintf(stderr, "rollpackd: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+    if (std::optional<std::string> warning = rollpack::LoopbackAdvertiseWarning(
+            options.listen, options.cluster_advertise, options.cluster_etcd)) {
+      spdlog::warn("rollpackd: {}", *warning);
+    }
+  }
   if (!options.auth_tokens_file.empty()) {
     struct stat st;
     if (stat(options.auth_tokens_file.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO))) {
@@ -434,9 +463,13 @@ int main(int argc, char** argv) {
   spdlog::info("rollpackd: {}{}", options.tls_cert.empty() ? "plaintext gRPC" : "TLS",
                options.tls_client_ca.empty() ? "" : " with client certificates (mTLS)");
   if (!options.auth_tokens_file.empty()) spdlog::info("rollpackd: token auth on");
+  std::unique_ptr<rollpack::MemberCountWatch> member_count_watch;
   if (rollpack::Cluster* cluster = (*server)->cluster(); cluster != nullptr) {
     spdlog::info("rollpackd: member {} of cluster \"{}\" (etcd {})", cluster->self().address,
                  cluster->options().name, absl::StrJoin(options.cluster_etcd, ","));
+    if (const int expected = absl::GetFlag(FLAGS_cluster_expect_members); expected > 0) {
+      member_count_watch = std::make_unique<rollpack::MemberCountWatch>(cluster, expected);
+    }
   }
   spdlog::info("rollpackd listening on {} ({} on this host; max memory {} bytes)",
                absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":",
@@ -452,6 +485,7 @@ int main(int argc, char** argv) {
       spdlog::error("rollpackd: SIGHUP: keeping the tokens held: {}", reloaded.ToString());
     }
   }
+  member_count_watch.reset();  // before the cluster it reads goes
   spdlog::info("rollpackd: signal {} ({}), shutting down; a second signal exits at once",
                signal_number, strsignal(signal_number));
   // An operator who does not want to wait out the grace period sends the

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "client/cpp/client.h"
+#include "client/cpp/connect_failure.h"
 #include "client/cpp/microbatch_assembly.h"
 #include "client/cpp/piece_reader.h"
 #include "grpcpp/channel.h"
@@ -23,6 +24,14 @@ constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
 // Attempts after the first that an INTERNAL or UNKNOWN error gets when it
 // recurs with no micro-batch in between (UNAVAILABLE gets the time budget).
 constexpr int kMaxRepeatedErrors = 4;
+
+// A status the server sent (any but the ones gRPC makes up locally when no
+// server answered): the process has reached it.
+bool ServerAnswered(const absl::Status& status) {
+  return status.code() != absl::StatusCode::kUnavailable &&
+         status.code() != absl::StatusCode::kDeadlineExceeded &&
+         status.code() != absl::StatusCode::kCancelled;
+}
 
 }  // namespace
 
@@ -305,17 +314,20 @@ void TrainerStream::ReadLoop() {
   const uint64_t seed = ResumeSeed(step_id_, rank_);
   absl::Status final_status;
   bool direct = options_.delivery != Delivery::kProxy;
+  bool tls_probed = false;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) break;
     }
+    const int index_before = next_index;
     const Attempt attempt =
         direct ? DirectAttempt(&next_index, &failures) : ProxyAttempt(&next_index, &failures);
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) break;
     }
+    if (next_index > index_before || ServerAnswered(attempt.status)) NoteReached(options_.target);
     if (attempt.status.ok()) break;
     if ((attempt.no_direct || attempt.member_unreachable) &&
         options_.delivery == Delivery::kAuto) {
@@ -325,6 +337,29 @@ void TrainerStream::ReadLoop() {
       // and is resumed as any outage is.
       direct = false;
       continue;
+    }
+    const absl::Time now = absl::Now();
+    if (failures == 0) outage_start = now;
+    const absl::Duration down = now - outage_start;
+    const std::string where = absl::StrCat("step \"", step_id_, "\" rank (dp=", rank_.dp(),
+                                           ", cp=", rank_.cp(), ", tp=", rank_.tp(),
+                                           ", pp=", rank_.pp(), ")");
+    const FailureKind kind = ClassifyFailure(attempt.status);
+    const bool never_reached = kind == FailureKind::kUnreachable && !WasReached(options_.target);
+    // A plaintext stream whose connections are closed unanswered: asked
+    // once whether the server speaks TLS, which no wait would change.
+    const bool tls_expected = never_reached && !options_.tls && !tls_probed &&
+                              !options_.target.empty() && ClosedBeforeHttp2(attempt.status) &&
+                              ServerSpeaksTls(options_.target);
+    tls_probed = tls_probed || (never_reached && !options_.tls);
+    if (kind == FailureKind::kPermanent || tls_expected ||
+        (never_reached && down >= options_.connect_grace)) {
+      final_status = Annotate(
+          ExplainFailure(attempt.status,
+                         options_.target.empty() ? "the server" : options_.target,
+                         options_.tls, down, tls_expected),
+          where);
+      break;
     }
     const absl::StatusCode code = attempt.status.code();
     const bool unavailable = code == absl::StatusCode::kUnavailable;
@@ -339,9 +374,6 @@ void TrainerStream::ReadLoop() {
                          : attempt.status;
       break;
     }
-    const absl::Time now = absl::Now();
-    if (failures == 0) outage_start = now;
-    const absl::Duration down = now - outage_start;
     // A server that is down or restarting gets the time budget; an
     // INTERNAL/UNKNOWN error (or a micro-batch that does not parse, or
     // pieces that do not fit) that comes back at the same index is not
@@ -352,19 +384,20 @@ void TrainerStream::ReadLoop() {
     if (capped || down >= options_.resume_timeout) {
       final_status = Annotate(
           attempt.status,
-          absl::StrCat("step \"", step_id_, "\" rank (dp=", rank_.dp(), ", cp=", rank_.cp(),
-                       ", tp=", rank_.tp(), ", pp=", rank_.pp(), "): gave up after ",
-                       failures + 1, " failed attempt", failures == 0 ? "" : "s", " in ",
-                       absl::FormatDuration(absl::Trunc(down, absl::Milliseconds(1))), " (",
-                       repeated  ? absl::StrCat("the same error at micro-batch ", next_index, " each time")
-                       : capped ? absl::StrCat("max_resumes ", options_.max_resumes)
-                                : absl::StrCat("resume_timeout ",
-                                             absl::FormatDuration(options_.resume_timeout)),
-                       ")"));
+          absl::StrCat(
+              where, ": gave up after ", failures + 1, " failed attempt",
+              failures == 0 ? "" : "s", " in ",
+              absl::FormatDuration(absl::Trunc(down, absl::Milliseconds(1))), " (",
+              repeated ? absl::StrCat("the same error at micro-batch ", next_index, " each time")
+              : capped ? absl::StrCat("max_resumes ", options_.max_resumes)
+                       : absl::StrCat("resume_timeout ",
+                                      absl::FormatDuration(options_.resume_timeout)),
+              ")"));
       break;
     }
-    const absl::Duration delay =
+    absl::Duration delay =
         std::min(ResumeDelay(options_.backoff, failures, seed), options_.resume_timeout - down);
+    if (never_reached) delay = std::min(delay, options_.connect_grace - down);
     ++failures;
     if (!WaitToResume(delay, attempt.channel)) break;
     absl::MutexLock lock(&mu_);

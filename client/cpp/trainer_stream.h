@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/cpp/connect_failure.h"
 #include "client/cpp/delivery_mode.h"
 #include "client/cpp/received_microbatch.h"
 #include "client/cpp/stream_resume.h"
@@ -54,6 +55,19 @@ struct TrainerStreamOptions {
   absl::Duration resume_timeout = absl::Seconds(60);
   // Waits between attempts (stream_resume.h).
   ResumeBackoff backoff;
+  // Errors retrying cannot fix end the stream at once, naming the cause
+  // (connect_failure.h): a failed TLS handshake, refused credentials. An
+  // address that does not resolve or refuses connections is tried for
+  // connect_grace only while this process has never reached `target`
+  // (a server that is starting); once it has, it is a restart, ridden out
+  // for resume_timeout. InfiniteDuration() = the whole resume_timeout.
+  absl::Duration connect_grace = kDefaultConnectGrace;
+  // The address the channel dials ("host:port"), for the above and for the
+  // error's text; "" = any address this process reached counts.
+  std::string target;
+  // Whether the channel uses TLS (the error's text; a plaintext channel
+  // whose connections a server closes asks it whether it speaks TLS).
+  bool tls = false;
   // An additional cap on failed attempts in a row (since the last
   // micro-batch received): < 0 = none, only resume_timeout counts (the
   // default); 0 = never resume. It was the only limit before

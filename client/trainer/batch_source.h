@@ -29,6 +29,9 @@ inline TrainerStreamOptions NetworkOptions(const DeviceStreamOptions& o) {
   t.start_index = o.start_index;
   t.resume_timeout = o.resume_timeout;
   t.max_resumes = o.max_resumes;
+  t.connect_grace = o.connect_grace;
+  t.target = o.target;
+  t.tls = o.tls;
   t.auth_token = o.auth_token;
   t.delivery = o.delivery;
   return t;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "client/cpp/connect_failure.h"
 #include "client/cpp/delivery_mode.h"
 
 namespace rollpack {
@@ -28,6 +29,12 @@ struct DeviceStreamOptions {
   // client/cpp/stream_resume.h).
   absl::Duration resume_timeout = absl::Seconds(60);
   int max_resumes = -1;
+  // Errors retrying cannot fix end the stream at once; an address that does
+  // not resolve or refuses connections, after connect_grace while this
+  // process never reached `target` (TrainerStreamOptions has the details).
+  absl::Duration connect_grace = kDefaultConnectGrace;
+  std::string target;
+  bool tls = false;
   // Unpack replay_experts into each batch's replay_ids. Off: replay_ids is
   // absent, and neither its device memory nor the unpack kernel is spent
   // per micro-batch, for callers that write targets themselves into a

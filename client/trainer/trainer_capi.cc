@@ -206,6 +206,8 @@ absl::StatusOr<rollpack::DeviceStreamOptions> StreamOptions(const rpt_stream_opt
   if (in.resume_timeout_ms < 0) o.resume_timeout = absl::InfiniteDuration();
   if (in.resume_timeout_ms > 0) o.resume_timeout = absl::Milliseconds(in.resume_timeout_ms);
   if (in.max_resumes != 0) o.max_resumes = in.max_resumes < 0 ? 0 : in.max_resumes;
+  if (in.connect_grace_ms < 0) o.connect_grace = absl::InfiniteDuration();
+  if (in.connect_grace_ms > 0) o.connect_grace = absl::Milliseconds(in.connect_grace_ms);
   switch (in.delivery) {
     case RPT_DELIVERY_AUTO: o.delivery = rollpack::Delivery::kAuto; break;
     case RPT_DELIVERY_DIRECT: o.delivery = rollpack::Delivery::kDirect; break;
@@ -260,6 +262,9 @@ int rpt_stream_open(const char* address, const rpt_connect_options* connect,
   absl::StatusOr<rollpack::DeviceStreamOptions> o = StreamOptions(options, &rank);
   if (!o.ok()) return Fail(o.status());
   o->auth_token = connection->auth_token;
+  o->target = address;
+  o->tls = connection->tls || !connection->tls_root_certs_pem.empty() ||
+           !connection->tls_client_cert_pem.empty();
   absl::StatusOr<std::unique_ptr<DeviceStream>> s =
       DeviceStream::Open(rollpack::MakeChannel(address, *connection), step_id, rank, *o);
   if (!s.ok()) return Fail(s.status());

@@ -125,6 +125,13 @@ typedef struct rpt_stream_options {
    * targets into a static buffer (rpt_stage_static). 0, also what an older
    * caller's shorter struct reads as, unpacks them as before. */
   int32_t skip_replay_ids;
+  /* Appended later: how long a stream that never reached its address keeps
+   * trying one that does not resolve or refuses connections, in
+   * milliseconds (docs/trainer.md, "Riding out restarts"): 0, also what an
+   * older caller's shorter struct reads as, = 10000; < 0 = the whole
+   * resume_timeout_ms, as before. A failed TLS handshake or refused
+   * credentials end the stream at once either way. */
+  int32_t connect_grace_ms;
 } rpt_stream_options;
 
 #define RPT_DELIVERY_AUTO 0

@@ -46,7 +46,7 @@ class StreamOptions(ctypes.Structure):
                                   "tp_leader_size", "rendezvous_timeout_s")
     ] + [("rendezvous_tag", _c.c_char_p), ("resume_timeout_ms", _c.c_int32),
          ("max_resumes", _c.c_int32), ("delivery", _c.c_int32),
-         ("skip_replay_ids", _c.c_int32)]
+         ("skip_replay_ids", _c.c_int32), ("connect_grace_ms", _c.c_int32)]
 
 # rpt_stream_options.delivery (RPT_DELIVERY_*).
 DELIVERY = {"auto": 0, "direct": 1, "proxy": 2}
@@ -208,9 +208,10 @@ def _connect(connect):
 def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_index=0,
                    ids_int32=False, fill=False, tp_leader_size=0, rendezvous_timeout_s=300,
                    rendezvous_tag="", resume_timeout_ms=0, max_resumes=0, delivery=0,
-                   replay_ids=True):
+                   replay_ids=True, connect_grace_ms=0):
     """A StreamOptions (its tag bytes are kept alive by the structure).
     resume_timeout_ms: 0 = the library's default (60 s), < 0 = no limit;
+    connect_grace_ms: 0 = the library's default (10 s), < 0 = no grace;
     max_resumes: 0 = no cap, < 0 = never resume; delivery: a DELIVERY value
     (trainer_capi.h)."""
     o = StreamOptions()
@@ -223,6 +224,7 @@ def stream_options(dp, cp, tp, pp, device, prefetch=2, all_fields=False, start_i
     o.resume_timeout_ms, o.max_resumes = resume_timeout_ms, max_resumes
     o.delivery = delivery
     o.skip_replay_ids = 0 if replay_ids else 1
+    o.connect_grace_ms = connect_grace_ms
     return o
 
 

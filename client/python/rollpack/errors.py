@@ -94,13 +94,17 @@ _BY_CODE = {
 }
 
 
-def from_rpc_error(err: BaseException, what: str, attempts: int = 1) -> RollpackError:
-    """Turns a grpc.RpcError (sync or aio) into the matching RollpackError."""
+def from_rpc_error(err: BaseException, what: str, attempts: int = 1,
+                   explained: Optional[str] = None) -> RollpackError:
+    """Turns a grpc.RpcError (sync or aio) into the matching RollpackError.
+    ``explained``: said instead of gRPC's text (rollpack.connect_failure:
+    the cause and the fix of a call retrying cannot fix); ``details`` stays
+    gRPC's."""
     code = err.code() if callable(getattr(err, "code", None)) else None
     details = err.details() if callable(getattr(err, "details", None)) else str(err)
     details = details or ""
     name = code.name if code is not None else "UNKNOWN"
-    msg = "%s failed: %s: %s" % (what, name, details)
+    msg = "%s failed: %s: %s" % (what, name, explained or details)
     if attempts > 1:
         msg += " (after %d attempts)" % attempts
     cls = _BY_CODE.get(code, RollpackError)

@@ -41,7 +41,7 @@ from typing import (Any, AsyncIterable, Dict, Iterable, Mapping, Optional, Seque
 import grpc
 from numpy.typing import ArrayLike
 
-from rollpack import errors
+from rollpack import connect_failure, errors
 from rollpack._feed import Feed
 from rollpack._proto import rollouts_pb2, rollouts_pb2_grpc
 from rollpack.annotations import AnnotationsLike, annotate_request
@@ -142,20 +142,47 @@ class _Retry:
         self.owner, self.what = owner, what
         self.attempts = 0
         self.first = self.warned = None
+        self.explained = None
+        self.tls_probed = False
 
     def next_delay(self, err):
-        """The seconds to wait before the next attempt, or None to give up."""
+        """The seconds to wait before the next attempt, or None to give up
+        (``explained``: then what the error says, when rollpack.connect_failure
+        has more to say than gRPC)."""
         o = self.owner
         self.attempts += 1
         now = time.monotonic()
         if self.first is None:
             self.first = self.warned = now
+        if connect_failure.server_answered(err):
+            connect_failure.note_reached(o.address)
+        kind = connect_failure.classify(err)
+        tls = o._creds is not None
+        if kind == connect_failure.PERMANENT:
+            self.explained = connect_failure.explain(err, o.address, tls)
+            return None
+        never_reached = (kind == connect_failure.UNREACHABLE
+                         and not connect_failure.was_reached(o.address))
+        if never_reached and not tls and not self.tls_probed:
+            # Connections closed unanswered: asked once whether the server
+            # speaks TLS, which no wait would change.
+            self.tls_probed = True
+            if (connect_failure.closed_before_http2(err)
+                    and connect_failure.server_speaks_tls(o.address)):
+                self.explained = connect_failure.explain(err, o.address, tls, speaks_tls=True)
+                return None
+        if never_reached and o.connect_grace is not None:
+            waited = now - self.first
+            if waited >= o.connect_grace:
+                self.explained = connect_failure.explain(err, o.address, tls, waited)
+                return None
         if not o._retryable(err):
             return None
-        if o.max_attempts is not None and self.attempts >= o.max_attempts:
-            return None
         waited = now - self.first
-        if o.retry_for is not None and waited >= o.retry_for:
+        if ((o.max_attempts is not None and self.attempts >= o.max_attempts)
+                or (o.retry_for is not None and waited >= o.retry_for)):
+            if kind == connect_failure.UNREACHABLE:
+                self.explained = connect_failure.explain(err, o.address, tls, waited)
             return None
         if o.warn_every is not None and now - self.warned >= o.warn_every:
             self.warned = now
@@ -165,7 +192,12 @@ class _Retry:
         delay = o.backoff.delay(self.attempts)
         if o.retry_for is not None:
             delay = min(delay, max(0.0, o.retry_for - waited))
+        if never_reached and o.connect_grace is not None:
+            delay = min(delay, max(0.0, o.connect_grace - waited))
         return delay
+
+    def succeeded(self):
+        connect_failure.note_reached(self.owner.address)
 
 
 def _annotate_request(own_pool, pool, annotations):
@@ -191,6 +223,7 @@ class _Base:
                  max_attempts: Optional[int] = None, warn_every: Optional[float] = 30.0,
                  initial_backoff: float = 0.1, max_backoff: float = 5.0,
                  backoff_multiplier: float = 2.0,
+                 connect_grace: Optional[float] = connect_failure.DEFAULT_CONNECT_GRACE,
                  channel_options: Sequence[Tuple[str, Any]] = ()) -> None:
         """Opens a channel to rollpackd at ``address`` ("host:port"; a
         "grpc://" or "http://" prefix is dropped) for pool ``pool``. No RPC
@@ -221,6 +254,12 @@ class _Base:
           while a call retries (None = never).
         - ``initial_backoff``, ``max_backoff``, ``backoff_multiplier``: the
           exponential backoff between attempts (seconds; with jitter).
+        - ``connect_grace``: seconds a call keeps retrying an address that
+          does not resolve or refuses connections while this process has
+          never reached it (a server still starting); once reached, that is
+          a restart, retried for ``retry_for`` (None = ``retry_for`` from
+          the start). A failed TLS handshake or refused credentials raise at
+          once, naming the cause and the fix.
         - ``channel_options``: extra ``(name, value)`` gRPC channel arguments.
 
         Raises ValueError for an empty pool or a certificate without its key.
@@ -241,6 +280,7 @@ class _Base:
         self.retry_for = None if retry_for is None else float(retry_for)
         self.max_attempts = None if max_attempts is None else max(1, int(max_attempts))
         self.warn_every = None if warn_every is None else float(warn_every)
+        self.connect_grace = None if connect_grace is None else float(connect_grace)
         self._metadata = (("authorization", "Bearer " + token),) if token else None
         self._spec: Optional[ModelSpec] = None
         use_tls = tls or root_certificates or client_certificate
@@ -285,8 +325,8 @@ class _Base:
     def _retryable(self, err):
         return err.code() in RETRYABLE and not _is_size_error(err) and not _is_count_error(err)
 
-    def _fail(self, err, what, attempts):
-        e = errors.from_rpc_error(err, what, attempts)
+    def _fail(self, err, what, retry):
+        e = errors.from_rpc_error(err, what, retry.attempts, retry.explained)
         if _is_size_error(err):
             e.args = (e.args[0] + " (a request message exceeds the server's message size "
                       "limit: lower max_message_bytes, now %d, or raise the server's limit)"
@@ -329,11 +369,13 @@ class Producer(_Base):
         retry = _Retry(self, what)
         while True:
             try:
-                return fn()
+                response = fn()
+                retry.succeeded()
+                return response
             except grpc.RpcError as err:
                 delay = retry.next_delay(err)
                 if delay is None:
-                    raise self._fail(err, what, retry.attempts) from None
+                    raise self._fail(err, what, retry) from None
                 time.sleep(delay)
 
     def register_model(self, spec: Optional[SpecLike] = None, timeout: Optional[float] = None,
@@ -420,9 +462,10 @@ class Producer(_Base):
                 except grpc.RpcError as err:
                     delay = retry.next_delay(err)
                     if delay is None:
-                        raise self._fail(err, what, retry.attempts) from None
+                        raise self._fail(err, what, retry) from None
                     result.retries += 1
                     time.sleep(delay)
+            retry.succeeded()
             result._add(resp)
             feed.acked()
             if feed.error is not None:
@@ -550,11 +593,13 @@ class AsyncProducer(_Base):
         retry = _Retry(self, what)
         while True:
             try:
-                return await make()
+                response = await make()
+                retry.succeeded()
+                return response
             except grpc.RpcError as err:
                 delay = retry.next_delay(err)
                 if delay is None:
-                    raise self._fail(err, what, retry.attempts) from None
+                    raise self._fail(err, what, retry) from None
                 await asyncio.sleep(delay)
 
     async def register_model(self, spec: Optional[SpecLike] = None,
@@ -616,9 +661,10 @@ class AsyncProducer(_Base):
                 except grpc.RpcError as err:
                     delay = retry.next_delay(err)
                     if delay is None:
-                        raise self._fail(err, what, retry.attempts) from None
+                        raise self._fail(err, what, retry) from None
                     result.retries += 1
                     await asyncio.sleep(delay)
+            retry.succeeded()
             result._add(resp)
             feed.acked()
             if feed.error is not None:

@@ -226,6 +226,16 @@ def _from_batch(b, device, replay_ids=True):
     return mb
 
 
+def _grace_ms(connect_grace):
+    """connect_grace (seconds, None = no grace) as rpt_stream_options reads it."""
+    if connect_grace is None:
+        return -1
+    if connect_grace < 0 or connect_grace * 1000 > _INT32_MAX:
+        raise ValueError("connect_grace is %r: seconds in [0, %d], or None for no grace"
+                         % (connect_grace, _INT32_MAX // 1000))
+    return max(1, int(round(connect_grace * 1000)))
+
+
 class TrainerClient:
     """Iterates one rank's micro-batches of a step as torch tensors.
 
@@ -253,7 +263,12 @@ class TrainerClient:
     never resume); ``max_resumes`` (None = no cap) also caps the failed
     attempts in a row. An error that ends the stream has ``resume_from``:
     the first micro-batch not handed out, for a new client's
-    ``start_index``.
+    ``start_index``. Errors that retrying cannot fix end the stream at once
+    with a message naming the cause and the fix: a failed TLS handshake,
+    refused credentials; an address that does not resolve or refuses
+    connections after ``connect_grace`` seconds (10; None = the whole
+    ``resume_timeout``) unless this process has reached it before (then it
+    is a restart, ridden out for ``resume_timeout``).
 
     ``delivery``: "auto" (default) pulls each micro-batch's rows straight
     from the cluster members holding them when rollpackd serves that, else
@@ -275,7 +290,7 @@ class TrainerClient:
                  tp_leader=False, tp_size=None, rendezvous_timeout_s=300, rendezvous_tag="",
                  token=None, tls=False, root_certificates=None, client_certificate=None,
                  client_key=None, server_name=None, resume_timeout=60.0, max_resumes=None,
-                 delivery="auto", replay_ids=True):
+                 delivery="auto", replay_ids=True, connect_grace=10.0):
         _capi.abi_version()  # loads the library, or raises ImportError
         self._stream = 0
         self._client = 0
@@ -307,7 +322,8 @@ class TrainerClient:
             fill=masked_fill_minus_one, tp_leader_size=tp_leader_size,
             rendezvous_timeout_s=int(rendezvous_timeout_s), rendezvous_tag=str(rendezvous_tag),
             resume_timeout_ms=resume_timeout_ms, max_resumes=max_resumes,
-            delivery=_capi.DELIVERY[delivery], replay_ids=bool(replay_ids))
+            delivery=_capi.DELIVERY[delivery], replay_ids=bool(replay_ids),
+            connect_grace_ms=_grace_ms(connect_grace))
         self._replay_ids = bool(replay_ids)
         self._stream = call(_capi.open, "open %s rank %s" % (step_id, self.rank), address,
                             step_id, options, self._connect)

@@ -8,6 +8,7 @@ explicit keyword options and type hints."""
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,53 @@ class InstalledPackage(unittest.TestCase):
         got = self.run_python(_PROBE, ROLLPACK_TRAINER_LIBRARY="/opt/x/librollpack_trainer.so")
         self.assertEqual(got["library"], "/opt/x/librollpack_trainer.so")
 
+    def run_command(self, argv, **env):
+        full = dict(os.environ, **env)
+        for k in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "ROLLPACK_PYTHON"):
+            if k not in env:
+                full.pop(k, None)
+        return subprocess.run(argv, cwd=self.outside, env=full, capture_output=True, text=True,
+                              timeout=120)
+
+    def test_console_script(self):
+        script = os.path.join(self.venv, "bin", "rollpack")
+        for argv in ([script, "--help"], [script, "pool", "--help"]):
+            out = self.run_command(argv)
+            self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+            self.assertIn("usage: rollpack", out.stdout)
+
+    def test_the_binary_runs_anywhere(self):
+        """The C++ rollpack copied next to a lib/rollpack/python of its own
+        runs `pool --help` from that package (cli/python_forward.h), and
+        from the venv's when ROLLPACK_PYTHON names its interpreter."""
+        cli = os.environ.get("ROLLPACK_CLI")
+        if not cli:
+            self.skipTest("$ROLLPACK_CLI (the built rollpack binary) unset")
+        prefix = os.path.join(self.tmp.name, "relocated")
+        os.makedirs(os.path.join(prefix, "bin"), exist_ok=True)
+        binary = os.path.join(prefix, "bin", "rollpack")
+        shutil.copy(cli, binary)
+        installed = os.path.dirname(self.run_python(_PROBE)["rollpack"])
+        package = os.path.join(prefix, "lib", "rollpack", "python", "rollpack")
+        shutil.copytree(installed, package, dirs_exist_ok=True)
+        with open(os.path.join(package, "__main__.py")) as f:
+            main = f.read()
+        with open(os.path.join(package, "__main__.py"), "w") as f:
+            f.write("import sys; sys.stderr.write('rollpack from %s\\n' % __file__)\n" + main)
+        out = self.run_command([binary, "pool", "--help"])
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("usage: rollpack", out.stdout)
+        self.assertIn("rollpack from %s" % package, out.stderr)
+
+        out = self.run_command([binary, "pool", "--help"],
+                               ROLLPACK_PYTHON=package_venv.venv_python(self.venv))
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertNotIn("rollpack from", out.stderr)  # the venv's own package
+
+        out = self.run_command([binary, "pool", "--help"], ROLLPACK_PYTHON="/no/such/python3")
+        self.assertEqual(out.returncode, 127, out.stdout + out.stderr)
+        self.assertIn("ROLLPACK_PYTHON=/no/such/python3 is not an executable file", out.stderr)
+
     def test_put_to_rollpackd(self):
         with Rollpackd() as d:
             got = self.run_python(_PUT, d.address)
@@ -133,7 +181,7 @@ class PublicApi(unittest.TestCase):
                         "server_name", "timeout", "max_message_bytes", "max_samples_per_message",
                         "max_unacked_bytes",
                         "retry_for", "max_attempts", "warn_every", "initial_backoff",
-                        "max_backoff", "backoff_multiplier", "channel_options"}
+                        "max_backoff", "backoff_multiplier", "connect_grace", "channel_options"}
 
     def test_producers_take_explicit_keywords(self):
         for cls in (rollpack.Producer, rollpack.AsyncProducer):

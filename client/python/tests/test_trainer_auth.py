@@ -18,8 +18,10 @@ Certificates are made with openssl at test time.
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import time
 import unittest
 
 import grpc
@@ -242,16 +244,33 @@ class Tls(unittest.TestCase):
         ack = c.report_routing_agreement(_agreement(self.trainer, next(c)))
         self.assertEqual(ack.reports, 1)
 
-    # A handshake that fails reads as UNAVAILABLE, which the client would
-    # keep resuming for resume_timeout (60 s): these ask for no resuming.
-    def test_plaintext_client_fails(self):
-        with self.assertRaises(errors.Unavailable):
-            self.fetch(self.d.address, resume_timeout=0)
+    # A handshake that fails reads as UNAVAILABLE, but no wait fixes it: the
+    # stream ends at once, not after resume_timeout (60 s), naming the cause.
+    def test_plaintext_client_fails_at_once(self):
+        start = time.monotonic()
+        with self.assertRaises(errors.Unavailable) as cm:
+            self.fetch(self.d.address)
+        self.assertLess(time.monotonic() - start, 5.0)
+        self.assertIn("speaks TLS (rollpackd --tls-cert) and this client does not",
+                      str(cm.exception))
 
-    def test_name_mismatch_fails(self):
+    def test_name_mismatch_fails_at_once(self):
         # The certificate is for rollpack-test, not 127.0.0.1.
-        with self.assertRaises(errors.Unavailable):
-            self.fetch(self.d.address, root_certificates=self.certs["ca.crt"], resume_timeout=0)
+        start = time.monotonic()
+        with self.assertRaises(errors.Unavailable) as cm:
+            self.fetch(self.d.address, root_certificates=self.certs["ca.crt"])
+        self.assertLess(time.monotonic() - start, 5.0)
+        self.assertIn("does not name the host dialled", str(cm.exception))
+
+    def test_refused_port_fails_after_connect_grace(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            address = "127.0.0.1:%d" % s.getsockname()[1]
+        start = time.monotonic()
+        with self.assertRaises(errors.Unavailable) as cm:
+            self.fetch(address, connect_grace=1.0)
+        self.assertLess(time.monotonic() - start, 5.0)
+        self.assertIn("nothing accepts connections at %s" % address, str(cm.exception))
 
     def test_mutual_tls(self):
         got = self.fetch(self.mtls.address, root_certificates=self.certs["ca.crt"],
