@@ -20,20 +20,13 @@
 #include "rollpack/v1/rollouts.grpc.pb.h"
 #include "rollpack/v1/scheduler.grpc.pb.h"
 #include "proto/wire/deterministic_bytes.h"
+#include "server/cluster/cluster_config_check.h"
 #include "server/cluster/peer_calls.h"
 #include "server/store/convert.h"
 #include "spdlog/spdlog.h"
 
 namespace rollpack {
 namespace {
-
-absl::StatusOr<ModelSpec> ParseModel(const std::string& key, const std::string& bytes) {
-  v1::ModelSpec spec;
-  if (!spec.ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold a ModelSpec"));
-  }
-  return FromProto(spec);
-}
 
 // host:port with a port in 1..65535, at most 255 bytes, no space or control
 // byte: what --cluster-advertise accepts.
@@ -134,6 +127,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& opt
   // Joined once the roster tells the others too (Members(), after an etcd
   // outage).
   RETURN_IF_ERROR(cluster->KeepRoster());
+  // A member drained before its restart refuses new samples from the start.
+  RETURN_IF_ERROR(cluster->RefreshSelfDrained());
+  WarnIfClusterLooksMisnamed(*cluster->etcd_, options.name, cluster->self_.id);
   int64_t revision = 0;
   if (absl::StatusOr<std::vector<ClusterMember>> members = cluster->ListMembers(&revision);
       members.ok()) {
@@ -161,6 +157,11 @@ Cluster::~Cluster() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  // An etcd that is gone must not hold up a shutdown (Kubernetes' grace
+  // period, a trainer's restart) for every call's total budget: the
+  // keep-alive thread's call in flight and the revokes below get one short
+  // attempt each, and leases not revoked run out after their TTL.
+  etcd_->StopRetrying();
   if (keep_alive_.joinable()) keep_alive_.join();
   // Read after the join: the keep-alive thread may have re-joined with a
   // new lease. A failed revoke is fine: the lease expires after its TTL.
@@ -190,32 +191,8 @@ v1::Member::Stub* Cluster::MemberStub(const ClusterMember& member) {
   return peers_->Member(member);
 }
 
-std::string Cluster::PoolKey(const std::string& pool) const {
-  return absl::StrCat("/", options_.name, "/pools/", pool);
-}
-
-absl::StatusOr<PoolOptions> Cluster::FixPoolOptions(const std::string& pool,
-                                                    const PoolOptions& options) {
-  const std::string key = Key("pool-options", pool);
-  bool created = false;
-  ASSIGN_OR_RETURN(std::string held,
-                   etcd_->CreateIfAbsent(key, DeterministicBytes(ToProto(options)), &created));
-  v1::PoolOptions parsed;
-  if (!parsed.ParseFromString(held)) {
-    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold PoolOptions"));
-  }
-  return FromProto(parsed);
-}
-
-absl::StatusOr<PoolOptions> Cluster::LookupPoolOptions(const std::string& pool) {
-  const std::string key = Key("pool-options", pool);
-  ASSIGN_OR_RETURN(std::optional<std::string> held, etcd_->Get(key));
-  if (!held.has_value()) return PoolOptions{};
-  v1::PoolOptions parsed;
-  if (!parsed.ParseFromString(*held)) {
-    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold PoolOptions"));
-  }
-  return FromProto(parsed);
+v1::Rollouts::Stub* Cluster::RolloutsStub(const ClusterMember& member) {
+  return peers_->Rollouts(member);
 }
 
 absl::StatusOr<v1::PoolInfo> Cluster::SetPolicyVersionOf(const ClusterMember& member,
@@ -235,10 +212,6 @@ absl::StatusOr<v1::PoolInfo> Cluster::SetPolicyVersionOf(const ClusterMember& me
   // The member's own refusal keeps its code; one that does not answer is
   // UNAVAILABLE naming it.
   return FromPeer(s, member.id, "SetPolicyVersion");
-}
-
-std::string Cluster::SchemaKey(const std::string& pool) const {
-  return absl::StrCat("/", options_.name, "/schemas/", pool);
 }
 
 absl::Status Cluster::Register() {
@@ -351,9 +324,11 @@ void Cluster::KeepAliveLoop() {
     if (s.ok()) s = Reassert(current);
     // The roster entry follows a member key written again at once.
     if (s.ok()) s = KeepRoster();
+    if (s.ok()) s = RefreshSelfDrained();
     int64_t revision = 0;
     absl::StatusOr<std::vector<ClusterMember>> members =
         s.ok() ? ListMembers(&revision) : absl::StatusOr<std::vector<ClusterMember>>(s);
+    if (members.ok()) WatchMembers(*members);
     mu_.Lock();
     if (members.ok()) {
       last_member_count_ = static_cast<int>(members->size());
@@ -492,59 +467,6 @@ absl::StatusOr<std::vector<ClusterMember>> Cluster::ListMembers(int64_t* revisio
 int Cluster::last_member_count() const {
   absl::MutexLock lock(&mu_);
   return last_member_count_;
-}
-
-absl::StatusOr<ModelSpec> Cluster::RegisterPool(const std::string& pool,
-                                                const ModelSpec& model, bool* created) {
-  const std::string key = PoolKey(pool);
-  // Deterministic bytes: the same spec is the same value on every member.
-  ASSIGN_OR_RETURN(std::string held,
-                   etcd_->CreateIfAbsent(key, DeterministicBytes(ToProto(model)), created));
-  return ParseModel(key, held);
-}
-
-absl::StatusOr<std::optional<ModelSpec>> Cluster::LookupPool(const std::string& pool) {
-  const std::string key = PoolKey(pool);
-  ASSIGN_OR_RETURN(std::optional<std::string> held, etcd_->Get(key));
-  if (!held.has_value()) return std::optional<ModelSpec>();
-  ASSIGN_OR_RETURN(ModelSpec model, ParseModel(key, *held));
-  return std::optional<ModelSpec>(std::move(model));
-}
-
-absl::StatusOr<std::vector<std::string>> Cluster::PoolNames() {
-  const std::string prefix = PoolKey("");
-  ASSIGN_OR_RETURN(auto kvs, etcd_->GetPrefix(prefix));
-  std::vector<std::string> names;
-  for (const auto& [key, value] : kvs) names.push_back(key.substr(prefix.size()));
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-absl::StatusOr<std::map<std::string, FieldSchema>> Cluster::FixSchema(
-    const std::string& pool, const std::map<std::string, FieldSchema>& proposed) {
-  // A schema travels as a Sample's token fields: dtype and shape [0, trailing...].
-  v1::Sample schema;
-  for (const auto& [name, field] : proposed) {
-    v1::NDArray& array = (*schema.mutable_token_fields())[name];
-    array.set_dtype(field.dtype);
-    array.add_shape(0);
-    for (int64_t d : field.trailing_shape) array.add_shape(d);
-  }
-  const std::string key = SchemaKey(pool);
-  bool created = false;
-  ASSIGN_OR_RETURN(std::string held, etcd_->CreateIfAbsent(key, DeterministicBytes(schema), &created));
-  v1::Sample fixed;
-  if (!fixed.ParseFromString(held)) {
-    return absl::DataLossError(absl::StrCat("etcd key ", key, " does not hold a schema"));
-  }
-  std::map<std::string, FieldSchema> out;
-  for (const auto& [name, array] : fixed.token_fields()) {
-    FieldSchema& field = out[name];
-    field.dtype = array.dtype();
-    field.trailing_shape.assign(array.shape().begin() + std::min(1, array.shape_size()),
-                                array.shape().end());
-  }
-  return out;
 }
 
 absl::StatusOr<v1::PoolInfo> Cluster::GetPoolOf(const ClusterMember& member,

@@ -8,7 +8,9 @@
 #ifndef ROLLPACK_SERVER_CLUSTER_CLUSTER_H_
 #define ROLLPACK_SERVER_CLUSTER_CLUSTER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,9 +27,12 @@
 #include "absl/strings/string_view.h"
 #include "grpcpp/security/credentials.h"
 #include "rollpack/v1/member.grpc.pb.h"
+#include "rollpack/v1/rollouts.grpc.pb.h"
 #include "rollpack/v1/rollouts.pb.h"
 #include "scheduler/model_spec.h"
 #include "server/cluster/etcd_client.h"
+#include "server/cluster/member_health.h"
+#include "server/cluster/pool_facts.h"
 #include "server/store/sample_store.h"
 
 namespace rollpack {
@@ -38,6 +43,9 @@ struct ClusterOptions {
   std::string name = "rollpack";
   // host:port other members and trainers reach this member at; also its id.
   std::string advertise;
+  // This process's incarnation (incarnation.h): new whenever the member
+  // starts without its data. Steps record it with the samples held here.
+  std::string incarnation;
   // Membership lease: a member that stops renewing leaves after this long.
   absl::Duration lease_ttl = absl::Seconds(5);
   // The lease of the member's roster entry (/<cluster>/roster/<id>), which
@@ -89,7 +97,30 @@ class Cluster {
   absl::StatusOr<std::vector<ClusterMember>> Members();
   // Members last seen by the keep-alive thread (for metrics; no etcd call).
   int last_member_count() const;
+  // Every member that had joined and was not lost as the keep-alive thread
+  // last saw the list (member_health.h; no etcd call): while etcd is
+  // unreachable, the view this member had before, in id order.
+  std::vector<ClusterMember> LastMembers() const;
+  // Every member that had joined, as the keep-alive thread last saw the
+  // list: true while etcd lists it, false once it is lost (member_health.h).
+  std::map<std::string, bool> MemberUp() const;
+  // Whether etcd answers this member now (EtcdClient::reachable), and
+  // since when it does not.
+  bool etcd_reachable() const { return etcd_->reachable(); }
+  const EtcdReachability& etcd_reachability() const { return etcd_->reachability(); }
+  // EtcdClient::SetReachabilityListener.
+  void SetEtcdListener(std::function<void(bool reachable)> listener) {
+    etcd_->SetReachabilityListener(std::move(listener));
+  }
+  // UNAVAILABLE naming etcd's endpoints, how long they have not answered
+  // and etcd's last error: `what` waits for etcd.
+  absl::Status EtcdAway(absl::string_view what) const;
 
+  // Pool facts (cluster_pools.cc). While etcd is unreachable, or when a
+  // call to it fails UNAVAILABLE, each answers what this member read from
+  // or wrote to etcd before (pool_facts.h), or UNAVAILABLE naming etcd and
+  // the pool when it knows nothing of it.
+  //
   // Fixes `model` as pool `pool`'s model for the whole cluster unless the
   // pool exists; returns the cluster's model for the pool (`model`, or the
   // one registered first, which the caller compares) and sets *created.
@@ -97,8 +128,16 @@ class Cluster {
                                          bool* created);
   // The pool's cluster-wide model, or nullopt when no member registered it.
   absl::StatusOr<std::optional<ModelSpec>> LookupPool(const std::string& pool);
-  // Every pool registered on some member, sorted.
+  // Every pool registered on some member, sorted (needs etcd).
   absl::StatusOr<std::vector<std::string>> PoolNames();
+  // Reads the pool's schema, when one is fixed, into what this member knows
+  // (for its first batch of the pool while etcd is away).
+  absl::Status LearnSchema(const std::string& pool);
+  // What this member knows of a pool it took from its durable log (its
+  // facts were fixed in etcd when it took the pool first).
+  void RememberPool(const std::string& pool, const ModelSpec& model, const PoolOptions& options);
+  // etcd holds the pool no more (deleted): what this member knew goes.
+  void ForgetPool(const std::string& pool) { pool_facts_.Forget(pool); }
   // Fixes the pool's lifecycle options for the whole cluster unless they
   // are fixed; returns the options that hold.
   absl::StatusOr<PoolOptions> FixPoolOptions(const std::string& pool, const PoolOptions& options);
@@ -115,10 +154,31 @@ class Cluster {
   EtcdClient* etcd() { return etcd_.get(); }
   // The Member service (member.proto) of `member`, over its kept channel.
   v1::Member::Stub* MemberStub(const ClusterMember& member);
+  // The Rollouts service of `member` (its local_only calls), likewise.
+  v1::Rollouts::Stub* RolloutsStub(const ClusterMember& member);
 
   // GetPool of `member` alone (GetPoolRequest.local_only), over a channel
   // kept per member. UNAVAILABLE naming the member when it does not answer.
   absl::StatusOr<v1::PoolInfo> GetPoolOf(const ClusterMember& member, const std::string& pool);
+  // Maintenance (docs/cluster.md, "Maintenance: draining a member"; in
+  // cluster_drain.cc). A drain is the key /<cluster>/drained/<id>, without a
+  // lease so that it outlives the member's restarts: the id, then a line
+  // saying when and through which member. Drain: NOT_FOUND unless `member`
+  // is live; undrain: NOT_FOUND when it is neither live nor drained.
+  absl::Status SetDrained(const std::string& member, bool drained);
+  // The ids with a drain key; *revision: the etcd revision read at. A key
+  // that does not hold its own id is ignored (warned about once), as a
+  // member key would be.
+  absl::StatusOr<std::set<std::string>> DrainedMembers(int64_t* revision = nullptr);
+  // Reads this member's drain key again and applies it (logged when it
+  // changes): at the join, every renewal, and when DrainMember reaches it.
+  absl::Status RefreshSelfDrained();
+  // Whether this member is drained, as last read (no etcd call).
+  bool self_drained() const { return self_drained_.load(); }
+  // UNAVAILABLE naming this member while it is drained: what PutSamples and
+  // the capture port answer a new sample (producers retry elsewhere).
+  absl::Status AcceptsNewSamples() const;
+
   // SetPolicyVersion of `member` alone (local_only); errors as GetPoolOf.
   absl::StatusOr<v1::PoolInfo> SetPolicyVersionOf(const ClusterMember& member,
                                                   const std::string& pool,
@@ -134,6 +194,9 @@ class Cluster {
   // renews that lease every tenth of its TTL. Join and keep-alive thread.
   absl::Status KeepRoster();
   void KeepAliveLoop();
+  // The keep-alive thread's view of etcd's list `listed`: logs members
+  // joining, leaving and lost (cluster_member_watch.cc).
+  void WatchMembers(const std::vector<ClusterMember>& listed);
   // The member keys etcd holds now, as Members() counts them, without
   // waiting for any; *revision: the etcd revision they were read at.
   absl::StatusOr<std::vector<ClusterMember>> ListMembers(int64_t* revision = nullptr);
@@ -151,6 +214,9 @@ class Cluster {
   std::string RosterKey(const std::string& id) const;
   std::string PoolKey(const std::string& pool) const;
   std::string SchemaKey(const std::string& pool) const;
+  // Whether a drain key's value is `member`'s (warns once per key if not).
+  bool ValidDrainValue(const std::string& key, const std::string& member,
+                       const std::string& value);
 
   const ClusterOptions options_;
   const ClusterMember self_;
@@ -178,6 +244,12 @@ class Cluster {
   // Member keys Members() ignored (warned about once each).
   std::set<std::string> ignored_keys_ ABSL_GUARDED_BY(mu_);
   std::thread keep_alive_;
+  // WatchMembers' state: the keep-alive thread writes, metrics read.
+  mutable absl::Mutex health_mu_;
+  MemberHealth member_health_ ABSL_GUARDED_BY(health_mu_);
+  absl::Time roster_checked_ ABSL_GUARDED_BY(health_mu_) = absl::InfinitePast();
+  PoolFacts pool_facts_;
+  std::atomic<bool> self_drained_{false};
 
   class Peers;
   std::unique_ptr<Peers> peers_;

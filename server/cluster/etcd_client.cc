@@ -16,6 +16,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "spdlog/spdlog.h"
 
 namespace rollpack {
 namespace {
@@ -142,7 +143,13 @@ EtcdClient::EtcdClient(std::shared_ptr<grpc::Channel> channel, std::string endpo
       lease_(etcdserverpb::Lease::NewStub(channel_)),
       endpoints_(std::move(endpoints)),
       timeout_(timeout),
-      total_timeout_(total_timeout) {}
+      total_timeout_(total_timeout),
+      reachability_(timeout) {}
+
+void EtcdClient::SetReachabilityListener(std::function<void(bool reachable)> listener) {
+  absl::MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
+}
 
 grpc::Status EtcdClient::Call(
     const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const {
@@ -154,20 +161,64 @@ grpc::Status EtcdClient::Call(
     grpc::ClientContext context;
     const absl::Time started = absl::Now();
     const absl::Duration left = std::max(give_up - started, absl::Milliseconds(1));
-    SetDeadline(&context, std::min(timeout_, left));
+    const int64_t leaving = leaving_deadline_nanos_.load();
+    SetDeadline(&context, leaving != 0 ? absl::Nanoseconds(leaving) : std::min(timeout_, left));
     grpc::Status s = rpc(&context);
-    const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    // What the cluster's member list watches for (Cluster::Members): etcd
-    // away, slow, or answering again after it was away.
     const absl::Time now = absl::Now();
-    const bool was_failing = failing_.exchange(transient);
-    if (transient || was_failing || now - started > absl::Seconds(1)) {
-      trouble_nanos_.store(absl::ToUnixNanos(now));
+    const bool transient = Record(started, now, s);
+    if (!transient || leaving_deadline_nanos_.load() != 0 ||
+        now + absl::Milliseconds(100) >= give_up) {
+      return s;
     }
-    if (!transient || now + absl::Milliseconds(100) >= give_up) return s;
     absl::SleepFor(absl::Milliseconds(100));
   }
+}
+
+bool EtcdClient::Record(absl::Time started, absl::Time ended, const grpc::Status& status) const {
+  const bool transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  // What the cluster's member list watches for (Cluster::Members): etcd
+  // away, slow, or answering again after it was away.
+  const bool was_failing = failing_.exchange(transient);
+  if (transient || was_failing || ended - started > absl::Seconds(1)) {
+    trouble_nanos_.store(absl::ToUnixNanos(ended));
+  }
+  const EtcdReachability::Change change =
+      reachability_.Observe(started, ended, transient, status.error_message());
+  if (change != EtcdReachability::Change::kNone) Announce(change);
+  return transient;
+}
+
+bool EtcdClient::Probe(absl::Duration deadline) const {
+  etcdserverpb::RangeRequest request;
+  request.set_key(std::string(1, '\0'));
+  request.set_keys_only(true);
+  etcdserverpb::RangeResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, deadline);
+  const absl::Time started = absl::Now();
+  const grpc::Status s = kv_->Range(&context, request, &response);
+  return !Record(started, absl::Now(), s);
+}
+
+void EtcdClient::Announce(EtcdReachability::Change change) const {
+  // Once per change, never per failed call: a change needs etcd to stay
+  // away (or to answer) for a whole attempt's deadline first.
+  const EtcdReachability::State state = reachability_.state();
+  if (change == EtcdReachability::Change::kLost) {
+    spdlog::warn("rollpackd: etcd unreachable (endpoints {}; last error: {}): membership and new "
+                 "pools wait; puts to known pools go on",
+                 endpoints_, state.last_error);
+  } else {
+    spdlog::info("rollpackd: etcd reachable again after {}",
+                 absl::FormatDuration(absl::Trunc(state.last_outage, absl::Milliseconds(100))));
+  }
+  std::function<void(bool)> listener;
+  {
+    absl::MutexLock lock(&listener_mu_);
+    listener = listener_;
+  }
+  if (listener) listener(change == EtcdReachability::Change::kRegained);
 }
 
 absl::Time EtcdClient::last_trouble() const {
@@ -249,6 +300,25 @@ absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::ListPrefix(const std::stri
   for (const auto& kv : response.kvs()) {
     out.push_back({kv.key(), kv.value(), kv.lease(), kv.mod_revision()});
   }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> EtcdClient::ListPrefixKeys(
+    const std::string& prefix) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(prefix);
+  request.set_range_end(PrefixRangeEnd(prefix));
+  request.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
+  request.set_sort_target(etcdserverpb::RangeRequest::KEY);
+  request.set_keys_only(true);
+  etcdserverpb::RangeResponse response;
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Range(context, request, &response);
+  });
+  if (!s.ok()) return Error(s, absl::StrCat("list keys ", prefix));
+  std::vector<std::pair<std::string, int64_t>> out;
+  out.reserve(response.kvs_size());
+  for (const auto& kv : response.kvs()) out.emplace_back(kv.key(), kv.mod_revision());
   return out;
 }
 
@@ -357,6 +427,22 @@ absl::Status EtcdClient::Delete(const std::string& key) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> EtcdClient::DeleteAll(const std::vector<std::string>& keys) {
+  // One transaction with no compare: every delete, or none.
+  etcdserverpb::TxnRequest request;
+  for (const std::string& key : keys) request.add_success()->mutable_request_delete_range()->set_key(key);
+  etcdserverpb::TxnResponse response;
+  grpc::Status s = Call([&](grpc::ClientContext* context) {
+    return kv_->Txn(context, request, &response);
+  });
+  if (!s.ok()) return Error(s, absl::StrCat("delete ", keys.size(), " keys"));
+  int64_t deleted = 0;
+  for (const etcdserverpb::ResponseOp& op : response.responses()) {
+    deleted += op.response_delete_range().deleted();
+  }
+  return deleted;
+}
+
 absl::StatusOr<int64_t> EtcdClient::GrantLease(absl::Duration ttl) {
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
@@ -390,6 +476,10 @@ absl::Status EtcdClient::KeepAlive(int64_t lease) {
     return absl::NotFoundError(absl::StrCat("etcd: lease ", lease, " has expired"));
   }
   return absl::OkStatus();
+}
+
+void EtcdClient::StopRetrying(absl::Duration deadline) {
+  leaving_deadline_nanos_.store(std::max<int64_t>(1, absl::ToInt64Nanoseconds(deadline)));
 }
 
 absl::Status EtcdClient::RevokeLease(int64_t lease) {

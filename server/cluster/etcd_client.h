@@ -19,11 +19,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
+#include "server/cluster/etcd_reachability.h"
 
 namespace rollpack {
 
@@ -79,6 +81,11 @@ class EtcdClient {
   // when given, is set to the store revision etcd read them at.
   absl::StatusOr<std::vector<EtcdKeyValue>> ListPrefix(const std::string& prefix,
                                                        int64_t* revision = nullptr);
+  // The keys starting with `prefix` and their modification revisions, in
+  // key order, without their values (what changed since a listing is read
+  // alone).
+  absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> ListPrefixKeys(
+      const std::string& prefix);
   // `key` with its lease and revision, or nullopt when it does not exist.
   absl::StatusOr<std::optional<EtcdKeyValue>> GetEntry(const std::string& key);
   // lease 0 = none.
@@ -96,6 +103,9 @@ class EtcdClient {
                                              bool* created, int64_t lease = 0,
                                              int64_t* mod_revision = nullptr);
   absl::Status Delete(const std::string& key);
+  // Deletes every key of `keys` in one transaction (all or none); returns
+  // how many existed.
+  absl::StatusOr<int64_t> DeleteAll(const std::vector<std::string>& keys);
 
   // A lease that expires `ttl` after its last keep-alive; returns its id.
   absl::StatusOr<int64_t> GrantLease(absl::Duration ttl);
@@ -103,6 +113,11 @@ class EtcdClient {
   // every key attached to it).
   absl::Status KeepAlive(int64_t lease);
   absl::Status RevokeLease(int64_t lease);
+  // Leaving: from now on every call is one attempt of at most `deadline`,
+  // not retried, so that a member whose etcd is gone stops within seconds
+  // (its leases run out on their own) instead of spending each call's
+  // total budget.
+  void StopRetrying(absl::Duration deadline = absl::Seconds(1));
 
   const std::string& endpoints() const { return endpoints_; }
 
@@ -111,6 +126,21 @@ class EtcdClient {
   // when etcd revokes the leases that ran out meanwhile). InfinitePast
   // when never.
   absl::Time last_trouble() const;
+
+  // Whether etcd answers this member (etcd_reachability.h: unreachable once
+  // no attempt has succeeded for one attempt's deadline). Each change is
+  // logged once ("etcd unreachable ...", "etcd reachable again after ...").
+  const EtcdReachability& reachability() const { return reachability_; }
+  bool reachable() const { return reachability_.reachable(); }
+  // Called with the new state after each change, on the thread whose etcd
+  // call saw it (outside any lock of this client). Replaces the previous one;
+  // nullptr: none.
+  void SetReachabilityListener(std::function<void(bool reachable)> listener);
+  // One read of no key with `deadline`, no retries: whether etcd answers
+  // now (what reachable() follows, updated by it). For callers that answer
+  // differently while etcd is away, so as not to answer so a moment after it
+  // returned, before another call has seen it.
+  bool Probe(absl::Duration deadline) const;
 
  private:
   struct KeyRevisions {
@@ -124,6 +154,11 @@ class EtcdClient {
              absl::Duration timeout, absl::Duration total_timeout);
   grpc::Status Call(const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const;
   absl::Status Error(const grpc::Status& status, absl::string_view what) const;
+  // Records an attempt that ran from `started` to `ended` (last_trouble,
+  // reachability); returns whether etcd did not answer it.
+  bool Record(absl::Time started, absl::Time ended, const grpc::Status& status) const;
+  // Logs a change of reachability_ and tells the listener.
+  void Announce(EtcdReachability::Change change) const;
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
@@ -135,6 +170,11 @@ class EtcdClient {
   // attempt failed.
   mutable std::atomic<int64_t> trouble_nanos_{0};
   mutable std::atomic<bool> failing_{false};
+  // StopRetrying()'s deadline in nanoseconds; 0 while calls retry.
+  std::atomic<int64_t> leaving_deadline_nanos_{0};
+  mutable EtcdReachability reachability_;
+  mutable absl::Mutex listener_mu_;
+  std::function<void(bool)> listener_ ABSL_GUARDED_BY(listener_mu_);
 };
 
 // The end of the key range that holds every key starting with `prefix`

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "scheduler/model_spec.h"
 #include "server/cluster/cluster_annotations.h"
@@ -108,6 +109,11 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RolloutsService::PutSamples(
       return new RefusedPut(s);
     }
   }
+  // Refused at once when drained; a stream open before the drain is
+  // refused at its next message.
+  if (absl::Status accepts = AcceptsNewSamples(); !accepts.ok()) {
+    return new RefusedPut(ToGrpcStatus(accepts));
+  }
   std::shared_ptr<CommitSequencer> sequencer;
   int stripe = 0;
   const auto& metadata = context->client_metadata();
@@ -120,7 +126,15 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RolloutsService::PutSamples(
     sequencer = CommitSequencer::Create();
   }
   return NewPutSamplesReactor(store_, metrics_, workers_.get(), ingest_, std::move(sequencer),
-                              stripe, response);
+                              stripe, response, [this] { return AcceptsNewSamples(); });
+}
+
+absl::Status RolloutsService::AcceptsNewSamples() const {
+  if (!cluster_mode_) return absl::OkStatus();
+  // Until the join has read this member's drain key, it may be drained.
+  Cluster* const cluster = cluster_.load();
+  if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
+  return cluster->AcceptsNewSamples();
 }
 
 grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* context,
@@ -231,7 +245,40 @@ absl::Status RolloutsService::ClusterPool(const std::string& pool, v1::PoolInfo*
     return absl::NotFoundError(absl::StrCat("pool \"", pool, "\" has no registered model in cluster \"",
                                             cluster->options().name, "\""));
   }
-  ASSIGN_OR_RETURN(std::vector<ClusterMember> members, cluster->Members());
+  // While etcd is unreachable the pool's model is the one this member knew
+  // (LookupPool) and the members those it listed while etcd was well
+  // (Cluster::LastMembers), said so in
+  // stale_membership: an answer within the etcd client's budget at most,
+  // never a wait for etcd.
+  std::vector<ClusterMember> members;
+  // A quick look first: right after etcd returned, before another call has
+  // seen it, the member list is etcd's (Members waits for the members
+  // rejoining), not this member's view from before.
+  bool stale = !cluster->etcd_reachable() &&
+               !cluster->etcd()->Probe(absl::Milliseconds(200));
+  if (!stale) {
+    // Its options and schema too, so that this member knows them while
+    // etcd is away (a producer that read the model here then puts here).
+    // Best effort: the answer does not need them.
+    cluster->LookupPoolOptions(pool).IgnoreError();
+    cluster->LearnSchema(pool).IgnoreError();
+    absl::StatusOr<std::vector<ClusterMember>> listed = cluster->Members();
+    if (listed.ok()) {
+      members = *std::move(listed);
+    } else if (absl::IsUnavailable(listed.status()) && !cluster->etcd_reachable()) {
+      stale = true;
+    } else {
+      return listed.status();
+    }
+  }
+  if (stale) {
+    members = cluster->LastMembers();
+    const absl::Duration away = cluster->etcd_reachability().UnreachableFor(absl::Now());
+    response->set_stale_membership(absl::StrCat(
+        "etcd (", cluster->etcd()->endpoints(), ") unreachable for ",
+        absl::FormatDuration(absl::Trunc(away, absl::Milliseconds(100))),
+        ": the members this member listed while etcd was well, and the model it knew"));
+  }
   response->set_pool(pool);
   *response->mutable_model() = ToProto(*model);
   for (const ClusterMember& member : members) {
@@ -240,6 +287,11 @@ absl::Status RolloutsService::ClusterPool(const std::string& pool, v1::PoolInfo*
                  response);
   }
   FinishPoolShares(response);
+  // A step over k members is held on each: the cluster has it once.
+  if (live_steps_of_pool_) {
+    absl::StatusOr<int64_t> live_steps = live_steps_of_pool_(pool);
+    if (live_steps.ok()) response->set_num_live_steps(*live_steps);
+  }
   return absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 #ifndef ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
 #define ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
 
+#include <functional>
 #include <optional>
 #include <atomic>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "server/ingest/commit_sequencer.h"
 #include "server/ingest/put_samples_reactor.h"
 #include "server/store/sample_store.h"
+#include "server/store/step_directory.h"
 #include "server/ops/server_metrics.h"
 #include "base/worker_pool.h"
 
@@ -31,6 +33,15 @@ class RolloutsService final
 
   // The cluster this member joined once its port was known.
   void AttachCluster(Cluster* cluster) { cluster_.store(cluster); }
+  // Cluster mode (docs/cluster.md, "Counting steps"): the cluster's live
+  // steps of a pool, each once, which GetPool's total reports instead of the
+  // sum of the members' holds. Set before serving.
+  void CountLiveStepsWith(std::function<absl::StatusOr<int64_t>(const std::string& pool)> count) {
+    live_steps_of_pool_ = std::move(count);
+  }
+  // Whether this member takes new samples (intake_check.h): UNAVAILABLE
+  // naming it while it is drained for maintenance.
+  absl::Status AcceptsNewSamples() const;
 
   // RegisterModel without a call (rollpackd --capture-model): in cluster
   // mode the pool's model and options are fixed cluster-wide first (etcd),
@@ -59,16 +70,32 @@ class RolloutsService final
                                             const v1::AnnotateSamplesRequest* request,
                                             v1::AnnotateSamplesResponse* response) override;
 
+  // Where the pool's live steps are (the store's, or the cluster's), for
+  // DeletePool; set before serving.
+  void AttachSteps(StepDirectory* steps) { steps_ = steps; }
+  // Whole pools (rollouts_pools.cc): deleting one (admin token; members ask
+  // each other with local_only) and listing its samples' metadata.
+  grpc::ServerUnaryReactor* DeletePool(grpc::CallbackServerContext* context,
+                                       const v1::DeletePoolRequest* request,
+                                       v1::DeletePoolResponse* response) override;
+  grpc::ServerUnaryReactor* ListSamples(grpc::CallbackServerContext* context,
+                                        const v1::ListSamplesRequest* request,
+                                        v1::ListSamplesResponse* response) override;
+
  private:
   // This server's share of a pool (a single server's whole GetPool).
   absl::StatusOr<v1::PoolInfo> LocalPool(const std::string& pool) const;
   // The whole cluster's share of a pool (GetPool without local_only).
   absl::Status ClusterPool(const std::string& pool, v1::PoolInfo* response);
+  absl::StatusOr<v1::DeletePoolResponse> DeletePoolHere(const v1::DeletePoolRequest& request);
+  absl::StatusOr<v1::ListSamplesResponse> ListSamplesHere(const v1::ListSamplesRequest& request);
 
   SampleStore* const store_;
   ServerMetrics* const metrics_;
   const bool cluster_mode_;
   std::atomic<Cluster*> cluster_{nullptr};
+  std::function<absl::StatusOr<int64_t>(const std::string& pool)> live_steps_of_pool_;
+  StepDirectory* steps_ = nullptr;
   const Authorizer* const auth_;
   const IngestOptions ingest_;
   // Null when messages_in_flight is 1.
