@@ -79,9 +79,11 @@ absl::Status RollpackServer::StartCapture(const CaptureOptions& options) {
     response.set_annotated(annotated);
     return response;
   };
+  // A drained cluster member captures nothing new (docs/cluster.md).
+  IntakeCheck intake = [rollouts = rollouts_.get()] { return rollouts->AcceptsNewSamples(); };
   ASSIGN_OR_RETURN(capture_, CaptureServer::Start(options, store_.get(), metrics_.get(),
                                                   capture_metrics_.get(), auth_.get(),
-                                                  std::move(annotate)));
+                                                  std::move(annotate), std::move(intake)));
   spdlog::info("rollpackd: capture port {} in front of {} ({}), default pool \"{}\"",
                capture_->port(), options.upstream,
                options.engine == Engine::kVllm ? "vllm" : "sglang", options.pool);

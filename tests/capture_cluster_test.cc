@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "rollpack/v1/cluster_admin.grpc.pb.h"
 #include "testing/cluster_fixture.h"
 #include "testing/rank_fetch.h"
 #include "testing/reference_layout.h"
@@ -221,6 +222,51 @@ TEST_F(CaptureClusterTest, RewardsGivenLaterThroughAnyMembersPortGateSelectionAn
     }
   }
   EXPECT_EQ(seen, 4);
+}
+
+// A drained member (docs/cluster.md, "Maintenance: draining a member"):
+// its capture port answers 503 before asking the engine, so that the
+// client goes to another member's; undrained, it captures again.
+TEST_F(CaptureClusterTest, ADrainedMembersPortRefusesGenerationsUntilUndrained) {
+  StartCapturingMember(0);
+  StartCapturingMember(1);
+  auto admin = v1::ClusterAdmin::NewStub(MakeChannel(members_[0]->address()));
+  auto set_drained = [&](bool drained) {
+    v1::DrainMemberRequest request;
+    request.set_member(members_[1]->address());
+    v1::DrainMemberResponse response;
+    grpc::ClientContext context;
+    grpc::Status s = drained ? admin->DrainMember(&context, request, &response)
+                             : admin->UndrainMember(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  };
+  auto generate = [&](int m, const std::string& id) {
+    httplib::Client http("127.0.0.1", capture_ports_[m]);
+    return http.Post("/v1/completions", {{"X-Rollpack-Sample-Id", id}},
+                     R"({"model": "standin-moe", "max_tokens": 5, "prompt": [1, 2, 3]})",
+                     "application/json");
+  };
+  set_drained(true);
+  httplib::Result refused = generate(1, "b0");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503) << refused->body;
+  EXPECT_THAT(refused->body, ::testing::HasSubstr("rollpack_drained"));
+  const std::string reason = "member " + members_[1]->address() + " is drained for maintenance";
+  EXPECT_THAT(refused->body, ::testing::HasSubstr(reason));
+  httplib::Result stored = generate(0, "a0");
+  ASSERT_TRUE(stored);
+  EXPECT_EQ(stored->status, 200) << stored->body;
+  set_drained(false);
+  stored = generate(1, "b1");
+  ASSERT_TRUE(stored);
+  EXPECT_EQ(stored->status, 200) << stored->body;
+  EXPECT_EQ(stored->get_header_value("X-Rollpack-Capture"), "stored");
+  absl::StatusOr<v1::PoolInfo> pool = Client(1).GetPool("pool");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_EQ(pool->members_size(), 2);
+  for (const v1::MemberPoolInfo& member : pool->members()) {
+    EXPECT_EQ(member.num_samples(), 1) << member.member();  // a0 and b1, never b0
+  }
 }
 
 }  // namespace

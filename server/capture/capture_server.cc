@@ -86,7 +86,7 @@ class CaptureServer::Impl {
   }
 
   absl::Status Listen(const CaptureOptions& options, CaptureMetrics* capture_metrics,
-                      const Authorizer* auth, AnnotateFunction annotate) {
+                      const Authorizer* auth, AnnotateFunction annotate, IntakeCheck intake) {
     ASSIGN_OR_RETURN(HostPort listen, SplitHostPort("--capture-listen", options.listen));
     absl::string_view upstream = options.upstream;
     if (!absl::ConsumePrefix(&upstream, "http://")) {
@@ -107,6 +107,7 @@ class CaptureServer::Impl {
     context_.log_limiter = &log_limiter_;
     context_.record_budget = &record_budget_;
     context_.annotate = std::move(annotate);
+    context_.intake = std::move(intake);
 
     acceptor_ = std::make_unique<tcp::acceptor>(first);
     accept_backoff_ = std::make_unique<asio::steady_timer>(first);
@@ -175,9 +176,11 @@ class CaptureServer::Impl {
 
 absl::StatusOr<std::unique_ptr<CaptureServer>> CaptureServer::Start(
     const CaptureOptions& options, SampleStore* store, ServerMetrics* metrics,
-    CaptureMetrics* capture_metrics, const Authorizer* auth, AnnotateFunction annotate) {
+    CaptureMetrics* capture_metrics, const Authorizer* auth, AnnotateFunction annotate,
+    IntakeCheck intake) {
   auto impl = std::make_unique<Impl>(options, store, metrics);
-  RETURN_IF_ERROR(impl->Listen(options, capture_metrics, auth, std::move(annotate)));
+  RETURN_IF_ERROR(
+      impl->Listen(options, capture_metrics, auth, std::move(annotate), std::move(intake)));
   return std::unique_ptr<CaptureServer>(new CaptureServer(std::move(impl)));
 }
 

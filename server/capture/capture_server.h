@@ -15,6 +15,7 @@
 #include "server/capture/capture_metrics.h"
 #include "server/capture/capture_options.h"
 #include "server/capture/rollpack_endpoints.h"
+#include "server/ingest/intake_check.h"
 #include "server/ops/auth.h"
 #include "server/ops/server_metrics.h"
 #include "server/store/sample_store.h"
@@ -26,11 +27,15 @@ class CaptureServer {
   // Binds `options.listen` and starts serving. `store` and `auth` outlive
   // the server; `metrics` and `capture_metrics` may be null; `auth` may be
   // null (no auth). `annotate` serves POST /rollpack/v1/annotate (empty:
-  // UNIMPLEMENTED). INVALID_ARGUMENT for a malformed listen or upstream
-  // address, UNAVAILABLE when the port cannot be bound.
+  // UNIMPLEMENTED). `intake` is asked before a generation request that
+  // would be captured is forwarded: a refusal is answered 503 (a drained
+  // cluster member), the engine never asked. INVALID_ARGUMENT for a
+  // malformed listen or upstream address, UNAVAILABLE when the port cannot
+  // be bound.
   static absl::StatusOr<std::unique_ptr<CaptureServer>> Start(
       const CaptureOptions& options, SampleStore* store, ServerMetrics* metrics,
-      CaptureMetrics* capture_metrics, const Authorizer* auth, AnnotateFunction annotate = {});
+      CaptureMetrics* capture_metrics, const Authorizer* auth, AnnotateFunction annotate = {},
+      IntakeCheck intake = {});
 
   // Stops accepting, drops every connection and joins the threads.
   ~CaptureServer();

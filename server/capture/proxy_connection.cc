@@ -171,6 +171,14 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
                                  absl::string_view(request_.method_string().data(),
                                                    request_.method_string().size()),
                                  target);
+    if (endpoint_.has_value() && context_->intake) {
+      // A drained member: the client retries on another member's port
+      // rather than have the engine generate what would not be stored.
+      if (absl::Status accepts = context_->intake(); !accepts.ok()) {
+        return ReplyError(http::status::service_unavailable, "rollpack_drained",
+                          accepts.message(), !client_keep_alive_);
+      }
+    }
     std::string forwarded_body;
     if (endpoint_.has_value()) PrepareCapture(&forwarded_body);
 

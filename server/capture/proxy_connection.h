@@ -21,6 +21,7 @@
 #include "server/capture/capture_recorder.h"
 #include "server/capture/record_budget.h"
 #include "server/capture/rollpack_endpoints.h"
+#include "server/ingest/intake_check.h"
 #include "server/ops/auth.h"
 #include "server/ops/log_rate_limiter.h"
 
@@ -58,6 +59,7 @@ struct ProxyContext {
   LogRateLimiter* log_limiter = nullptr;  // may be null: every warning logged
   RecordBudget* record_budget = nullptr;
   AnnotateFunction annotate;  // may be empty
+  IntakeCheck intake;         // may be empty: always OK
 };
 
 // Serves `socket` (accepted on `loop`) until the client or the server ends it.

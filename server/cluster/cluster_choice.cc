@@ -47,9 +47,13 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
   std::vector<absl::StatusOr<SampleStore::SampleListing>> listings(
       members.size(), absl::UnknownError("not asked"));
   std::vector<int64_t> bytes(members.size(), 0);
+  // Members drained for maintenance (docs/cluster.md): their free samples
+  // go first, so that they empty. Not a vector<bool>: written in parallel.
+  std::vector<char> draining(members.size(), 0);
   ForEachParallel(members.size(), [&](size_t i) {
     if (members[i].id == cluster->self().id) {
       listings[i] = store_->ListSamples(pool, sample_ids, limit);
+      draining[i] = cluster->self_drained();
       return;
     }
     v1::ListFreeSamplesRequest list;
@@ -68,6 +72,7 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
       return;
     }
     bytes[i] = static_cast<int64_t>(list.ByteSizeLong() + response.ByteSizeLong());
+    draining[i] = response.draining();
     // An older member leaves out the groups and versions (and lists nothing
     // for "every free sample"): selecting without them would be wrong.
     if (!response.lifecycle()) {
@@ -199,19 +204,20 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
                      CheckExplicitSelection(chosen, selection, absl::StrCat("step \"", step_id, "\"")));
     return choice;
   }
-  // Oldest first over every member; ties (same nanosecond) by member id,
-  // then by each member's own order, so the choice is deterministic.
-  std::vector<std::tuple<int64_t, int, int>> order;
+  // Drained members' samples first, then oldest first over every member;
+  // ties (same nanosecond) by member id, then by each member's own order,
+  // so the choice is deterministic.
+  std::vector<std::tuple<bool, int64_t, int, int>> order;
   for (size_t i = 0; i < members.size(); ++i) {
     const SampleStore::SampleListing& l = *listings[i];
     for (size_t j = 0; j < l.sample_ids.size(); ++j) {
-      if (l.free[j]) order.emplace_back(l.arrival_unix_nanos[j], i, j);
+      if (l.free[j]) order.emplace_back(draining[i] == 0, l.arrival_unix_nanos[j], i, j);
     }
   }
   std::sort(order.begin(), order.end());
   std::vector<SampleCandidate> candidates;
   candidates.reserve(order.size());
-  for (const auto& [nanos, member, position] : order) {
+  for (const auto& [undrained, nanos, member, position] : order) {
     candidates.push_back(candidate(member, position));
   }
   ASSIGN_OR_RETURN(
@@ -219,7 +225,7 @@ absl::StatusOr<ClusterSteps::Choice> ClusterSteps::Choose(Cluster* cluster,
       SelectSamples(candidates, selection,
                     absl::StrCat("step \"", step_id, "\": pool \"", pool, "\" (", members.size(),
                                  " members)")));
-  for (int32_t k : selected.chosen) take(std::get<1>(order[k]), std::get<2>(order[k]));
+  for (int32_t k : selected.chosen) take(std::get<2>(order[k]), std::get<3>(order[k]));
   choice.num_groups = selected.num_groups;
   return choice;
 }

@@ -59,7 +59,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
  public:
   PutSamplesReactor(SampleStore* store, ServerMetrics* metrics, WorkerPool* workers,
                     const IngestOptions& ingest, std::shared_ptr<CommitSequencer> sequencer,
-                    int stripe, grpc::ByteBuffer* response)
+                    int stripe, grpc::ByteBuffer* response, IntakeCheck intake)
       : store_(store),
         metrics_(metrics),
         workers_(ingest.messages_in_flight > 1 ? workers : nullptr),
@@ -67,7 +67,8 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
         max_samples_per_message_(ingest.max_samples_per_message),
         sequencer_(std::move(sequencer)),
         stripe_(stripe),
-        response_(response) {
+        response_(response),
+        intake_(std::move(intake)) {
     reading_ = true;
     StartRead(&incoming_);
   }
@@ -204,6 +205,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
 
   absl::StatusOr<int64_t> CommitMessage(PreparedMessage& message, const std::string& pool) {
     if (!message.status.ok()) return message.status;
+    if (intake_) RETURN_IF_ERROR(intake_());
     if (message.unvalidated.has_value()) {
       if (pool.empty()) return absl::InvalidArgumentError("PutSamplesRequest.pool is empty");
       RETURN_IF_ERROR(ValidateAll(store_, pool, &*message.unvalidated, &message.samples));
@@ -237,6 +239,7 @@ class PutSamplesReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>
   const std::shared_ptr<CommitSequencer> sequencer_;
   const int stripe_;
   grpc::ByteBuffer* const response_;
+  const IntakeCheck intake_;
   // Filled by gRPC's read; swapped out in OnReadDone before the next read.
   grpc::ByteBuffer incoming_;
 
@@ -265,9 +268,10 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutSamplesReactor(SampleStore* sto
                                                                 const IngestOptions& ingest,
                                                                 std::shared_ptr<CommitSequencer> sequencer,
                                                                 int stripe,
-                                                                grpc::ByteBuffer* response) {
+                                                                grpc::ByteBuffer* response,
+                                                                IntakeCheck intake) {
   return new PutSamplesReactor(store, metrics, workers, ingest, std::move(sequencer), stripe,
-                               response);
+                               response, std::move(intake));
 }
 
 }  // namespace rollpack

@@ -17,6 +17,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "server/ingest/commit_sequencer.h"
 #include "server/ingest/ingest_options.h"
+#include "server/ingest/intake_check.h"
 #include "base/worker_pool.h"
 #include "server/ops/server_metrics.h"
 #include "server/store/sample_store.h"
@@ -27,14 +28,17 @@ namespace rollpack {
 // done. Its messages are committed through `sequencer`, as stream `stripe`
 // of the call (server/ingest/commit_sequencer.h; a call of one stream has a
 // sequencer of its own). `workers` may be null (then
-// ingest.messages_in_flight is taken as 1); `metrics` too.
+// ingest.messages_in_flight is taken as 1); `metrics` too. `intake` is
+// asked before each message commits (a refusal ends the stream as a
+// refused message does).
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutSamplesReactor(SampleStore* store,
                                                                 ServerMetrics* metrics,
                                                                 WorkerPool* workers,
                                                                 const IngestOptions& ingest,
                                                                 std::shared_ptr<CommitSequencer> sequencer,
                                                                 int stripe,
-                                                                grpc::ByteBuffer* response);
+                                                                grpc::ByteBuffer* response,
+                                                                IntakeCheck intake = {});
 
 }  // namespace rollpack
 
