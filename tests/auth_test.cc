@@ -247,6 +247,19 @@ class AuthTest : public ::testing::Test {
       v1::ListPoolsResponse resp;
       return rollouts_->ListPools(ctx.get(), v1::ListPoolsRequest(), &resp);
     }
+    if (method == "DeletePool") {
+      v1::DeletePoolRequest req;
+      req.set_pool("authpool");
+      req.set_dry_run(true);  // the roles are the test, not the deletion
+      v1::DeletePoolResponse resp;
+      return rollouts_->DeletePool(ctx.get(), req, &resp);
+    }
+    if (method == "ListSamples") {
+      v1::ListSamplesRequest req;
+      req.set_pool("authpool");
+      v1::ListSamplesResponse resp;
+      return rollouts_->ListSamples(ctx.get(), req, &resp);
+    }
     if (method == "ListSteps") {
       v1::ListStepsResponse resp;
       return scheduler_->ListSteps(ctx.get(), v1::ListStepsRequest(), &resp);
@@ -275,7 +288,7 @@ TEST_F(AuthTest, EveryMethodByRole) {
                                             "CreateStep",        "GetPlan",    "ReleaseStep",
                                             "FetchMicrobatches", "ReportRoutingAgreement",
                                             "ListPools",         "ListSteps",
-                                            "AnnotateSamples"};
+                                            "AnnotateSamples",   "DeletePool", "ListSamples"};
   // Method -> roles allowed (must match the documented table).
   const std::map<std::string, std::set<std::string>> allowed = {
       {"RegisterModel", {"producer", "admin"}},
@@ -289,6 +302,8 @@ TEST_F(AuthTest, EveryMethodByRole) {
       {"ReportRoutingAgreement", {"trainer", "admin"}},
       {"ListPools", {"producer", "trainer", "admin"}},
       {"ListSteps", {"trainer", "admin"}},
+      {"DeletePool", {"admin"}},
+      {"ListSamples", {"producer", "trainer", "admin"}},
   };
   const std::map<std::string, std::string> tokens = {
       {"producer", kProducer}, {"trainer", kTrainer}, {"admin", kAdmin}};

@@ -81,10 +81,14 @@ enum class RecordType : uint8_t {
   // Scalars AnnotateSamples added to stored samples (lifecycle.md section
   // 6), applied whole: v1::AnnotationsRecord.
   kAnnotations = 13,
+  // A pool deleted with everything it held (Rollouts.DeletePool):
+  // v1::DeletePoolRequest. Replay deletes it again, so records before it
+  // never bring the pool back.
+  kDeletePool = 14,
 };
 // Types 5 and 6 appear only in a cluster member's log; a rollpackd older
 // than them refuses such a log as corrupt rather than misreading it.
-inline constexpr int kMaxRecordType = 13;
+inline constexpr int kMaxRecordType = 14;
 
 // u32 payload length, u32 crc32c(type, payload), u8 type, u32 crc32c of
 // these 9 bytes (format version 2).

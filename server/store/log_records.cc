@@ -339,4 +339,10 @@ std::string EncodeDropHold(const std::string& step_id) {
   return request.SerializeAsString();
 }
 
+std::string EncodeDeletePool(const std::string& pool) {
+  v1::DeletePoolRequest request;
+  request.set_pool(pool);
+  return request.SerializeAsString();
+}
+
 }  // namespace rollpack

@@ -55,6 +55,9 @@ std::string EncodeHoldSamples(const std::string& step_id, const std::string& poo
                               const std::string& coordinator, int64_t attempt,
                               bool reuse_samples, bool recompute = false);
 std::string EncodeDropHold(const std::string& step_id);
+// v1::DeletePoolRequest with the pool alone (kDeletePool): replay deletes it
+// whatever it holds then, as the deletion did (its steps were ended first).
+std::string EncodeDeletePool(const std::string& pool);
 // v1::AnnotationsRecord (kAnnotations), serialized deterministically.
 std::string EncodeAnnotations(absl::string_view pool,
                               absl::Span<const ScalarAnnotation> annotations);

@@ -147,6 +147,15 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
         s = store->DropHold(request.step_id()).status();
         break;
       }
+      case RecordType::kDeletePool: {
+        v1::DeletePoolRequest request;
+        if (!request.ParseFromString(record.payload)) {
+          s = absl::DataLossError("DeletePool record does not parse");
+          break;
+        }
+        s = store->DeletePool(request.pool(), /*force=*/true).status();
+        break;
+      }
       default:
         s = absl::DataLossError("unknown record type");
     }
