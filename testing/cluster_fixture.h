@@ -145,8 +145,9 @@ class ClusterFixture : public ::testing::Test {
       args.push_back("--data-dir=" + data);
       args.push_back("--fsync=never");
     }
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-        DaemonProcess::Start(ROLLPACKD_PATH, args, absl::StrCat(dir_, "/port", i));
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
+        ROLLPACKD_PATH, args, absl::StrCat(dir_, "/port", i), absl::Seconds(60),
+        member_logs_ ? MemberLogFile(i) : "");
     EXPECT_TRUE(d.ok()) << d.status();
     members_[i] = *std::move(d);
     ports_[i] = members_[i]->port();
@@ -182,6 +183,9 @@ class ClusterFixture : public ::testing::Test {
     return *std::move(single);
   }
 
+  // With member_logs_, where member `i`'s log goes (every start appends).
+  std::string MemberLogFile(size_t i) const { return absl::StrCat(dir_, "/member", i, ".log"); }
+
   // Where member `i` writes its metrics port (GET /metrics on 127.0.0.1).
   std::string MetricsPortFile(size_t i) const { return absl::StrCat(dir_, "/metrics-port", i); }
 
@@ -201,6 +205,8 @@ class ClusterFixture : public ::testing::Test {
   // How SetUp starts etcd (a test fixture's constructor may change them).
   EtcdProcessOptions etcd_options_;
   bool durable_ = false;
+  // Members log to MemberLogFile(i) instead of the test's stderr.
+  bool member_logs_ = false;
   // More rollpackd flags for every member StartMember starts.
   std::vector<std::string> member_args_;
   std::unique_ptr<EtcdProcess> etcd_;

@@ -3,6 +3,7 @@
 #ifndef ROLLPACK_TESTING_DAEMON_PROCESS_H_
 #define ROLLPACK_TESTING_DAEMON_PROCESS_H_
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -27,9 +28,11 @@ class DaemonProcess {
   // Starts `binary` with `args` plus --listen 127.0.0.1:0 (unless `args`
   // has a --listen) and --port-file, and
   // waits until it serves (the port file appears) or exits.
+  // With `stderr_file`, the process's output (stdout, where it logs, and
+  // stderr) is appended there (a test that reads what it logged).
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
       const std::string& binary, std::vector<std::string> args, const std::string& port_file,
-      absl::Duration timeout = absl::Seconds(60)) {
+      absl::Duration timeout = absl::Seconds(60), const std::string& stderr_file = "") {
     std::remove(port_file.c_str());
     args.insert(args.begin(), binary);
     // An ephemeral port unless the caller fixed one (a member restarted
@@ -38,7 +41,14 @@ class DaemonProcess {
     for (const std::string& a : args) listen_given = listen_given || a.rfind("--listen=", 0) == 0;
     if (!listen_given) args.push_back("--listen=127.0.0.1:0");
     args.push_back("--port-file=" + port_file);
-    absl::StatusOr<pid_t> pid = SpawnChild(std::move(args));
+    ChildOutput output;
+    if (!stderr_file.empty()) {
+      output.stderr_fd = open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (output.stderr_fd < 0) return absl::InternalError("cannot open " + stderr_file);
+      output.stdout_fd = output.stderr_fd;  // rollpackd logs to stdout
+    }
+    absl::StatusOr<pid_t> pid = SpawnChild(std::move(args), output);
+    if (output.stderr_fd >= 0) close(output.stderr_fd);
     if (!pid.ok()) return pid.status();
     std::unique_ptr<DaemonProcess> d(new DaemonProcess(*pid));
     const absl::Time deadline = absl::Now() + timeout;

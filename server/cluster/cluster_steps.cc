@@ -146,7 +146,8 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
   RETURN_IF_ERROR(ChoiceMetadata(choice, record, nullptr, request).status());
   const absl::Time holding = absl::Now();
   HeldScalars held_scalars;
-  absl::Status held = HoldAll(cluster, record, &held_scalars);
+  std::vector<std::string> incarnations;
+  absl::Status held = HoldAll(cluster, record, &held_scalars, &incarnations);
   // Past half the owners' grace, an owner may be settling a hold against
   // etcd already: give up rather than race it.
   if (held.ok() && absl::Now() - holding > options_.hold_grace / 2) {
@@ -166,6 +167,7 @@ absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepR
     return metadata.status();
   }
   SetRecordMetadata(*metadata, &record);
+  for (const std::string& incarnation : incarnations) record.add_member_incarnations(incarnation);
   step = WithMetadata(**step, *std::move(metadata));
   const std::string bytes = DeterministicBytes(record);
   bool created = false;
@@ -221,108 +223,6 @@ std::shared_ptr<ClusterSteps::CachedStep> ClusterSteps::NewCachedStep(
   cached->samples.resize(cached->record.sample_ids_size());
   cached->routing.resize(cached->recompute() ? cached->record.sample_ids_size() : 0);
   return cached;
-}
-
-absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record,
-                                   HeldScalars* scalars) {
-  const int n = record.members_size();
-  scalars->assign(n, std::nullopt);
-  std::vector<std::vector<std::string>> ids(n);
-  for (int i = 0; i < record.sample_ids_size(); ++i) {
-    ids[record.owner(i)].push_back(record.sample_ids(i));
-  }
-  std::vector<absl::Status> results(n);
-  ForEachParallel(n, [&](size_t i) {
-    if (ids[i].empty()) return;
-    if (record.members(i) == cluster->self().id) {
-      results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator(),
-                                record.created_unix_nanos(), record.reuse_samples(),
-                                record.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE);
-      if (results[i].ok()) results[i] = OwnHeldScalars(record.step_id(), ids[i], &(*scalars)[i]);
-    } else {
-      v1::HoldSamplesRequest request;
-      request.set_step_id(record.step_id());
-      request.set_pool(record.pool());
-      for (const std::string& id : ids[i]) request.add_sample_ids(id);
-      request.set_coordinator(record.coordinator());
-      request.set_attempt(record.created_unix_nanos());
-      request.set_reuse_samples(record.reuse_samples());
-      request.set_replay_source(record.replay_source());
-      planning_bytes_.fetch_add(static_cast<int64_t>(request.ByteSizeLong()));
-      v1::HoldSamplesResponse response;
-      grpc::ClientContext context;
-      SetDeadline(&context, options_.member_timeout);
-      results[i] = FromPeer(cluster->MemberStub({record.members(i), record.members(i)})
-                                ->HoldSamples(&context, request, &response),
-                            record.members(i), "HoldSamples");
-      if (results[i].ok() && response.sends_scalars()) {
-        results[i] = ScalarsOfHold(response, record.members(i), ids[i].size(), &(*scalars)[i]);
-      }
-      // An older member would delete a reuse step's samples at release.
-      if (results[i].ok() && record.reuse_samples() && !response.lifecycle()) {
-        results[i] = absl::FailedPreconditionError(absl::StrCat(
-            "member ", record.members(i), " runs a rollpackd without reuse steps; every member "
-            "must run the same version (docs/cluster.md)"));
-      }
-    }
-  });
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (absl::IsAlreadyExists(results[i])) {
-      // The owner still holds samples for an earlier attempt at this id
-      // that was never committed; it gives them back within its grace.
-      return absl::AbortedError(absl::StrCat(
-          "member ", record.members(i), " still holds samples for an earlier, uncommitted "
-          "attempt at this step id; retry in ", absl::FormatDuration(options_.hold_grace),
-          " or under another id"));
-    }
-    RETURN_IF_ERROR(results[i]);
-  }
-  return absl::OkStatus();
-}
-
-void ClusterSteps::DropAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
-  // Every owner asked, answered or not (a hold whose answer was lost is
-  // still a hold); only this attempt's holds go. A drop that fails leaves
-  // an unconfirmed hold, which its member settles against etcd after
-  // hold_grace.
-  std::vector<char> owns(record.members_size(), 0);
-  for (int32_t o : record.owner()) owns[o] = 1;
-  ForEachParallel(owns.size(), [&](size_t i) {
-    if (!owns[i]) return;
-    if (record.members(i) == cluster->self().id) {
-      store_->DropHold(record.step_id(), record.created_unix_nanos()).IgnoreError();
-      return;
-    }
-    v1::StepHoldRequest request;
-    request.set_step_id(record.step_id());
-    request.set_attempt(record.created_unix_nanos());
-    v1::DropHoldResponse response;
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.member_timeout);
-    cluster->MemberStub({record.members(i), record.members(i)})
-        ->DropHold(&context, request, &response);
-  });
-}
-
-void ClusterSteps::ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
-  // Best effort: an owner not reached confirms by itself after hold_grace
-  // (the record exists).
-  std::vector<char> owns(record.members_size(), 0);
-  for (int32_t o : record.owner()) owns[o] = 1;
-  ForEachParallel(owns.size(), [&](size_t i) {
-    if (!owns[i]) return;
-    if (record.members(i) == cluster->self().id) {
-      store_->ConfirmHold(record.step_id()).IgnoreError();
-      return;
-    }
-    v1::StepHoldRequest request;
-    request.set_step_id(record.step_id());
-    v1::ConfirmHoldResponse response;
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.member_timeout);
-    cluster->MemberStub({record.members(i), record.members(i)})
-        ->ConfirmHold(&context, request, &response);
-  });
 }
 
 absl::StatusOr<v1::ClusterStepRecord> ClusterSteps::ReadRecord(Cluster* cluster,
@@ -426,7 +326,7 @@ absl::StatusOr<std::vector<LiveStep>> ClusterSteps::ListSteps(const std::string&
     absl::StatusOr<std::shared_ptr<CachedStep>> cached = Find(record.step_id());
     if (absl::IsNotFound(cached.status())) continue;  // released meanwhile
     if (!cached.ok()) return cached.status();
-    live.push_back({(*cached)->step, record.created_unix_nanos()});
+    live.push_back({(*cached)->step, record.created_unix_nanos(), Holders((*cached)->record)});
   }
   std::sort(live.begin(), live.end(), [](const LiveStep& a, const LiveStep& b) {
     return a.step->step_id < b.step->step_id;
@@ -561,7 +461,10 @@ absl::StatusOr<RankPieces> ClusterSteps::GetPiecesForRank(const std::string& ste
   if (!missing.empty()) {
     absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> found =
         store_->HeldSamples(step_id, missing_ids);
-    if (!found.ok()) return Prefixed(step_id, found.status());
+    if (!found.ok()) {
+      const absl::Status why = MissingHere(cached->record, missing_ids, found.status());
+      return absl::IsDataLoss(why) ? why : Prefixed(step_id, why);
+    }
     held = *std::move(found);
     if (rank_routing != nullptr) {
       absl::StatusOr<std::vector<std::shared_ptr<const std::string>>> routing =
@@ -596,7 +499,10 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
   for (int seq : sequences) ids.push_back(record.sample_ids(seq));
   const std::string& member = record.members(owner);
   if (member == cluster->self().id) {
-    ASSIGN_OR_RETURN(*out, store_->HeldSamples(record.step_id(), ids));
+    absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> held =
+        store_->HeldSamples(record.step_id(), ids);
+    if (!held.ok()) return MissingHere(record, ids, held.status());
+    *out = *std::move(held);
     if (cached.recompute()) {
       ASSIGN_OR_RETURN(*routing, store_->HeldRecomputeRouting(record.step_id(), ids));
     }

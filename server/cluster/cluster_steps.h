@@ -39,6 +39,7 @@
 #include "rollpack/v1/member.pb.h"
 #include "server/cluster/cluster.h"
 #include "server/store/sample_store.h"
+#include "server/store/step_activity.h"
 #include "server/store/step_directory.h"
 
 namespace rollpack {
@@ -74,6 +75,8 @@ class ClusterSteps final : public StepDirectory {
   // then, and after Detach, every call is UNAVAILABLE.
   void Attach(Cluster* cluster);
   void Detach();
+  // The cluster attached (null before Attach and after Detach).
+  Cluster* cluster() const { return cluster_.load(); }
 
   absl::StatusOr<std::shared_ptr<const Step>> CreateStep(const StepRequest& request) override;
   absl::StatusOr<std::shared_ptr<const Step>> GetStep(const std::string& step_id) override;
@@ -87,6 +90,8 @@ class ClusterSteps final : public StepDirectory {
   // their records when this member has not seen them yet.
   absl::StatusOr<std::vector<LiveStep>> ListSteps(const std::string& pool) override;
   int64_t CreatedUnixNanos(const std::string& step_id) override;
+  // The members of the step's record holding its samples (cluster_steps_census.cc).
+  std::vector<LiveStep::Holder> StepHolders(const std::string& step_id) override;
   // Every live member records the version (and drops its own stale samples
   // with drop_stale); UNAVAILABLE naming a member that does not answer (a
   // retry is harmless). The cluster's pool afterwards.
@@ -118,6 +123,37 @@ class ClusterSteps final : public StepDirectory {
   // from other members to serve ranks (metrics, bench).
   int64_t planning_bytes() const { return planning_bytes_.load(); }
   int64_t pulled_bytes() const { return pulled_bytes_.load(); }
+
+  // In cluster_steps_loss.cc (docs/cluster.md, "Data loss"). The incarnation
+  // this member runs as ("" before Attach).
+  std::string incarnation() const;
+  // `missing` (a hold of the step not found here), or DATA_LOSS naming the
+  // step, this member and `sample_ids` when the step's record says another
+  // incarnation of this member held its samples: they went with its data.
+  absl::Status ExplainMissingHold(const std::string& step_id,
+                                  const std::vector<std::string>& sample_ids,
+                                  absl::Status missing);
+  // Samples of live steps lost here, counted once cluster-wide, by pool
+  // (rollpack_cluster_lost_samples_total).
+  std::map<std::string, int64_t> lost_samples() const;
+
+  // In cluster_steps_census.cc (docs/cluster.md, "Counting steps"): the
+  // cluster's live steps by pool, each committed step record once however
+  // many members hold its samples, plus the steps this member made before
+  // it joined. Read from etcd now (GetPool)...
+  absl::StatusOr<std::map<std::string, int64_t>> RefreshCensus();
+  // ...or as the upkeep last read it, every tick (metrics); nullopt until
+  // it has.
+  std::optional<std::map<std::string, int64_t>> LiveStepsByPool() const;
+  // --step-ttl over the cluster (cluster_steps_expiry.cc): on the first live
+  // member by id, releases every cluster step idle for `ttl` on every member
+  // (this one's `activity`, the others' Member.StepStreams); on every member,
+  // its own steps made before joining. The steps released, with what each
+  // release freed.
+  std::vector<std::pair<std::string, ReleaseResult>> ExpireIdleSteps(StepActivity* activity,
+                                                                     absl::Duration ttl);
+  // The members holding a record's samples, with their shares (StepInfo.holders).
+  static std::vector<LiveStep::Holder> Holders(const v1::ClusterStepRecord& record);
 
  private:
   // A committed step as this member knows it: the plan rebuilt from the
@@ -181,8 +217,11 @@ class ClusterSteps final : public StepDirectory {
   // a group's samples may sit on several members).
   absl::StatusOr<Choice> Choose(Cluster* cluster, const std::vector<ClusterMember>& members,
                                 const StepRequest& request, const SelectionRequest& selection);
+  // In cluster_steps_holds.cc (with DropAll and ConfirmAll). *incarnations:
+  // per member of the record, the incarnation that took its hold ("" where
+  // none was taken or the member did not say one).
   absl::Status HoldAll(Cluster* cluster, const v1::ClusterStepRecord& record,
-                       HeldScalars* scalars);
+                       HeldScalars* scalars, std::vector<std::string>* incarnations);
   // In cluster_step_metadata.cc: the scalars a member's HoldSamples answer
   // says (DATA_LOSS naming it for another count than `count`), and those
   // this member's own hold took.
@@ -215,6 +254,37 @@ class ClusterSteps final : public StepDirectory {
   absl::StatusOr<RoutingCommitResult> CommitPhase(
       Cluster* cluster, const CachedStep& step, bool commit,
       std::vector<std::string>* committed_on);
+
+  // This member's share of a step that an earlier incarnation of it held.
+  struct LostShare {
+    std::string member;
+    std::string then;  // the incarnation the record names
+    std::string now;   // this one
+    std::vector<std::string> sample_ids;
+  };
+  std::optional<LostShare> LostHere(const v1::ClusterStepRecord& record) const;
+  // `missing` (the store's answer for a hold of the record's step), or
+  // LostError when LostHere.
+  absl::Status MissingHere(const v1::ClusterStepRecord& record,
+                           const std::vector<std::string>& sample_ids,
+                           absl::Status missing) const;
+  static absl::Status LostError(const v1::ClusterStepRecord& record, const LostShare& lost,
+                                const std::vector<std::string>& asked);
+  // Once after Attach (retried while etcd is away): every live step whose
+  // samples here went with an earlier incarnation, logged and counted.
+  void ReportLostShares(Cluster* cluster);
+  bool lost_shares_reported_ = false;  // background thread only
+  mutable absl::Mutex lost_mu_;
+  std::map<std::string, int64_t> lost_samples_ ABSL_GUARDED_BY(lost_mu_);
+
+  struct CensusEntry {
+    int64_t revision = 0;  // of the record's bytes when they were read
+    bool live = false;     // a committed step (not a tombstone, not junk)
+    std::string pool;
+  };
+  mutable absl::Mutex census_mu_;
+  std::map<std::string, CensusEntry> census_ ABSL_GUARDED_BY(census_mu_);
+  std::optional<std::map<std::string, int64_t>> census_counts_ ABSL_GUARDED_BY(census_mu_);
 
   void BackgroundLoop();
   // False when etcd could not be read (the tick stops there).

@@ -89,10 +89,12 @@ void ClusterSteps::BackgroundLoop() {
     Cluster* cluster = cluster_.load();
     // Releases before stale holds: a hold whose step was released while
     // this member was away must be deleted, not given back.
+    if (cluster != nullptr && !lost_shares_reported_) ReportLostShares(cluster);
     if (cluster != nullptr && FinishPendingReleases(cluster)) {
       ResolveStaleHolds(cluster);
       ReleaseOrphanedHolds(cluster);
       PruneCache(cluster);
+      RefreshCensus().IgnoreError();  // etcd away: the counts read last stand
       DropExpiredGroups(cluster);
     }
     // R2 stages of holds released or dropped meanwhile give their memory back.

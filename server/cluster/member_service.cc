@@ -6,6 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "server/cluster/member_status.h"
 #include "server/store/convert.h"
 #include "server/store/log_records.h"
 
@@ -126,6 +129,8 @@ grpc::ServerUnaryReactor* MemberService::ListFreeSamples(grpc::CallbackServerCon
     response->mutable_ready_unix_nanos()->Assign(listing->ready_unix_nanos.begin(),
                                                  listing->ready_unix_nanos.end());
     response->set_annotations(true);
+    Cluster* const cluster = steps_->cluster();
+    response->set_draining(cluster != nullptr && cluster->self_drained());
   }
   return Finish(context, listing.status());
 }
@@ -135,6 +140,7 @@ grpc::ServerUnaryReactor* MemberService::HoldSamples(grpc::CallbackServerContext
                                                      v1::HoldSamplesResponse* response) {
   if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/HoldSamples")) return refused;
   response->set_lifecycle(true);
+  response->set_incarnation(steps_->incarnation());
   const std::vector<std::string> ids = Ids(request->sample_ids());
   absl::Status held = store_->Hold(request->step_id(), request->pool(), ids,
                                    request->coordinator(), request->attempt(),
@@ -195,6 +201,24 @@ grpc::ServerUnaryReactor* MemberService::DropGroups(grpc::CallbackServerContext*
   return Finish(context, dropped.status());
 }
 
+grpc::ServerUnaryReactor* MemberService::StepStreams(grpc::CallbackServerContext* context,
+                                                     const v1::StepStreamsRequest* request,
+                                                     v1::StepStreamsResponse* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/StepStreams")) return refused;
+  const absl::Time now = absl::Now();
+  for (const std::string& id : request->step_ids()) {
+    v1::StepStreams* out = response->add_steps();
+    out->set_step_id(id);
+    if (activity_ == nullptr) continue;
+    const StepActivity::Entry e = activity_->Get(id, now);
+    out->set_streams_open(e.streams_open);
+    if (e.last_stream != absl::InfinitePast()) {
+      out->set_last_stream_unix_nanos(absl::ToUnixNanos(e.last_stream));
+    }
+  }
+  return Finish(context, absl::OkStatus());
+}
+
 grpc::ServerWriteReactor<v1::SampleBatch>* MemberService::ReadSamples(
     grpc::CallbackServerContext* context, const v1::ReadSamplesRequest* request) {
   if (grpc::Status s = Admit(auth_, *context, "/rollpack.v1.Member/ReadSamples"); !s.ok()) {
@@ -203,7 +227,12 @@ grpc::ServerWriteReactor<v1::SampleBatch>* MemberService::ReadSamples(
   const std::vector<std::string> ids = Ids(request->sample_ids());
   absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> samples =
       store_->HeldSamples(request->step_id(), ids);
-  if (!samples.ok()) return new FailedRead(samples.status());
+  if (!samples.ok()) {
+    // Called from another member's pull: the step's record says whether
+    // this member lost them with its data (DATA_LOSS, the trainer's answer).
+    return new FailedRead(
+        steps_->ExplainMissingHold(request->step_id(), ids, samples.status()));
+  }
   // R2: a RECOMPUTE hold sends the routing it took with its samples.
   absl::StatusOr<std::vector<std::shared_ptr<const std::string>>> routing =
       store_->HeldRecomputeRouting(request->step_id(), ids);
@@ -310,6 +339,20 @@ grpc::ServerUnaryReactor* MemberService::OffThread(grpc::CallbackServerContext* 
     reactor->Finish(ToGrpcStatus(std::move(work)()));
   });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* MemberService::LocalStatus(grpc::CallbackServerContext* context,
+                                                     const v1::LocalStatusRequest* request,
+                                                     v1::ClusterMemberStatus* response) {
+  if (auto* refused = Refused(auth_, context, "/rollpack.v1.Member/LocalStatus")) return refused;
+  // Re-reading the drain key waits on etcd: off gRPC's handler thread.
+  return OffThread(context, [this, request, response]() -> absl::Status {
+    Cluster* const cluster = steps_->cluster();
+    if (cluster == nullptr) return absl::UnavailableError("this member is not in its cluster");
+    if (request->reread_drain()) RETURN_IF_ERROR(cluster->RefreshSelfDrained());
+    *response = LocalMemberStatus(*store_, cluster->self().id, cluster->self_drained());
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace rollpack

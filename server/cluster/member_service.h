@@ -9,6 +9,7 @@
 #include "server/cluster/cluster_steps.h"
 #include "server/ops/auth.h"
 #include "server/store/sample_store.h"
+#include "server/store/step_activity.h"
 
 namespace rollpack {
 
@@ -59,6 +60,18 @@ class MemberService final : public v1::Member::CallbackService {
   grpc::ServerUnaryReactor* AbortAnnotations(grpc::CallbackServerContext* context,
                                              const v1::AnnotationTicketRequest* request,
                                              v1::PrepareAnnotationsResponse* response) override;
+  // This member's line of the cluster status (member_status.h), its drain
+  // key read again first when asked.
+  grpc::ServerUnaryReactor* LocalStatus(grpc::CallbackServerContext* context,
+                                        const v1::LocalStatusRequest* request,
+                                        v1::ClusterMemberStatus* response) override;
+  // This member's trainer streams of steps (--step-ttl over a cluster).
+  grpc::ServerUnaryReactor* StepStreams(grpc::CallbackServerContext* context,
+                                        const v1::StepStreamsRequest* request,
+                                        v1::StepStreamsResponse* response) override;
+  // Where StepStreams reads (set before serving; none: every step is "never
+  // streamed here").
+  void AttachActivity(StepActivity* activity) { activity_ = activity; }
 
  private:
   // Runs `work` on routing_calls_ and finishes the call with its status.
@@ -68,6 +81,7 @@ class MemberService final : public v1::Member::CallbackService {
   SampleStore* const store_;
   ClusterSteps* const steps_;
   const Authorizer* const auth_;
+  StepActivity* activity_ = nullptr;
   WorkerPool routing_calls_{4};
 };
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "scheduler/model_spec.h"
+#include "server/cluster/incarnation.h"
 #include "scheduler/topology.h"
 #include "server/store/convert.h"
 #include "server/store/names.h"
@@ -50,6 +51,19 @@ absl::StatusOr<std::shared_ptr<const Step>> StepFromRecord(const std::string& st
   for (const std::string& member : record.members()) {
     if (member.empty() || member.size() > 255 || member.rfind(':') == std::string::npos) {
       return Corrupt(step_id, "lists a member that is not a host:port");
+    }
+  }
+  // What tells a member restarted empty from one that kept its data
+  // (incarnation.h): none (an older planner), or one per member.
+  if (record.member_incarnations_size() != 0 &&
+      record.member_incarnations_size() != record.members_size()) {
+    return Corrupt(step_id, absl::StrCat("has ", record.member_incarnations_size(),
+                                         " incarnations for ", record.members_size(),
+                                         " members"));
+  }
+  for (const std::string& incarnation : record.member_incarnations()) {
+    if (!incarnation.empty() && !IsIncarnation(incarnation)) {
+      return Corrupt(step_id, "names an incarnation that is not 32 hex digits");
     }
   }
   const ModelSpec model = FromProto(record.model());

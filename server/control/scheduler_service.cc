@@ -150,7 +150,7 @@ absl::StatusOr<std::vector<LiveStep>> SchedulerService::OneStep(const std::strin
   ASSIGN_OR_RETURN(std::shared_ptr<const Step> step, steps_->GetStep(step_id));
   std::vector<LiveStep> one;
   if (pool.empty() || step->pool == pool) {
-    one.push_back({step, steps_->CreatedUnixNanos(step_id)});
+    one.push_back({step, steps_->CreatedUnixNanos(step_id), steps_->StepHolders(step_id)});
   }
   return one;
 }
@@ -170,8 +170,13 @@ grpc::ServerUnaryReactor* SchedulerService::ListSteps(grpc::CallbackServerContex
     for (const LiveStep& s : *live) {
       v1::StepInfo* info = response->add_steps();
       *info = StepInfoToProto(*s.step);
-      info->clear_stage_layers();
       info->set_created_unix_nanos(s.created_unix_nanos);
+      for (const LiveStep::Holder& h : s.holders) {
+        v1::StepHolder* holder = info->add_holders();
+        holder->set_member(h.member);
+        holder->set_num_samples(h.num_samples);
+        holder->set_num_tokens(h.num_tokens);
+      }
       if (activity_ != nullptr) {
         const StepActivity::Entry e = activity_->Get(s.step->step_id, now);
         info->set_streams_started(e.streams_started);

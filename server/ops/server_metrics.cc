@@ -120,6 +120,10 @@ ServerMetrics::ServerMetrics(metrics::ScrapeRegistry* registry, SampleStore* sto
       pool_open_samples_(registry->AddGauge(
           "rollpack_pool_open_samples",
           "Samples still receiving pieces (not selectable until sealed), by pool.")),
+      pool_held_steps_(registry->AddGauge(
+          "rollpack_pool_held_steps",
+          "Cluster mode: steps holding samples on this member, by pool (a step over k members "
+          "counts on each of them; rollpack_pool_live_steps counts it once).")),
       pool_complete_groups_(registry->AddGauge(
           "rollpack_pool_complete_groups", "Groups with all their samples stored, by pool.")),
       pool_incomplete_groups_(registry->AddGauge(
@@ -305,6 +309,33 @@ ServerMetrics::InterceptorFactory() {
   return std::make_unique<MetricsInterceptorFactory>(this);
 }
 
+void ServerMetrics::ForgetPool(const std::string& pool) { RemovePoolSeries(pool); }
+
+void ServerMetrics::RemovePoolSeries(const std::string& pool) {
+  const metrics::Labels l{{"pool", pool}};
+  auto remove = [&l](auto& family) {
+    if (family.Has(l)) family.Remove(&family.Add(l));
+  };
+  for (auto* family : {&samples_ingested_, &duplicate_samples_, &bytes_ingested_, &steps_created_}) {
+    remove(*family);
+  }
+  for (auto* family :
+       {&pool_bytes_, &pool_samples_, &pool_free_samples_, &pool_live_steps_, &pool_open_samples_,
+        &pool_held_steps_,
+        &pool_complete_groups_, &pool_incomplete_groups_, &pool_policy_version_,
+        &pool_stale_samples_, &pool_unannotated_samples_, &pool_stale_dropped_,
+        &pool_incomplete_groups_dropped_, &plan_rank_imbalance_, &plan_sync_,
+        &plan_padding_overhead_, &plan_microbatches_}) {
+    remove(*family);
+  }
+  if (plan_seconds_.Has(l)) plan_seconds_.Remove(&plan_seconds_.Add(l, PlanBuckets()));
+  for (int code = 0; code <= 16; ++code) {
+    const metrics::Labels refused{{"pool", pool},
+                                  {"reason", absl::AsciiStrToLower(StatusCodeName(code))}};
+    if (put_refusals_.Has(refused)) put_refusals_.Remove(&put_refusals_.Add(refused));
+  }
+}
+
 void ServerMetrics::Collect() {
   const StoreStats stats = store_->Stats();
   store_bytes_.Add({}).Set(static_cast<double>(stats.stored_bytes));
@@ -312,8 +343,16 @@ void ServerMetrics::Collect() {
   pool_max_bytes_.Add({}).Set(static_cast<double>(store_->max_pool_bytes()));
   store_samples_.Add({}).Set(static_cast<double>(stats.num_samples));
   live_steps_.Add({}).Set(static_cast<double>(stats.num_live_steps));
-  for (const std::string& pool : store_->PoolNames()) {
+  const std::vector<std::string> pools = store_->PoolNames();
+  // A pool deleted since the last scrape (or while it ran) leaves no gauge
+  // at its last value.
+  std::set<std::string> current(pools.begin(), pools.end());
+  for (const std::string& gone : collected_pools_) {
+    if (!current.count(gone)) RemovePoolSeries(gone);
+  }
+  for (const std::string& pool : pools) {
     absl::StatusOr<PoolStats> p = store_->GetPool(pool);
+    if (!p.ok()) current.erase(pool);
     if (!p.ok()) continue;
     const metrics::Labels l{{"pool", pool}};
     pool_bytes_.Add(l).Set(static_cast<double>(p->stored_bytes));
@@ -330,6 +369,33 @@ void ServerMetrics::Collect() {
     pool_incomplete_groups_dropped_.Add(l).Set(
         static_cast<double>(p->num_incomplete_groups_dropped));
   }
+  collected_pools_ = std::move(current);
+  std::optional<std::map<std::string, int64_t>> cluster;
+  {
+    absl::MutexLock lock(&cluster_live_steps_mu_);
+    if (cluster_live_steps_) cluster = cluster_live_steps_();
+  }
+  if (!cluster.has_value()) return;
+  // The cluster's steps, each once; this store's count is what it holds.
+  int64_t total = 0;
+  for (const auto& [pool, steps] : *cluster) {
+    total += steps;
+    pool_live_steps_.Add({{"pool", pool}}).Set(static_cast<double>(steps));
+  }
+  live_steps_.Add({}).Set(static_cast<double>(total));
+  for (const std::string& pool : collected_pools_) {
+    absl::StatusOr<PoolStats> p = store_->GetPool(pool);
+    if (!p.ok()) continue;
+    const metrics::Labels l{{"pool", pool}};
+    pool_held_steps_.Add(l).Set(static_cast<double>(p->num_live_steps));
+    if (!cluster->count(pool)) pool_live_steps_.Add(l).Set(0);
+  }
+}
+
+void ServerMetrics::SetClusterLiveSteps(
+    std::function<std::optional<std::map<std::string, int64_t>>()> source) {
+  absl::MutexLock lock(&cluster_live_steps_mu_);
+  cluster_live_steps_ = std::move(source);
 }
 
 }  // namespace rollpack

@@ -4,10 +4,15 @@
 #ifndef ROLLPACK_SERVER_OPS_SERVER_METRICS_H_
 #define ROLLPACK_SERVER_OPS_SERVER_METRICS_H_
 
+#include <functional>
+#include <map>
+#include <optional>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "server/ops/metrics/scrape_registry.h"
 #include "server/store/sample_store.h"
@@ -43,6 +48,18 @@ class ServerMetrics {
   // placed; a CommitRouting call.
   void OnRoutingUpload(bool ok, int64_t rows);
   void OnRoutingCommit(bool ok);
+  // The pool was deleted here (Rollouts.DeletePool): every series labelled
+  // with it goes, so /metrics stays bounded by the pools that exist. Gauges
+  // of pools gone since the last scrape are removed by the scrape too.
+  void ForgetPool(const std::string& pool);
+
+  // Cluster mode (docs/cluster.md, "Counting steps"): the cluster's live
+  // steps by pool (nullopt: not known yet), which rollpack_live_steps and
+  // rollpack_pool_live_steps report instead of this store's, so that every
+  // member reports the same cluster-wide numbers; what this member holds
+  // samples for goes to rollpack_pool_held_steps. Set once, at start.
+  void SetClusterLiveSteps(
+      std::function<std::optional<std::map<std::string, int64_t>>()> source);
 
   // Per-method RPC latency and status codes.
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
@@ -50,6 +67,8 @@ class ServerMetrics {
 
  private:
   void Collect();
+  // Every series labelled `pool = pool`.
+  void RemovePoolSeries(const std::string& pool);
 
   metrics::ScrapeRegistry* const registry_;
   SampleStore* const store_;
@@ -68,6 +87,11 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>& pool_free_samples_;
   metrics::Family<metrics::Gauge>& pool_live_steps_;
   metrics::Family<metrics::Gauge>& pool_open_samples_;
+  // Cluster mode: steps holding samples on this member, by pool.
+  metrics::Family<metrics::Gauge>& pool_held_steps_;
+  absl::Mutex cluster_live_steps_mu_;
+  std::function<std::optional<std::map<std::string, int64_t>>()> cluster_live_steps_
+      ABSL_GUARDED_BY(cluster_live_steps_mu_);
   // The sample lifecycle (docs/lifecycle.md), mirrored from the store.
   metrics::Family<metrics::Gauge>& pool_complete_groups_;
   metrics::Family<metrics::Gauge>& pool_incomplete_groups_;
@@ -98,6 +122,8 @@ class ServerMetrics {
   metrics::Family<metrics::Counter>& routing_commits_;
   metrics::Family<metrics::Counter>& rpcs_handled_;
   metrics::Family<metrics::Histogram>& rpc_seconds_;
+  // The pools the last scrape reported (Collect runs one scrape at a time).
+  std::set<std::string> collected_pools_;
 };
 
 // "/rollpack.v1.Rollouts/PutSamples" -> {"rollpack.v1.Rollouts", "PutSamples"}.

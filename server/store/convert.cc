@@ -178,6 +178,8 @@ v1::StepInfo StepInfoToProto(const Step& step) {
   if (step.replay.source == ReplaySourceKind::kRecompute) {
     out.set_replay_source(v1::REPLAY_SOURCE_RECOMPUTE);
   }
+  out.set_advantage(static_cast<v1::AdvantageEstimator>(step.metadata.advantage.estimator));
+  out.set_advantage_scalar(step.metadata.advantage.scalar);
   for (const PipelineStage& stage : step.layout.pipeline().stages()) {
     v1::PipelineStageLayers* s = out.add_stage_layers();
     s->set_pp_rank(stage.pp_rank);

@@ -92,12 +92,18 @@ void FinishPoolShares(v1::PoolInfo* total) {
     size = group.group_size();
     sealed += group.num_sealed();
   }
+  // Complete when the cluster holds all of it. More samples than its size
+  // (members check a group's size only against their own samples) is not
+  // incomplete, and not complete either: selection never takes it
+  // (docs/lifecycle.md, "Cluster mode").
   int64_t complete = 0;
+  int64_t over_full = 0;
   for (const auto& [id, size_sealed] : groups) {
     if (size_sealed.second == size_sealed.first) ++complete;
+    if (size_sealed.second > size_sealed.first) ++over_full;
   }
   total->set_num_complete_groups(total->num_complete_groups() + complete);
-  total->set_num_incomplete_groups(static_cast<int64_t>(groups.size()) - complete);
+  total->set_num_incomplete_groups(static_cast<int64_t>(groups.size()) - complete - over_full);
   total->clear_incomplete_group_shares();
 }
 

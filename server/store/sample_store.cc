@@ -418,7 +418,9 @@ std::vector<LiveStep> SampleStore::ListSteps(const std::string& pool) const {
   for (const auto& [id, step] : steps_) {
     if (!pool.empty() && step->pool != pool) continue;
     auto created = step_created_unix_nanos_.find(id);
-    live.push_back({step, created == step_created_unix_nanos_.end() ? 0 : created->second});
+    LiveStep& entry = live.emplace_back();
+    entry.step = step;
+    entry.created_unix_nanos = created == step_created_unix_nanos_.end() ? 0 : created->second;
   }
   std::sort(live.begin(), live.end(), [](const LiveStep& a, const LiveStep& b) {
     return a.step->step_id < b.step->step_id;
@@ -546,7 +548,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
     }
     reserved.reserve(samples.size());
     for (const auto& sample : samples) reserved.push_back(sample.get());
-    pending_steps_[step_id] = true;
+    pending_steps_[step_id] = pool_name;
     replay.source = request.replay_source;
     if (request.replay_source == ReplaySourceKind::kRecompute) {
       // R2: the samples' committed routing, shared (a later commit

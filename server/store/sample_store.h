@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "rollpack/v1/member.pb.h"
+#include "rollpack/v1/rollouts.pb.h"
 #include "scheduler/model_spec.h"
 #include "scheduler/sample_selection.h"
 #include "scheduler/topology.h"
@@ -101,6 +102,13 @@ struct DropResult {
 struct LiveStep {
   std::shared_ptr<const Step> step;
   int64_t created_unix_nanos = 0;
+  // Cluster mode: who holds the step's samples (StepInfo.holders).
+  struct Holder {
+    std::string member;
+    int32_t num_samples = 0;
+    int64_t num_tokens = 0;
+  };
+  std::vector<Holder> holders;
 };
 
 class DurableLog;
@@ -367,6 +375,41 @@ class SampleStore {
   absl::Status ReserveMemory(int64_t bytes, const std::string& what);
   void ReleaseMemory(int64_t bytes);
 
+  // Whole pools (sample_store_pools.cc).
+  struct PoolDeletion {
+    // Samples (sealed and open) and bytes deleted.
+    int64_t samples = 0;
+    int64_t bytes = 0;
+    // The live steps and holds of the pool `force` ended, by id.
+    std::vector<std::string> ended_steps;
+  };
+  // Deletes `pool` with every sample it holds (free, in steps, open), their
+  // recompute routing and the annotations prepared for them, durably (a
+  // kDeletePool record that replay applies again), so that the name can be
+  // registered again with another model. NOT_FOUND for an unknown pool;
+  // FAILED_PRECONDITION naming the pool's live steps and holds unless
+  // `force`, which ends them first (their samples are deleted, not
+  // returned); ABORTED while a step of the pool is being created. With
+  // `dry_run`: what it would delete, and the same refusals, changing nothing.
+  absl::StatusOr<PoolDeletion> DeletePool(const std::string& pool, bool force,
+                                          bool dry_run = false);
+  // A page of the pool's samples' metadata (sealed and open) in sample id
+  // order: ids after `after` ("" = from the first), at most `limit`, only
+  // those in `state` (UNSPECIFIED: any) and of `group_id` ("" = any).
+  // `more`: later ids match too. NOT_FOUND for an unknown pool.
+  struct SamplePageRequest {
+    std::string after;
+    int32_t limit = 100;
+    v1::SampleState state = v1::SAMPLE_STATE_UNSPECIFIED;
+    std::string group_id;
+  };
+  struct SamplePage {
+    std::vector<v1::SampleInfo> samples;
+    bool more = false;
+  };
+  absl::StatusOr<SamplePage> ListSamplePage(const std::string& pool,
+                                            const SamplePageRequest& request) const;
+
  private:
   // A group's samples stored here.
   struct Group {
@@ -621,8 +664,9 @@ class SampleStore {
     std::vector<std::shared_ptr<const std::string>> recompute_routing;
   };
   absl::flat_hash_map<std::string, SampleHold> holds_ ABSL_GUARDED_BY(mu_);
-  // Step ids being planned, reserved so two creates cannot race.
-  absl::flat_hash_map<std::string, bool> pending_steps_ ABSL_GUARDED_BY(mu_);
+  // Step ids being planned (and their pools), reserved so two creates
+  // cannot race and their pool is not deleted under them.
+  absl::flat_hash_map<std::string, std::string> pending_steps_ ABSL_GUARDED_BY(mu_);
   int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status PoolRoomLocked(const std::string& pool) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

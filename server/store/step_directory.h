@@ -30,10 +30,6 @@ struct RankStep {
   // receives it, for a RECOMPUTE step whose plan holds none (a cluster
   // step); null: step->replay.recompute_routing.
   std::shared_ptr<const std::vector<std::shared_ptr<const std::string>>> recompute_routing;
-
-  absl::Span<const std::shared_ptr<const StoredSample>> sample_span() const {
-    return samples != nullptr ? absl::MakeConstSpan(*samples) : absl::MakeConstSpan(step->samples);
-  }
 };
 
 // What this process holds of a step for one rank (Trainer.FetchPieces): the
@@ -63,8 +59,9 @@ class StepDirectory {
   virtual absl::StatusOr<RankStep> GetStepForRank(const std::string& step_id,
                                                   const RankCoords& coords) = 0;
   // The step with this member's own samples the rank receives at hand
-  // (rank.sample_span()[i] set for every such sequence i), and who owns the
-  // others. INVALID_ARGUMENT for coordinates outside the step's topology.
+  // (set in `samples`, or in the step's own, for every such sequence), and
+  // who owns the others. INVALID_ARGUMENT for coordinates outside the
+  // step's topology.
   virtual absl::StatusOr<RankPieces> GetPiecesForRank(const std::string& step_id,
                                                       const RankCoords& coords) = 0;
   virtual absl::StatusOr<ReleaseResult> ReleaseStep(const std::string& step_id) = 0;
@@ -73,6 +70,9 @@ class StepDirectory {
   virtual absl::StatusOr<std::vector<LiveStep>> ListSteps(const std::string& pool) = 0;
   // When the live step was created (ns since the Unix epoch; 0 unknown).
   virtual int64_t CreatedUnixNanos(const std::string& step_id) = 0;
+  // Cluster mode: the members holding the live step's samples
+  // (StepInfo.holders); none for a step of this process alone.
+  virtual std::vector<LiveStep::Holder> StepHolders(const std::string& step_id) { return {}; }
   // SampleStore::SetPolicyVersion, over every member of a cluster (this one
   // only with `local_only`); the pool as GetPool reports it afterwards.
   virtual absl::StatusOr<v1::PoolInfo> SetPolicyVersion(const std::string& pool,
