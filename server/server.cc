@@ -26,6 +26,9 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/cluster/cluster.h"
+#include "server/cluster/cluster_monitor.h"
+#include "server/cluster/cluster_admin_service.h"
+#include "server/cluster/incarnation.h"
 #include "server/cluster/cluster_steps.h"
 #include "server/cluster/member_service.h"
 #include "server/control/rendezvous_service.h"
@@ -35,8 +38,10 @@
 #include "server/delivery/trainer_service.h"
 #include "server/ingest/rollouts_service.h"
 #include "server/ops/auth.h"
+#include "server/ops/build_info.h"
 #include "server/ops/call_log.h"
 #include "server/ops/metrics/metrics_endpoint.h"
+#include "server/ops/metrics/process_metrics.h"
 #include "server/ops/metrics/scrape_registry.h"
 #include "server/ops/server_metrics.h"
 #include "server/ops/token_gate.h"
@@ -230,6 +235,8 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
       options.max_memory_bytes > 0 ? options.max_memory_bytes : DefaultMaxMemoryBytes());
   server->store_->set_max_pool_bytes(options.max_pool_memory_bytes);
   server->store_->set_max_pools(options.max_pools);
+  // Whether this member starts with its data (docs/cluster.md, "Data loss").
+  bool log_had_records = false;
   if (!options.data_dir.empty()) {
     DurableLogOptions log_options;
     log_options.dir = options.data_dir;
@@ -238,12 +245,15 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     log_options.compact_min_dead_bytes = options.compact_min_dead_bytes;
     std::vector<LogRecord> records;
     ASSIGN_OR_RETURN(std::unique_ptr<DurableLog> log, DurableLog::Open(log_options, &records, &server->recovery_));
+    log_had_records = !records.empty();
     RETURN_IF_ERROR(ReplayLog(records, server->store_.get()));
     server->log_ = std::move(log);
     server->store_->AttachLog(server->log_.get());
   }
   server->registry_ = std::make_shared<metrics::ScrapeRegistry>();
   server->metrics_ = std::make_unique<ServerMetrics>(server->registry_.get(), server->store_.get());
+  AddBuildInfoMetric(*server->registry_);
+  metrics::AddProcessMetrics(*server->registry_);
   if (server->log_ != nullptr) {
     server->registry_
         ->AddGauge("rollpack_durable_log_cut_bytes",
@@ -270,12 +280,6 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeServerCredentials(options));
   const bool cluster_mode = !options.cluster_etcd.empty();
-  if (cluster_mode && options.step_ttl > absl::ZeroDuration()) {
-    // Each member sees only the streams it serves: one member's idle view
-    // would release a step another member is serving.
-    return absl::InvalidArgumentError(
-        "--step-ttl with --cluster-etcd is not supported yet (docs/operations.md)");
-  }
   const bool mutual_tls = !options.tls_cert.empty() && !options.tls_client_ca.empty();
   if (cluster_mode && (!options.auth_tokens_file.empty() || !options.tls_cert.empty()) &&
       !mutual_tls) {
@@ -306,7 +310,9 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   } else {
     server->steps_ = std::make_unique<LocalSteps>(server->store_.get());
   }
+  server->rollouts_->AttachSteps(server->steps_.get());
   server->step_activity_ = std::make_unique<StepActivity>();
+  if (server->member_ != nullptr) server->member_->AttachActivity(server->step_activity_.get());
   server->scheduler_ = std::make_unique<SchedulerService>(
       server->steps_.get(), server->metrics_.get(), server->auth_.get(),
       server->step_activity_.get(), options.max_samples_per_step);
@@ -419,6 +425,10 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   server->telemetry_ = std::make_unique<TelemetryService>(
       server->store_.get(), server->routing_agreement_.get(), server->auth_.get());
   builder.RegisterService(server->telemetry_.get());
+  server->cluster_admin_ = std::make_unique<ClusterAdminService>(
+      server->store_.get(), server->auth_.get(), cluster_mode,
+      [s = server.get()] { return s->address(); }, server->registry_.get());
+  builder.RegisterService(server->cluster_admin_.get());
   if (cluster_mode) {
     // Set before serving (the store reads them without a lock); until the
     // join below completes they answer UNAVAILABLE, a retryable code.
@@ -448,6 +458,7 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
         absl::StrCat("cannot listen on ", options.listen, WhyCannotBind(options.listen)));
   }
   server->port_ = port;
+  server->SetServiceHealth(cluster_mode);
   if (guarded) {
     server->h2_guard_->Start(server->server_.get());
   }
@@ -466,7 +477,9 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
       }
     });
   }
-  if (options.step_ttl > absl::ZeroDuration()) {
+  if (options.step_ttl > absl::ZeroDuration() && server->cluster_steps_ != nullptr) {
+    server->StartClusterStepExpiry(options.step_ttl);
+  } else if (options.step_ttl > absl::ZeroDuration()) {
     StepDirectory* const steps = server->steps_.get();
     StepActivity* const activity = server->step_activity_.get();
     ServerMetrics* const metrics = server->metrics_.get();
@@ -526,6 +539,11 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     cluster.advertise =
         options.cluster_advertise.empty() ? server->address() : options.cluster_advertise;
     cluster.lease_ttl = options.cluster_lease_ttl;
+    if (options.data_dir.empty()) {
+      cluster.incarnation = NewIncarnation();
+    } else {
+      ASSIGN_OR_RETURN(cluster.incarnation, DataDirIncarnation(options.data_dir, log_had_records));
+    }
     cluster.peer_max_receive_bytes = int64_t{options.max_message_bytes} + (int64_t{5} << 20);
     if (mutual_tls) {
       // The member's own certificate is its client identity towards peers,
@@ -560,17 +578,9 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     server->cluster_ = *std::move(joined);
     Cluster* const c = server->cluster_.get();
     server->joined_cluster_.store(c);
-    server->rollouts_->AttachCluster(c);
-    server->cluster_steps_->Attach(c);
-    // Read through the server: the cluster goes away at shutdown.
-    server->registry_->AddCollectCallback(
-        [s = server.get(), gauge = &server->registry_->AddGauge(
-                               "rollpack_cluster_members",
-                               "Live members of this member's cluster, as its last lease "
-                               "renewal saw them.")] {
-          const Cluster* cluster = s->cluster_.get();
-          gauge->Add({}).Set(cluster != nullptr ? cluster->last_member_count() : 0);
-        });
+    server->AttachClusterSteps(c);
+    server->cluster_admin_->AttachCluster(c);
+    server->ReportCluster();
     server->registry_->AddCollectCallback(
         [steps = server->cluster_steps_,
          planning = &server->registry_->AddCounter(
@@ -646,9 +656,15 @@ void RollpackServer::Shutdown(absl::Duration grace) {
   }
   exporter_.reset();
   if (cluster_ != nullptr) {
+    // From here on an etcd that is gone costs each background call (the
+    // steps' upkeep, the keep-alive, the lease revokes) one short attempt,
+    // not its retry budget: Cluster::~Cluster.
+    cluster_->etcd()->StopRetrying();
     joined_cluster_.store(nullptr);
     rollouts_->AttachCluster(nullptr);
+    cluster_admin_->AttachCluster(nullptr);
     cluster_steps_->Detach();
+    etcd_health_.reset();
     cluster_.reset();
     if (grace > absl::ZeroDuration()) spdlog::info("rollpackd: left the cluster");
   }

@@ -32,7 +32,9 @@ namespace rollpack {
 class Authorizer;
 class CallLog;
 class Cluster;
+class ClusterAdminService;
 class ClusterSteps;
+class EtcdHealth;
 class MemberService;
 class RendezvousService;
 class RolloutsService;
@@ -203,6 +205,18 @@ class RollpackServer {
   // --capture-model registered, then the capture port listening
   // (server/server_capture.cc).
   absl::Status StartCapture(const CaptureOptions& options);
+  // grpc.health: every rollpack service SERVING, except in cluster mode the
+  // Scheduler until this member has joined (server/server_health.cc).
+  void SetServiceHealth(bool cluster_mode);
+  // Cluster mode, once joined: the cluster's metrics, the Scheduler's health
+  // following etcd, and the pools this member took from its durable log
+  // known without etcd (server/server_health.cc).
+  void ReportCluster();
+  // Cluster mode (server/server_cluster_steps.cc): attaches the cluster's
+  // steps, with the counts GetPool and the metrics report and the lost
+  // samples counter; --step-ttl over every member's streams.
+  void AttachClusterSteps(Cluster* cluster);
+  void StartClusterStepExpiry(absl::Duration ttl);
 
   std::string host_;
   int port_ = 0;
@@ -230,6 +244,8 @@ class RollpackServer {
   std::unique_ptr<RendezvousService> rendezvous_;
   std::unique_ptr<RoutingAgreementBook> routing_agreement_;
   std::unique_ptr<TelemetryService> telemetry_;
+  // Cluster status and draining (a single server: its own status).
+  std::unique_ptr<ClusterAdminService> cluster_admin_;
   std::unique_ptr<grpc::Server> server_;
   // After server_: stops relaying before gRPC goes.
   std::unique_ptr<H2Guard> h2_guard_;
@@ -240,6 +256,8 @@ class RollpackServer {
   std::unique_ptr<Cluster> cluster_;
   // cluster_ once joined, for the store's resolvers; null before and after.
   std::atomic<Cluster*> joined_cluster_{nullptr};
+  // The Scheduler's health following etcd; after cluster_: goes first.
+  std::unique_ptr<EtcdHealth> etcd_health_;
   // A single server's incomplete groups past their pool's timeout (a
   // cluster member's ClusterSteps does it over the cluster). Last: stops
   // before anything it uses goes.

@@ -53,6 +53,13 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Rollouts/GetPool",
        {Role::kProducer, Role::kTrainer, Role::kAdmin, Role::kMember}},
       {"/rollpack.v1.Rollouts/ListPools", {Role::kProducer, Role::kTrainer, Role::kAdmin}},
+      // Deleting a pool is the operator's (admin); members delete their
+      // own share when one of them is asked (local_only: rollouts_pools.cc
+      // takes the admin token for the cluster-wide call).
+      {"/rollpack.v1.Rollouts/DeletePool", {Role::kAdmin, Role::kMember}},
+      // Samples' metadata, as GetPool's counts (members merge local pages).
+      {"/rollpack.v1.Rollouts/ListSamples",
+       {Role::kProducer, Role::kTrainer, Role::kAdmin, Role::kMember}},
       {"/rollpack.v1.Scheduler/CreateStep", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Scheduler/GetPlan", {Role::kTrainer, Role::kAdmin}},
       {"/rollpack.v1.Scheduler/ReleaseStep", {Role::kAdmin}},
@@ -84,6 +91,12 @@ const std::map<std::string, std::set<Role>>& MethodRoles() {
       {"/rollpack.v1.Member/PrepareAnnotations", {Role::kMember}},
       {"/rollpack.v1.Member/CommitAnnotations", {Role::kMember}},
       {"/rollpack.v1.Member/AbortAnnotations", {Role::kMember}},
+      {"/rollpack.v1.Member/LocalStatus", {Role::kMember}},
+      {"/rollpack.v1.Member/StepStreams", {Role::kMember}},
+      // Operating the cluster (cluster_admin.proto): operators only.
+      {"/rollpack.v1.ClusterAdmin/GetClusterStatus", {Role::kAdmin}},
+      {"/rollpack.v1.ClusterAdmin/DrainMember", {Role::kAdmin}},
+      {"/rollpack.v1.ClusterAdmin/UndrainMember", {Role::kAdmin}},
   };
   return *kTable;
 }

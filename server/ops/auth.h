@@ -8,7 +8,9 @@
 //   producer 3f1c...   # rollout workers: RegisterModel, PutSamples, AnnotateSamples, GetPool
 //   trainer  9a7e...   # trainers: CreateStep, GetPlan, FetchMicrobatches, GetPool,
 //                      #   Rendezvous.ExchangeId, Telemetry.ReportRoutingAgreement
-//   admin    c02b...   # everything, and the only role that may ReleaseStep
+//   admin    c02b...   # everything; the only role that may ReleaseStep,
+//                      #   DeletePool and operate the cluster (ClusterAdmin:
+//                      #   status, drain)
 //
 // No token file = auth off (every call allowed). With one: no or malformed
 // metadata or an unknown token -> UNAUTHENTICATED; a known token whose role

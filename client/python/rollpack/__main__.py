@@ -12,6 +12,9 @@
         [--options-json JSON_OR_@FILE] [--required-scalar NAME ...] ...
     python3 -m rollpack pool annotate --pool POOL [--sample ID --scalar NAME=VALUE ...]...
         [--from-jsonl FILE] [--json] ...
+    python3 -m rollpack pool delete POOL [--force] [--yes] [--json] ...
+    python3 -m rollpack pool samples POOL [--state free|held|stale|open] [--group G]
+        [--limit N] [--json] ...
 
     python3 -m rollpack step create STEP --pool POOL (--num-samples N | --num-groups G |
         --num-tokens T | --sample-ids A,B,...) --max-tokens-per-rank T [--dp D --cp C
@@ -22,6 +25,11 @@
     python3 -m rollpack step show|plan|release STEP [--json] ...
     python3 -m rollpack step plan STEP --groups ...
     python3 -m rollpack step list [--pool POOL] [--json] ...
+    (rollpack/_cli_steps.py: `step show`, one step in detail with a picture of its plan)
+
+    python3 -m rollpack cluster status [--json] ...
+    python3 -m rollpack member drain|undrain HOST:PORT [--wait] [--json] ...
+    (rollpack/_cli_cluster.py: the cluster's members, draining one for maintenance)
 
 `put` reads captured engine responses (one JSON object per line, format in
 rollpack/jsonl.py and docs/producer.md; FILE "-" = stdin), adapts them and
@@ -57,7 +65,7 @@ import sys
 
 import time
 
-from rollpack import errors
+from rollpack import _cli_cluster, _cli_common, _cli_pools, _cli_steps, errors
 from rollpack.controller import Controller
 from rollpack.jsonl import read_samples
 from rollpack.producer import Producer
@@ -80,18 +88,9 @@ def _model(arg):
 
 def _connection_flags(parser, timeout, pool_required=True):
     """The server, pool, token and TLS flags every command takes."""
-    parser.add_argument("--server", default=os.environ.get("ROLLPACK_SERVER", "127.0.0.1:50051"),
-                        help="rollpackd's HOST:PORT (default $ROLLPACK_SERVER or 127.0.0.1:50051)")
+    _cli_common.connection_flags(parser, timeout)
     parser.add_argument("--pool", required=pool_required, default="",
                         help="the pool" + ("" if pool_required else " (step list: filter)"))
-    parser.add_argument("--token", default=os.environ.get("ROLLPACK_TOKEN"))
-    parser.add_argument("--token-file")
-    parser.add_argument("--tls", action="store_true")
-    parser.add_argument("--root-cert")
-    parser.add_argument("--client-cert")
-    parser.add_argument("--client-key")
-    parser.add_argument("--server-name")
-    parser.add_argument("--timeout", type=float, default=timeout)
 
 
 class _SampleAction(argparse.Action):
@@ -176,7 +175,8 @@ def _parser():
                      help="skip lines that cannot be adapted (reported on stderr)")
     pool = sub.add_parser("pool", help="show a pool (samples, groups, versions, options), or "
                                        "list every pool")
-    pool.add_argument("action", nargs="?", choices=["show", "list", "register", "annotate"],
+    pool.add_argument("action", nargs="?",
+                      choices=["show", "list", "register", "annotate"] + list(_cli_pools.ACTIONS),
                       default="show")
     pool.add_argument("pool_name", nargs="?", metavar="POOL", help="the pool (or --pool)")
     _connection_flags(pool, timeout=10.0, pool_required=False)
@@ -194,6 +194,7 @@ def _parser():
     g.add_argument("--from-jsonl", metavar="FILE",
                    help="more entries, one JSON object per line: {\"sample_id\": ID, "
                         "\"scalars\": {NAME: VALUE}} ('-' = stdin)")
+    _cli_pools.add_arguments(pool)
     step = sub.add_parser("step", help="create, show, plan, release and list steps "
                                        "(the controller's side)")
     step.add_argument("action", choices=["create", "show", "plan", "release", "list"])
@@ -229,6 +230,7 @@ def _parser():
     g.add_argument("--max-tokens-per-rank", type=int, default=0)
     g.add_argument("--topology-json", metavar="JSON|@FILE",
                    help="a Topology message as JSON (instead of the flags above)")
+    _cli_cluster.add_parsers(sub)
     return ap
 
 
@@ -313,6 +315,9 @@ def _pool_lines(info):
     if o.required_scalars or info.num_unannotated_samples:
         lines.insert(-1, "  scalars       required %s; %d sealed free samples still missing one"
                      % (", ".join(o.required_scalars) or "none", info.num_unannotated_samples))
+    stale_membership = getattr(info, "stale_membership", "")  # stubs older than the field
+    if stale_membership:
+        lines.insert(1, "  STALE         %s" % stale_membership)
     for m in info.members:
         lines.append("  member %s: %d samples, %d free%s" % (
             m.member, m.num_samples, m.num_free_samples,
@@ -329,6 +334,8 @@ def cmd_pool(a):
         a.pool = a.pool_name
     if a.action in ("register", "annotate"):
         return _pool_write(a)
+    if a.action in _cli_pools.ACTIONS:
+        return _cli_pools.run(a, _controller)
     if a.action == "list":
         with _controller(a) as c:
             pools = [p for p in c.pools() if not a.pool or p.pool == a.pool]
@@ -345,11 +352,11 @@ def cmd_pool(a):
     if not a.pool:
         print("rollpack pool show: --pool is required", file=sys.stderr)
         return 2
-    token = _token(a)
-    with Producer(a.server, a.pool, token=token, tls=a.tls, root_certificates=a.root_cert,
-                  client_certificate=a.client_cert, client_key=a.client_key,
-                  server_name=a.server_name, timeout=a.timeout) as p:
-        info = p.pool_info()
+    # One call within --timeout, never the producer's retries for minutes:
+    # a member that cannot reach etcd answers at once (marked stale) or
+    # UNAVAILABLE naming etcd (docs/cluster.md, "When etcd is away").
+    with _controller(a) as c:
+        info = c.pool(a.pool)
     if a.json:
         from google.protobuf import json_format
         print(json_format.MessageToJson(info, preserving_proto_field_name=True, indent=None))
@@ -410,19 +417,8 @@ def _json(messages):
     return json_format.MessageToJson(messages, preserving_proto_field_name=True, indent=None)
 
 
-def _age(unix_nanos, now):
-    if unix_nanos <= 0:
-        return "-"
-    s = max(0.0, now - unix_nanos / 1e9)
-    if s < 120:
-        return "%.0fs" % s
-    if s < 7200:
-        return "%.0fm" % (s / 60)
-    return "%.1fh" % (s / 3600)
-
-
-def _topology(t):
-    return "dp%d cp%d tp%d pp%d" % (t.dp, t.cp, t.tp or 1, t.pp or 1)
+_age = _cli_common.age
+_topology = _cli_common.topology
 
 
 def _step_lines(steps):
@@ -482,8 +478,7 @@ def cmd_step(a):
                   % (info.step_id, info.num_samples, info.num_tokens, info.num_groups,
                      info.num_microbatches, _topology(info.topology), advantage))
         elif a.action == "show":
-            info = c.step(a.step_id)
-            print(_json(info) if a.json else "\n".join(_step_lines([info])))
+            return _cli_steps.run_show(c, a.step_id, a.json)
         elif a.action == "list":
             steps = c.steps(a.pool)
             print(_json(steps) if a.json else "\n".join(_step_lines(steps)))
@@ -541,6 +536,8 @@ def main(argv=None):
             return cmd_pool(a)
         if a.command == "step":
             return cmd_step(a)
+        if a.command in _cli_cluster.COMMANDS:
+            return _cli_cluster.run(a, _controller(a))
     except (errors.RollpackError, errors.PayloadError, ValueError, OSError) as e:
         print("rollpack %s: %s" % (a.command, e), file=sys.stderr)
         return 1

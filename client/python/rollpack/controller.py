@@ -21,16 +21,20 @@ protobuf messages of rollpack.v1 (StepInfo, Plan, PoolInfo).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Union
 
 import grpc
 
-from rollpack import errors
-from rollpack._proto import (rollouts_pb2, rollouts_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc,
-                             trainer_pb2, trainer_pb2_grpc)
+from rollpack import connect_failure, errors
+from rollpack._proto import (cluster_admin_pb2, cluster_admin_pb2_grpc, rollouts_pb2,
+                             rollouts_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, trainer_pb2,
+                             trainer_pb2_grpc)
 from rollpack.annotations import AnnotationsLike, advantage_estimator, annotate_request
 from rollpack.producer import PemSource, _read
 from rollpack.step_sequences import SequenceInfo, collect, streams_to_read
+
+#: The topology's sizes: an unset one is 1, one given must be >= 1.
+_SIZES = ("dp", "cp", "tp", "pp")
 
 #: A Topology message, or a dict of its fields.
 TopologyLike = Union[scheduler_pb2.Topology, Mapping[str, Any]]
@@ -43,13 +47,23 @@ _REPLAY_SOURCES = {"rollout": scheduler_pb2.REPLAY_SOURCE_ROLLOUT,
 def topology_message(topology: Optional[TopologyLike] = None,
                      **fields: Any) -> scheduler_pb2.Topology:
     """A Topology message from a Topology, a dict of its fields, or keyword
-    fields (``dp``, ``cp``, ``tp``, ``pp``, ``max_tokens_per_rank``, ...)."""
+    fields (``dp``, ``cp``, ``tp``, ``pp``, ``max_tokens_per_rank``, ...).
+    A size (``dp``, ``cp``, ``tp``, ``pp``) given as 0 or less raises
+    PayloadError naming it; one left out is 1."""
     if isinstance(topology, scheduler_pb2.Topology):
         if fields:
             raise TypeError("pass a Topology or its fields, not both")
         return topology
     merged = dict(topology or {})
     merged.update(fields)
+    # An unset size reads as 1 on the wire (old clients rely on it); a size
+    # given as 0 is a mistake (dp=0 is no data-parallel rank), not a 1.
+    for name in _SIZES:
+        value = merged.get(name)
+        if value is not None and not isinstance(value, bool) and isinstance(value, int) \
+                and value < 1:
+            raise errors.PayloadError("topology: %s is %d, must be >= 1 (leave it out for 1)"
+                                      % (name, value))
     try:
         return scheduler_pb2.Topology(**merged)
     except ValueError as e:
@@ -85,7 +99,8 @@ class Controller:
         options = [("grpc.max_receive_message_length", -1)]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
-        if tls or root_certificates or client_certificate:
+        self._tls = bool(tls or root_certificates or client_certificate)
+        if self._tls:
             if bool(client_certificate) != bool(client_key):
                 raise ValueError("client_certificate and client_key go together (mutual TLS)")
             creds = grpc.ssl_channel_credentials(
@@ -97,6 +112,7 @@ class Controller:
         self._rollouts = rollouts_pb2_grpc.RolloutsStub(self._channel)
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._trainer = trainer_pb2_grpc.TrainerStub(self._channel)
+        self._cluster_admin = cluster_admin_pb2_grpc.ClusterAdminStub(self._channel)
 
     def close(self) -> None:
         """Closes the channel."""
@@ -109,10 +125,18 @@ class Controller:
         self.close()
 
     def _call(self, what: str, method: Callable[..., Any], request: Any) -> Any:
+        # Not retried: a controller's caller (a training loop, the CLI)
+        # decides; errors retrying cannot fix say why (connect_failure).
         try:
             return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as err:
-            raise errors.from_rpc_error(err, what) from None
+            explained = None
+            if connect_failure.classify(err) != connect_failure.RETRYABLE:
+                speaks_tls = (not self._tls and connect_failure.closed_before_http2(err)
+                              and connect_failure.server_speaks_tls(self.address))
+                explained = connect_failure.explain(err, self.address, self._tls,
+                                                    speaks_tls=speaks_tls)
+            raise errors.from_rpc_error(err, what, explained=explained) from None
 
     # -- pools ---------------------------------------------------------------
     def pools(self) -> List[rollouts_pb2.PoolInfo]:
@@ -135,6 +159,37 @@ class Controller:
         pool, sample or scalar."""
         return self._call("AnnotateSamples of pool %r" % pool, self._rollouts.AnnotateSamples,
                           annotate_request(pool, annotations)).annotated
+
+    def delete_pool(self, pool: str, *, force: bool = False,
+                    dry_run: bool = False) -> rollouts_pb2.DeletePoolResponse:
+        """Deletes ``pool`` with its samples (and, in a cluster, on every
+        member and in etcd), durably: its name may then be registered with
+        another model (docs/operations.md, "Deleting a pool"). With live
+        steps: FailedPrecondition naming them, unless ``force`` (which
+        releases them first). ``dry_run``: what would be deleted, nothing
+        changed. NotFound for an unknown pool. An admin token."""
+        return self._call("DeletePool %r" % pool, self._rollouts.DeletePool,
+                          rollouts_pb2.DeletePoolRequest(pool=pool, force=force, dry_run=dry_run))
+
+    def samples(self, pool: str, *, state: str = "", group_id: str = "",
+                page_size: int = 0) -> Iterator[rollouts_pb2.SampleInfo]:
+        """The pool's samples' metadata (SampleInfo: id, tokens, group,
+        version, state, step, scalars, owner member), in sample id order, a
+        page (``page_size``, 0 = 100) per call. ``state``: "" (all), "free",
+        "held", "stale" or "open"; ``group_id``: "" (all) or one group."""
+        states = {"": rollouts_pb2.SAMPLE_STATE_UNSPECIFIED, "free": rollouts_pb2.SAMPLE_STATE_FREE,
+                  "held": rollouts_pb2.SAMPLE_STATE_HELD, "stale": rollouts_pb2.SAMPLE_STATE_STALE,
+                  "open": rollouts_pb2.SAMPLE_STATE_OPEN}
+        if state not in states:
+            raise ValueError("state must be one of %s, got %r" % (sorted(states), state))
+        request = rollouts_pb2.ListSamplesRequest(pool=pool, page_size=page_size,
+                                                  state=states[state], group_id=group_id)
+        while True:
+            page = self._call("ListSamples of pool %r" % pool, self._rollouts.ListSamples, request)
+            yield from page.samples
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
 
     # -- steps ---------------------------------------------------------------
     def create_step(self, step_id: str, pool: str, *, topology: Optional[TopologyLike] = None,
@@ -238,3 +293,25 @@ class Controller:
         return self._call("SetPolicyVersion %r" % pool, self._scheduler.SetPolicyVersion,
                           scheduler_pb2.SetPolicyVersionRequest(pool=pool,
                                                                 policy_version=policy_version))
+
+    # -- the cluster (docs/cluster.md, "Maintenance: draining a member") ------
+    def cluster_status(self) -> cluster_admin_pb2.ClusterStatus:
+        """The ClusterStatus: etcd, and every live or drained member with its
+        pools' samples, free samples, bytes and live steps (a member that
+        does not answer has its ``error``). A single server lists itself.
+        Admin token."""
+        return self._call("GetClusterStatus", self._cluster_admin.GetClusterStatus,
+                          cluster_admin_pb2.GetClusterStatusRequest())
+
+    def drain(self, member: str) -> cluster_admin_pb2.DrainMemberResponse:
+        """Drains ``member`` (its host:port) for maintenance: it refuses new
+        samples and steps take its free samples first, until :meth:`undrain`
+        (kept in etcd: it survives the member's restarts). NotFound for a
+        member that is not live; FailedPrecondition on a single server."""
+        return self._call("DrainMember %r" % member, self._cluster_admin.DrainMember,
+                          cluster_admin_pb2.DrainMemberRequest(member=member))
+
+    def undrain(self, member: str) -> cluster_admin_pb2.DrainMemberResponse:
+        """Ends ``member``'s drain: it accepts new samples again."""
+        return self._call("UndrainMember %r" % member, self._cluster_admin.UndrainMember,
+                          cluster_admin_pb2.DrainMemberRequest(member=member))
