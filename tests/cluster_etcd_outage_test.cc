@@ -219,6 +219,14 @@ TEST_F(ClusterEtcdOutageTest, AnOutageIsSeenAndKnownPoolsKeepTakingSamples) {
   EXPECT_EQ(a.Health("rollpack.v1.Rollouts"), HealthStatus::SERVING);
   EXPECT_EQ(a.Health(""), HealthStatus::SERVING) << "no probe restarts a member waiting for etcd";
 
+  // Once each member has noticed (each on its own calls, within a second
+  // of the others; a call in the first seconds of an outage still spends
+  // the etcd client's budget: docs/cluster.md, "When etcd is away").
+  for (const LoggedMember* m : {&b, &c}) {
+    ASSERT_TRUE(Eventually([&] { return m->Metric("rollpack_cluster_etcd_up") == 0; },
+                           absl::Seconds(10)))
+        << m->address();
+  }
   // A producer started now, on a channel of its own, registers and puts
   // to pools its members know: b stored samples of it, c only looked it up.
   int round = 0;
