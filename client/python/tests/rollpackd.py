@@ -7,6 +7,7 @@ binary is a failure; in a manual run without ROLLPACKD it skips the tests.
 
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -121,3 +122,26 @@ def scrape_metric(metrics_port, name):
             if line.startswith(name + " ") or line.startswith(name + "{}"):
                 return float(line.rsplit(" ", 1)[1])
     raise AssertionError("%s not exported" % name)
+
+
+ETCD = "/usr/bin/etcd"  # Debian's etcd-server
+
+
+def start_etcd(test, tmp):
+    """A one-member etcd on 127.0.0.1 ephemeral ports with its data under
+    ``tmp``, stopped when ``test`` (a unittest.TestCase) ends; returns its
+    client URL, what --cluster-etcd takes."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    url, peer = "http://127.0.0.1:%d" % ports[0], "http://127.0.0.1:%d" % ports[1]
+    etcd = subprocess.Popen([ETCD, "--data-dir", os.path.join(tmp, "etcd"),
+                             "--listen-client-urls", url, "--advertise-client-urls", url,
+                             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                             "--initial-cluster", "default=" + peer],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    test.addCleanup(etcd.wait)
+    test.addCleanup(etcd.terminate)
+    return url

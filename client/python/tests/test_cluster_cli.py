@@ -6,7 +6,6 @@ it."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,11 +15,10 @@ from rollpack import errors
 from rollpack.controller import Controller
 from rollpack.producer import Producer
 from tests import engines as eng
-from tests.rollpackd import Rollpackd
+from tests.rollpackd import ETCD, Rollpackd, start_etcd
 from tests.test_controller import TOPO, rollouts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ETCD = "/usr/bin/etcd"
 
 
 def cli(*args, wait=True):
@@ -30,12 +28,6 @@ def cli(*args, wait=True):
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SingleServer(unittest.TestCase):
@@ -62,16 +54,7 @@ class TwoMembers(unittest.TestCase):
     def setUp(self):
         tmp = tempfile.mkdtemp(prefix="rollpack-drain-")
         self.addCleanup(shutil.rmtree, tmp, True)
-        client, peer = free_port(), free_port()
-        url = "http://127.0.0.1:%d" % client
-        etcd = subprocess.Popen([ETCD, "--data-dir", os.path.join(tmp, "etcd"),
-                                 "--listen-client-urls", url, "--advertise-client-urls", url,
-                                 "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
-                                 "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
-                                 "--initial-cluster", "default=http://127.0.0.1:%d" % peer],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addCleanup(etcd.wait)
-        self.addCleanup(etcd.terminate)
+        url = start_etcd(self, tmp)
         self.members = []
         for _ in range(2):
             d = Rollpackd("--cluster-etcd", url, "--cluster-name", "drain-cli",

@@ -25,7 +25,7 @@ import grpc
 
 import rollpack
 from rollpack import connect_failure, errors
-from tests.rollpackd import Rollpackd
+from tests.rollpackd import Rollpackd, start_etcd
 
 TOKEN = "producer-token-0123456789"
 SPEC = rollpack.ModelSpec("cf-moe", num_layers=2, num_experts=8, topk=2)
@@ -237,16 +237,7 @@ class StartupMistakes(unittest.TestCase):
     def test_a_misnamed_cluster_is_warned_about_at_join(self):
         tmp = tempfile.mkdtemp(prefix="rollpack-misnamed-")
         self.addCleanup(shutil.rmtree, tmp, True)
-        client, peer = free_port(), free_port()
-        url = "http://127.0.0.1:%d" % client
-        etcd = subprocess.Popen(["/usr/bin/etcd", "--data-dir", os.path.join(tmp, "etcd"),
-                                 "--listen-client-urls", url, "--advertise-client-urls", url,
-                                 "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
-                                 "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
-                                 "--initial-cluster", "default=http://127.0.0.1:%d" % peer],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addCleanup(etcd.wait)
-        self.addCleanup(etcd.terminate)
+        url = start_etcd(self, tmp)
         members = []
         for name in ("rollpack", "rollpack", "rolpack"):
             d = Rollpackd("--cluster-etcd", url, "--cluster-name", name,
