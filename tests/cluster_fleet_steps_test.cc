@@ -203,12 +203,33 @@ TEST_F(ClusterFleetStepsTest, AGroupOverMembersIsCompleteAndAnOverFullOneIsNotIn
   put(1, "h", 2, 1, 2);
   put(0, "g", 4, 3, 3);
   put(1, "g", 4, 2, 4);
+  // Group "f" (size 2) is complete on member 1, which lists only the groups
+  // incomplete there, and has one sample more on member 0: over-full too.
+  put(1, "f", 2, 2, 5);
+  put(0, "f", 2, 1, 6);
+  // Group "e" (size 3): incomplete over the members, complete on none.
+  put(0, "e", 3, 1, 7);
+  put(1, "e", 3, 1, 8);
   for (size_t i = 0; i < 2; ++i) {
     absl::StatusOr<v1::PoolInfo> pool = Client(i).GetPool("pool");
     ASSERT_TRUE(pool.ok()) << pool.status();
-    EXPECT_EQ(pool->num_complete_groups(), 1) << "through member " << i;
-    EXPECT_EQ(pool->num_incomplete_groups(), 0) << "through member " << i;  // before: 1
+    EXPECT_EQ(pool->num_complete_groups(), 1) << "\"h\" only, through member " << i;
+    EXPECT_EQ(pool->num_incomplete_groups(), 1) << "\"e\" only, through member " << i;
+    // SetPolicyVersion answers with the same counts.
+    absl::StatusOr<v1::PoolInfo> set = Client(i).SetPolicyVersion("pool", 1);
+    ASSERT_TRUE(set.ok()) << set.status();
+    EXPECT_EQ(set->num_complete_groups(), 1) << "through member " << i;
+    EXPECT_EQ(set->num_incomplete_groups(), 1) << "through member " << i;
   }
+  // Neither over-full group is selectable; "h" is.
+  v1::CreateStepRequest groups;
+  groups.set_step_id("groups");
+  groups.set_pool("pool");
+  groups.set_num_groups(2);
+  *groups.mutable_topology() = HybridTopology();
+  const absl::Status refused = Client(0).CreateStep(groups).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("has 1 complete free groups"));
 }
 
 TEST_F(ClusterFleetStepsTest, StepTtlReleasesAClusterStepNobodyFetchesOnAnyMember) {

@@ -470,10 +470,12 @@ int Cluster::last_member_count() const {
 }
 
 absl::StatusOr<v1::PoolInfo> Cluster::GetPoolOf(const ClusterMember& member,
-                                                const std::string& pool) {
+                                                const std::string& pool,
+                                                const std::vector<std::string>& complete_group_ids) {
   v1::GetPoolRequest request;
   request.set_pool(pool);
   request.set_local_only(true);
+  for (const std::string& id : complete_group_ids) request.add_complete_group_ids(id);
   v1::PoolInfo info;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +

@@ -158,8 +158,11 @@ class Cluster {
   v1::Rollouts::Stub* RolloutsStub(const ClusterMember& member);
 
   // GetPool of `member` alone (GetPoolRequest.local_only), over a channel
-  // kept per member. UNAVAILABLE naming the member when it does not answer.
-  absl::StatusOr<v1::PoolInfo> GetPoolOf(const ClusterMember& member, const std::string& pool);
+  // kept per member; with `complete_group_ids`, which of them it holds
+  // complete (group_census.h). UNAVAILABLE naming the member when it does
+  // not answer.
+  absl::StatusOr<v1::PoolInfo> GetPoolOf(const ClusterMember& member, const std::string& pool,
+                                         const std::vector<std::string>& complete_group_ids = {});
   // Maintenance (docs/cluster.md, "Maintenance: draining a member"; in
   // cluster_drain.cc). A drain is the key /<cluster>/drained/<id>, without a
   // lease so that it outlives the member's restarts: the id, then a line

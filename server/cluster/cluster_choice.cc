@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/cluster/cluster_steps.h"
+#include "server/cluster/group_census.h"
 #include "server/cluster/peer_calls.h"
 #include "server/store/names.h"
 #include "server/store/pool_info.h"
@@ -257,14 +258,22 @@ absl::StatusOr<v1::PoolInfo> ClusterSteps::SetPolicyVersion(const std::string& p
   });
   v1::PoolInfo total;
   total.set_pool(pool);
+  std::vector<bool> hold_complete_groups(members.size());
   for (size_t i = 0; i < members.size(); ++i) {
     // Every member must have it: a member that missed it would select
     // samples the trainer no longer wants. A retry is harmless.
     if (!shares[i].ok() && !absl::IsNotFound(shares[i].status())) return shares[i].status();
     if (shares[i].ok() && !total.has_model()) *total.mutable_model() = shares[i]->model();
     AddPoolShare(members[i].id, shares[i], &total);
+    hold_complete_groups[i] = shares[i].ok() && shares[i]->num_complete_groups() > 0;
   }
-  FinishPoolShares(&total);
+  // The version is set everywhere by now: counts a member leaves unsaid
+  // here do not fail the call (GetPool counts them again).
+  absl::StatusOr<absl::flat_hash_map<std::string, int>> complete_holders =
+      CountCompleteHolders(*cluster, *store_, members, hold_complete_groups, pool,
+                           GroupsToCheckForComplete(total));
+  FinishPoolShares(&total, complete_holders.ok() ? *complete_holders
+                                                 : absl::flat_hash_map<std::string, int>{});
   return total;
 }
 

@@ -14,6 +14,7 @@
 #include "base/status_macros.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/cluster/cluster_steps.h"
+#include "server/cluster/group_census.h"
 #include "server/cluster/peer_calls.h"
 #include "server/store/names.h"
 #include "spdlog/spdlog.h"
@@ -242,6 +243,7 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
     };
     absl::flat_hash_map<std::string, Share> shares;
     bool everyone = true;
+    std::vector<bool> hold_complete_groups(members->size());
     auto add = [&](const std::string& group, int32_t size, int64_t count,
                    const std::string& member) {
       Share& share = shares[group];
@@ -249,7 +251,8 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
       share.sealed += count;
       if (share.first_holder.empty() && count > 0) share.first_holder = member;
     };
-    for (const ClusterMember& member : *members) {
+    for (size_t i = 0; i < members->size(); ++i) {
+      const ClusterMember& member = (*members)[i];
       if (member.id == cluster->self().id) {
         absl::StatusOr<PoolStats> stats = store_->GetPool(pool);
         if (!stats.ok()) {
@@ -259,6 +262,7 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
         for (const GroupShareStats& g : stats->incomplete_groups) {
           add(g.group_id, g.group_size, g.num_sealed, member.id);
         }
+        hold_complete_groups[i] = stats->num_complete_groups > 0;
         continue;
       }
       absl::StatusOr<v1::PoolInfo> share = cluster->GetPoolOf(member, pool);
@@ -270,6 +274,7 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
       for (const v1::GroupShare& g : share->incomplete_group_shares()) {
         add(g.group_id(), g.group_size(), g.num_sealed(), member.id);
       }
+      hold_complete_groups[i] = share->num_complete_groups() > 0;
     }
     if (!everyone) continue;
     // Only the group's first holder acts: it asks the other holders to
@@ -281,6 +286,18 @@ void ClusterSteps::DropExpiredGroups(Cluster* cluster) {
       if (it == shares.end() || it->second.sealed >= it->second.size) continue;
       if (it->second.first_holder == cluster->self().id) doomed.push_back(group);
     }
+    if (doomed.empty()) continue;
+    // A group complete on a member that did not list it, with more samples
+    // elsewhere, is over-full: the cluster holds at least its size, so it
+    // is never dropped as incomplete. Unknown (a member away): none is.
+    absl::StatusOr<absl::flat_hash_map<std::string, int>> complete_holders =
+        CountCompleteHolders(*cluster, *store_, *members, hold_complete_groups, pool, doomed);
+    if (!complete_holders.ok()) continue;
+    doomed.erase(std::remove_if(doomed.begin(), doomed.end(),
+                                [&](const std::string& group) {
+                                  return complete_holders->contains(group);
+                                }),
+                 doomed.end());
     if (doomed.empty()) continue;
     bool others_dropped = true;
     for (const ClusterMember& member : *members) {

@@ -10,6 +10,8 @@
 #include "base/status_macros.h"
 #include "scheduler/model_spec.h"
 #include "server/cluster/cluster_annotations.h"
+#include "server/cluster/group_census.h"
+#include "server/cluster/peer_calls.h"
 #include "server/ops/call_log.h"
 #include "server/store/convert.h"
 #include "server/store/names.h"
@@ -152,6 +154,17 @@ grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* 
     return reactor;
   }
   absl::StatusOr<v1::PoolInfo> local = LocalPool(request->pool());
+  if (local.ok() && request->local_only() && request->complete_group_ids_size() > 0) {
+    // A peer summing the cluster's pool asks which of its listed groups
+    // are complete here (group_census.h).
+    absl::StatusOr<std::vector<GroupShareStats>> complete = store_->CompleteGroups(
+        request->pool(), {request->complete_group_ids().begin(), request->complete_group_ids().end()});
+    if (complete.ok()) {
+      AddCompleteGroupShares(*complete, &*local);
+    } else {
+      local = complete.status();
+    }
+  }
   if (local.ok()) *response = *std::move(local);
   reactor->Finish(ToGrpcStatus(local.status()));
   return reactor;
@@ -281,12 +294,25 @@ absl::Status RolloutsService::ClusterPool(const std::string& pool, v1::PoolInfo*
   }
   response->set_pool(pool);
   *response->mutable_model() = ToProto(*model);
-  for (const ClusterMember& member : members) {
-    AddPoolShare(member.id,
-                 member.id == cluster->self().id ? LocalPool(pool) : cluster->GetPoolOf(member, pool),
-                 response);
+  std::vector<absl::StatusOr<v1::PoolInfo>> shares(members.size(),
+                                                   absl::UnknownError("not asked"));
+  ForEachParallel(members.size(), [&](size_t i) {
+    shares[i] = members[i].id == cluster->self().id ? LocalPool(pool)
+                                                    : cluster->GetPoolOf(members[i], pool);
+  });
+  std::vector<bool> hold_complete_groups(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    AddPoolShare(members[i].id, shares[i], response);
+    hold_complete_groups[i] = shares[i].ok() && shares[i]->num_complete_groups() > 0;
   }
-  FinishPoolShares(response);
+  // A member that does not answer this second round leaves its complete
+  // groups uncounted against the others' lists, as the first round's
+  // counts stand: the view of one moment, not a decision.
+  absl::StatusOr<absl::flat_hash_map<std::string, int>> complete_holders =
+      CountCompleteHolders(*cluster, *store_, members, hold_complete_groups, pool,
+                           GroupsToCheckForComplete(*response));
+  FinishPoolShares(response, complete_holders.ok() ? *complete_holders
+                                                   : absl::flat_hash_map<std::string, int>{});
   // A step over k members is held on each: the cluster has it once.
   if (live_steps_of_pool_) {
     absl::StatusOr<int64_t> live_steps = live_steps_of_pool_(pool);

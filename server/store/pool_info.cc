@@ -7,6 +7,17 @@
 
 namespace rollpack {
 
+namespace {
+
+void SetGroupShare(const GroupShareStats& group, v1::GroupShare* share) {
+  share->set_group_id(group.group_id);
+  share->set_group_size(group.group_size);
+  share->set_num_sealed(group.num_sealed);
+  share->set_first_sealed_unix_nanos(group.first_sealed_unix_nanos);
+}
+
+}  // namespace
+
 v1::PoolInfo PoolInfoToProto(const PoolStats& stats, const StoreStats& store,
                              bool group_shares) {
   v1::PoolInfo info;
@@ -32,14 +43,16 @@ v1::PoolInfo PoolInfoToProto(const PoolStats& stats, const StoreStats& store,
   *info.mutable_options() = ToProto(stats.options);
   if (group_shares) {
     for (const GroupShareStats& group : stats.incomplete_groups) {
-      v1::GroupShare* share = info.add_incomplete_group_shares();
-      share->set_group_id(group.group_id);
-      share->set_group_size(group.group_size);
-      share->set_num_sealed(group.num_sealed);
-      share->set_first_sealed_unix_nanos(group.first_sealed_unix_nanos);
+      SetGroupShare(group, info.add_incomplete_group_shares());
     }
   }
   return info;
+}
+
+void AddCompleteGroupShares(const std::vector<GroupShareStats>& complete, v1::PoolInfo* info) {
+  for (const GroupShareStats& group : complete) {
+    SetGroupShare(group, info->add_complete_group_shares());
+  }
 }
 
 void AddPoolShare(const std::string& member, const absl::StatusOr<v1::PoolInfo>& info,
@@ -84,27 +97,57 @@ void AddPoolShare(const std::string& member, const absl::StatusOr<v1::PoolInfo>&
   }
 }
 
-void FinishPoolShares(v1::PoolInfo* total) {
-  // Sorted by id, so the answer does not depend on the members' order.
-  std::map<std::string, std::pair<int32_t, int64_t>> groups;  // size, sealed
-  for (const v1::GroupShare& group : total->incomplete_group_shares()) {
+namespace {
+
+// Each group listed incomplete by some member: its size and the sealed
+// samples summed over the members that listed it, by id (so the answer
+// does not depend on the members' order).
+std::map<std::string, std::pair<int32_t, int64_t>> SumIncompleteShares(const v1::PoolInfo& total) {
+  std::map<std::string, std::pair<int32_t, int64_t>> groups;
+  for (const v1::GroupShare& group : total.incomplete_group_shares()) {
     auto& [size, sealed] = groups[group.group_id()];
     size = group.group_size();
     sealed += group.num_sealed();
   }
+  return groups;
+}
+
+}  // namespace
+
+std::vector<std::string> GroupsToCheckForComplete(const v1::PoolInfo& total) {
+  std::vector<std::string> ids;
+  for (const auto& [id, size_sealed] : SumIncompleteShares(total)) {
+    if (size_sealed.second <= size_sealed.first) ids.push_back(id);
+  }
+  return ids;
+}
+
+void FinishPoolShares(v1::PoolInfo* total,
+                      const absl::flat_hash_map<std::string, int>& complete_holders) {
   // Complete when the cluster holds all of it. More samples than its size
   // (members check a group's size only against their own samples) is not
   // incomplete, and not complete either: selection never takes it
-  // (docs/lifecycle.md, "Cluster mode").
+  // (docs/lifecycle.md, "Cluster mode"). A member holding it complete
+  // counted it in num_complete_groups: taken back here.
   int64_t complete = 0;
   int64_t over_full = 0;
+  int64_t counted_complete_elsewhere = 0;
+  const auto groups = SumIncompleteShares(*total);
   for (const auto& [id, size_sealed] : groups) {
+    const auto holders = complete_holders.find(id);
+    if (holders != complete_holders.end() && holders->second > 0) {
+      ++over_full;
+      counted_complete_elsewhere += holders->second;
+      continue;
+    }
     if (size_sealed.second == size_sealed.first) ++complete;
     if (size_sealed.second > size_sealed.first) ++over_full;
   }
-  total->set_num_complete_groups(total->num_complete_groups() + complete);
+  total->set_num_complete_groups(
+      std::max<int64_t>(0, total->num_complete_groups() + complete - counted_complete_elsewhere));
   total->set_num_incomplete_groups(static_cast<int64_t>(groups.size()) - complete - over_full);
   total->clear_incomplete_group_shares();
+  total->clear_complete_group_shares();
 }
 
 }  // namespace rollpack

@@ -409,6 +409,13 @@ class SampleStore {
   };
   absl::StatusOr<SamplePage> ListSamplePage(const std::string& pool,
                                             const SamplePageRequest& request) const;
+  // Of `group_ids`, the groups complete here (every sealed sample that
+  // counts, none missing), in id order: a cluster asks this of the groups
+  // incomplete on other members, since a group complete here with more
+  // samples elsewhere is over-full, not incomplete. NOT_FOUND for an
+  // unknown pool.
+  absl::StatusOr<std::vector<GroupShareStats>> CompleteGroups(
+      const std::string& pool, const std::vector<std::string>& group_ids) const;
 
  private:
   // A group's samples stored here.

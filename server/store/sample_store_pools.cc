@@ -201,4 +201,31 @@ absl::StatusOr<SampleStore::SamplePage> SampleStore::ListSamplePage(
   return page;
 }
 
+absl::StatusOr<std::vector<GroupShareStats>> SampleStore::CompleteGroups(
+    const std::string& pool_name, const std::vector<std::string>& group_ids) const {
+  RETURN_IF_ERROR(ValidateName("pool name", pool_name, kMaxPoolNameBytes));
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = pools_.find(pool_name);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+  }
+  std::vector<GroupShareStats> complete;
+  for (const std::string& id : group_ids) {
+    auto group = it->second.groups.find(id);
+    if (group == it->second.groups.end() || group->second.expired) continue;
+    const int32_t sealed = group->second.stored - group->second.unready;
+    if (sealed != group->second.size) continue;
+    complete.push_back({id, group->second.size, sealed, group->second.first_sealed_unix_nanos});
+  }
+  std::sort(complete.begin(), complete.end(),
+            [](const GroupShareStats& a, const GroupShareStats& b) { return a.group_id < b.group_id; });
+  // An id asked twice is one group.
+  complete.erase(std::unique(complete.begin(), complete.end(),
+                             [](const GroupShareStats& a, const GroupShareStats& b) {
+                               return a.group_id == b.group_id;
+                             }),
+                 complete.end());
+  return complete;
+}
+
 }  // namespace rollpack

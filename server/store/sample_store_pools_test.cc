@@ -245,5 +245,25 @@ TEST_F(ListSamplePageTest, StatesAndGroupsFilterWithTheStepNamed) {
   EXPECT_EQ(group[2].state(), v1::SAMPLE_STATE_STALE);
 }
 
+TEST(CompleteGroupsTest, AnswersTheGroupsAskedThatAreCompleteHereInIdOrder) {
+  SampleStore store(int64_t{1} << 24);
+  ASSERT_TRUE(store.RegisterModel("p", Model()).ok());
+  ASSERT_TRUE(store
+                  .Put("p", {Sample("z1", 4, "z", 2), Sample("z2", 4, "z", 2),
+                             Sample("a1", 4, "a", 2), Sample("a2", 6, "a", 2),
+                             Sample("half", 4, "h", 2), Sample("loose", 4)})
+                  .ok());
+  absl::StatusOr<std::vector<GroupShareStats>> complete =
+      store.CompleteGroups("p", {"z", "h", "a", "nowhere", "a"});
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  ASSERT_EQ(complete->size(), 2u) << "\"h\" is incomplete, \"nowhere\" not here, \"a\" asked twice";
+  EXPECT_EQ((*complete)[0].group_id, "a");
+  EXPECT_EQ((*complete)[0].group_size, 2);
+  EXPECT_EQ((*complete)[0].num_sealed, 2);
+  EXPECT_EQ((*complete)[1].group_id, "z");
+  EXPECT_THAT(*store.CompleteGroups("p", {}), IsEmpty());
+  EXPECT_EQ(store.CompleteGroups("q", {"z"}).status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace rollpack
