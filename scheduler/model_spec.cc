@@ -76,6 +76,10 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, "num_experts is ", spec.num_experts, ", must be in [0, 65536]"));
   }
+  if (spec.vocab_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, "vocab_size is ", spec.vocab_size, ", must be >= 0 (0: not declared)"));
+  }
   if (spec.num_mtp_layers < 0 || spec.num_mtp_layers > kMaxMtpLayers) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, "num_mtp_layers is ", spec.num_mtp_layers, ", must be in [0, ", kMaxMtpLayers, "]"));

@@ -31,6 +31,8 @@ struct ModelSpec {
   int num_mtp_layers = 0;
   // The samples carry the MTP layers' routing after the decoder's.
   bool mtp_routing = false;
+  // V: the vocabulary size; 0 = not declared (layout.md section 13).
+  int vocab_size = 0;
 
   bool is_dense() const { return num_experts == 0; }
   // M with the "empty means all" default applied.
@@ -50,13 +52,17 @@ struct ModelSpec {
   std::string StoredLayerName(int position) const;
   // Bytes of one stored expert id: 1 when E <= 256, else 2.
   int stored_id_bytes() const { return num_experts <= 256 ? 1 : 2; }
+  // Bytes of one stored ragged-field id (layout.md section 13): 2 when
+  // 0 < V <= 65536, else 4.
+  int ragged_id_bytes() const { return vocab_size > 0 && vocab_size <= 65536 ? 2 : 4; }
 
   friend bool operator==(const ModelSpec& a, const ModelSpec& b) {
     return a.name == b.name && a.num_layers == b.num_layers &&
            a.moe_layers == b.moe_layers && a.num_experts == b.num_experts &&
            a.topk == b.topk && a.allow_all_zero_layers == b.allow_all_zero_layers &&
            a.finite_token_fields == b.finite_token_fields &&
-           a.num_mtp_layers == b.num_mtp_layers && a.mtp_routing == b.mtp_routing;
+           a.num_mtp_layers == b.num_mtp_layers && a.mtp_routing == b.mtp_routing &&
+           a.vocab_size == b.vocab_size;
   }
   friend bool operator!=(const ModelSpec& a, const ModelSpec& b) { return !(a == b); }
 };

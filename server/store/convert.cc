@@ -21,6 +21,7 @@ ModelSpec FromProto(const v1::ModelSpec& spec) {
                                  spec.finite_token_fields().end());
   out.num_mtp_layers = spec.num_mtp_layers();
   out.mtp_routing = spec.mtp_routing();
+  out.vocab_size = spec.vocab_size();
   return out;
 }
 
@@ -37,6 +38,7 @@ v1::ModelSpec ToProto(const ModelSpec& spec) {
   // the durable log, in etcd) exactly as before they existed.
   out.set_num_mtp_layers(spec.num_mtp_layers);
   out.set_mtp_routing(spec.mtp_routing);
+  out.set_vocab_size(spec.vocab_size);
   return out;
 }
 

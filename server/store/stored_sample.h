@@ -28,6 +28,23 @@ struct StoredField {
   }
 };
 
+// A ragged per-token field (layout.md section 13): token t's list is
+// ids [offsets[t], offsets[t + 1]) of `values`.
+struct StoredRagged {
+  // UINT16 when the model's 0 < vocab_size <= 65536, else INT32
+  // (ModelSpec::ragged_id_bytes), whatever dtype came in.
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  // [n + 1], offsets[0] = 0, non-decreasing, offsets[n] = ids held.
+  std::vector<int64_t> offsets;
+  // The ids, little endian, offsets[n] * itemsize bytes.
+  std::string values;
+
+  int64_t num_tokens() const { return offsets.empty() ? 0 : static_cast<int64_t>(offsets.size()) - 1; }
+  friend bool operator==(const StoredRagged& a, const StoredRagged& b) {
+    return a.dtype == b.dtype && a.offsets == b.offsets && a.values == b.values;
+  }
+};
+
 // Bit-for-bit, so an identical re-send with a NaN scalar is a duplicate
 // (NaN != NaN); found by fuzz/sample_validation_fuzzer.
 inline bool SameScalars(const std::map<std::string, double>& a,
@@ -91,6 +108,9 @@ struct StoredSample {
   std::vector<uint8_t> row_valid;
   // Sorted by name, so iteration order is deterministic.
   std::map<std::string, StoredField> token_fields;
+  // Ragged per-token fields by name (sorted: deterministic), each with one
+  // list per token.
+  std::map<std::string, StoredRagged> ragged_fields;
   // Every scalar it has now: those put with it and those added later.
   std::map<std::string, double> scalars;
   // The names in `scalars` that were not put with piece 0 (or the whole
@@ -117,7 +137,8 @@ struct StoredSample {
            a.policy_version == b.policy_version && a.group_size == b.group_size &&
            a.tokens == b.tokens &&
            a.experts == b.experts && a.row_valid == b.row_valid &&
-           a.token_fields == b.token_fields && SameScalars(a.scalars, b.scalars) &&
+           a.token_fields == b.token_fields && a.ragged_fields == b.ragged_fields &&
+           SameScalars(a.scalars, b.scalars) &&
            a.later_scalars == b.later_scalars && a.pieces == b.pieces && a.piece_message.has_value() == b.piece_message.has_value() &&
            (!a.piece_message.has_value() ||
             (a.piece_message->index == b.piece_message->index &&
