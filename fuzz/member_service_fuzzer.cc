@@ -452,7 +452,11 @@ grpc::Status ReadAll(Member* m, v1::Member::Stub* stub, bool authed,
   while (reader->Read(&batch)) {
     std::string pool;
     std::vector<StoredSample> samples;
-    FUZZ_CHECK(DecodeSamples(batch.encoded(), &pool, &samples).ok());
+    // Batches with ragged fields say so (SampleBatch.record_type).
+    const RecordType type = batch.record_type() == 0
+                                ? RecordType::kPutSamples
+                                : static_cast<RecordType>(batch.record_type());
+    FUZZ_CHECK(DecodeSamples(batch.encoded(), &pool, &samples, type).ok());
     FUZZ_CHECK(batch.recompute_routing_size() == 0 ||
                batch.recompute_routing_size() == static_cast<int>(samples.size()));
     for (const std::string& r : batch.recompute_routing()) routing.push_back(r);
@@ -470,6 +474,7 @@ grpc::Status ReadAll(Member* m, v1::Member::Stub* stub, bool authed,
       FUZZ_CHECK(got[i].sample_id == request.sample_ids(static_cast<int>(i)));
       FUZZ_CHECK(got[i].tokens == (*held)[i]->tokens);
       FUZZ_CHECK(got[i].experts == (*held)[i]->experts);
+      FUZZ_CHECK(got[i].ragged_fields == (*held)[i]->ragged_fields);
       if (!routing.empty()) FUZZ_CHECK(routing[i] == *(*held_routing)[i]);
     }
   }

@@ -5,6 +5,7 @@
 // the narrowest width, ids < E and distinct in valid rows, zeros in missing
 // rows, fields sliced like tokens), and survives the durable log's codec and
 // the store unchanged. The codec's decoder also gets the raw bytes.
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -36,6 +37,8 @@ ModelSpec MakeModel(int which) {
     m.moe_layers = {1, 3};
     m.num_mtp_layers = 1;
     m.mtp_routing = true;
+    // Ragged fields' ids checked against V and kept as uint16.
+    m.vocab_size = 1000;
   }
   return m;
 }
@@ -62,6 +65,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     decoded.clear();
     DecodeSamples(absl::string_view(reinterpret_cast<const char*>(data), size), &pool, &decoded,
                   RecordType::kPieceSamples)
+        .IgnoreError();
+    decoded.clear();
+    DecodeSamples(absl::string_view(reinterpret_cast<const char*>(data), size), &pool, &decoded,
+                  RecordType::kRaggedSamples)
         .IgnoreError();
   }
   const ModelSpec model = MakeModel(data[0] % 4);
@@ -115,6 +122,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const auto& [name, field] : stored->token_fields) {
     FUZZ_CHECK(static_cast<int64_t>(field.data.size()) == n * field.row_bytes());
+  }
+  // Ragged fields (layout.md section 13): one list per token, ids as stored.
+  for (const auto& [name, field] : stored->ragged_fields) {
+    FUZZ_CHECK(field.num_tokens() == n && field.offsets.front() == 0);
+    FUZZ_CHECK(std::is_sorted(field.offsets.begin(), field.offsets.end()));
+    FUZZ_CHECK(field.dtype == (model.ragged_id_bytes() == 2 ? v1::UINT16 : v1::INT32));
+    FUZZ_CHECK(static_cast<int64_t>(field.values.size()) ==
+               field.offsets.back() * model.ragged_id_bytes());
   }
   // The durable log's codec round-trips it exactly.
   const std::vector<StoredSample> one{*stored};

@@ -38,7 +38,8 @@ absl::StatusOr<PoolOptions> ParseOptions(const std::string& key, const std::stri
 }
 
 // A schema as etcd holds it: a Sample's token fields, dtype and shape
-// [0, trailing...].
+// [0, trailing...], and its ragged fields (layout.md section 13), values of
+// the stored dtype and shape [0] (a record from before them has none).
 absl::StatusOr<std::map<std::string, FieldSchema>> ParseSchema(const std::string& key,
                                                                const std::string& bytes) {
   v1::Sample fixed;
@@ -51,6 +52,9 @@ absl::StatusOr<std::map<std::string, FieldSchema>> ParseSchema(const std::string
     field.dtype = array.dtype();
     field.trailing_shape.assign(array.shape().begin() + std::min(1, array.shape_size()),
                                 array.shape().end());
+  }
+  for (const auto& [name, ragged] : fixed.ragged_token_fields()) {
+    out[name] = FieldSchema{ragged.values().dtype(), {}, /*ragged=*/true};
   }
   return out;
 }
@@ -195,9 +199,16 @@ absl::StatusOr<std::map<std::string, FieldSchema>> Cluster::FixSchema(
                    EtcdAway("fixing its token-field schema (this member's first batch of it)"),
                    pool);
   }
-  // A schema travels as a Sample's token fields: dtype and shape [0, trailing...].
+  // A schema travels as a Sample's token fields: dtype and shape [0, trailing...]
+  // (ragged fields: their values so).
   v1::Sample schema;
   for (const auto& [name, field] : proposed) {
+    if (field.ragged) {
+      v1::NDArray* values = (*schema.mutable_ragged_token_fields())[name].mutable_values();
+      values->set_dtype(field.dtype);
+      values->add_shape(0);
+      continue;
+    }
     v1::NDArray& array = (*schema.mutable_token_fields())[name];
     array.set_dtype(field.dtype);
     array.add_shape(0);

@@ -525,7 +525,16 @@ absl::Status ClusterSteps::Pull(Cluster* cluster, const CachedStep& cached, int 
     watch.Progress();
     std::string pool;
     std::vector<StoredSample> samples;
-    decoded = DecodeSamples(batch.encoded(), &pool, &samples);
+    const RecordType type = batch.record_type() == 0
+                                ? RecordType::kPutSamples
+                                : static_cast<RecordType>(batch.record_type());
+    if (type != RecordType::kPutSamples && type != RecordType::kRaggedSamples) {
+      decoded = absl::DataLossError(absl::StrCat("member ", member, " sent samples of record type ",
+                                                 batch.record_type(), " (every member must run "
+                                                 "the same version: docs/cluster.md)"));
+      break;
+    }
+    decoded = DecodeSamples(batch.encoded(), &pool, &samples, type);
     if (!decoded.ok()) break;
     if (cached.recompute() &&
         batch.recompute_routing_size() != static_cast<int>(samples.size())) {

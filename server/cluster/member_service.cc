@@ -1,5 +1,6 @@
 #include "server/cluster/member_service.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,7 +68,14 @@ class ReadSamplesReactor final : public grpc::ServerWriteReactor<v1::SampleBatch
       }
       ++next_;
     }
-    message_.set_encoded(EncodeSamples(pool_, absl::MakeConstSpan(batch)));
+    // Ragged fields travel in the form that carries them; a batch without
+    // them is encoded as it always was.
+    const bool ragged = std::any_of(batch.begin(), batch.end(), [](const StoredSample* s) {
+      return !s->ragged_fields.empty();
+    });
+    const RecordType type = ragged ? RecordType::kRaggedSamples : RecordType::kPutSamples;
+    message_.set_record_type(ragged ? static_cast<uint32_t>(type) : 0);
+    message_.set_encoded(EncodeSamples(pool_, absl::MakeConstSpan(batch), type));
     StartWrite(&message_);
   }
 

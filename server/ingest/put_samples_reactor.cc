@@ -37,10 +37,15 @@ absl::Status ValidateAll(SampleStore* store, const std::string& pool,
   ASSIGN_OR_RETURN(ModelSpec model, store->GetOrAdoptModel(pool));
   ASSIGN_OR_RETURN(PoolOptions options, store->GetOptions(pool));
   out->reserve(request->samples_size());
-  // Conversions into declared dtypes may at most double what the message
-  // holds: its size is what --max-message-bytes and the in-flight bound count.
-  int64_t growth_budget =
-      options.token_fields.empty() ? 0 : static_cast<int64_t>(request->ByteSizeLong());
+  // Conversions into declared dtypes, and ragged fields' widening (uint16
+  // ids to int32, int32 offsets to int64; layout.md section 13), may at most
+  // double what the message holds: its size is what --max-message-bytes and
+  // the in-flight bound count.
+  bool converts = !options.token_fields.empty();
+  for (const v1::Sample& sample : request->samples()) {
+    converts = converts || sample.ragged_token_fields_size() > 0;
+  }
+  int64_t growth_budget = converts ? static_cast<int64_t>(request->ByteSizeLong()) : 0;
   for (v1::Sample& sample : *request->mutable_samples()) {
     ASSIGN_OR_RETURN(StoredSample stored,
                      ValidateAndTakeSample(&sample, model, options.token_fields, &growth_budget));

@@ -13,7 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/ingest/expert_id_check.h"
+#include "server/ingest/ragged_field_validation.h"
 #include "server/ingest/token_field_conversion.h"
+#include "server/ingest/token_versions.h"
 #include "server/store/names.h"
 #include "server/store/ndarray.h"
 
@@ -93,6 +95,9 @@ class SampleValidator {
     RETURN_IF_ERROR(ConvertTokens(out));
     RETURN_IF_ERROR(ConvertExperts(out));
     RETURN_IF_ERROR(ConvertTokenFields(out));
+    RETURN_IF_ERROR(ApplyTokenVersions(who_, &out));
+    RETURN_IF_ERROR(ConvertRaggedFields(sample_, n_, model_, declared_, who_, owned_,
+                                        growth_budget_, &out.ragged_fields));
     return out;
   }
 

@@ -85,10 +85,13 @@ enum class RecordType : uint8_t {
   // v1::DeletePoolRequest. Replay deletes it again, so records before it
   // never bring the pool back.
   kDeletePool = 14,
+  // kPieceSamples with ragged per-token fields (layout.md section 13),
+  // written only for samples that carry one (log_records.h).
+  kRaggedSamples = 15,
 };
 // Types 5 and 6 appear only in a cluster member's log; a rollpackd older
 // than them refuses such a log as corrupt rather than misreading it.
-inline constexpr int kMaxRecordType = 14;
+inline constexpr int kMaxRecordType = 15;
 
 // u32 payload length, u32 crc32c(type, payload), u8 type, u32 crc32c of
 // these 9 bytes (format version 2).

@@ -12,6 +12,7 @@
 #include "rollpack/v1/scheduler.pb.h"
 #include "server/store/convert.h"
 #include "server/store/little_endian.h"
+#include "server/store/ndarray.h"
 
 namespace rollpack {
 namespace {
@@ -62,6 +63,11 @@ class Reader {
   absl::string_view in_;
 };
 
+// The record types whose samples end with group_size and the piece trailer.
+bool HasPieceTrailer(RecordType type) {
+  return type == RecordType::kPieceSamples || type == RecordType::kRaggedSamples;
+}
+
 // `as_put`: without its later scalars (those go in kAnnotations records).
 void EncodeSample(const StoredSample& s, RecordType type, bool as_put, Writer* w) {
   w->Bytes(s.sample_id);
@@ -91,10 +97,10 @@ void EncodeSample(const StoredSample& s, RecordType type, bool as_put, Writer* w
     std::memcpy(&bits, &value, sizeof(bits));
     w->U64(bits);
   }
-  if (type == RecordType::kPutGroupedSamples || type == RecordType::kPieceSamples) {
+  if (type == RecordType::kPutGroupedSamples || HasPieceTrailer(type)) {
     w->U32(static_cast<uint32_t>(s.group_size));
   }
-  if (type != RecordType::kPieceSamples) return;
+  if (!HasPieceTrailer(type)) return;
   w->U32(s.piece_message.has_value() ? 1 : 0);
   if (s.piece_message.has_value()) {
     w->U32(static_cast<uint32_t>(s.piece_message->index));
@@ -109,6 +115,40 @@ void EncodeSample(const StoredSample& s, RecordType type, bool as_put, Writer* w
     w->U64(static_cast<uint64_t>(b.policy_version));
     w->U32((b.partial ? 1u : 0u) | (b.rows_sent ? 2u : 0u));
   }
+  if (type != RecordType::kRaggedSamples) return;
+  w->U32(static_cast<uint32_t>(s.ragged_fields.size()));
+  for (const auto& [name, field] : s.ragged_fields) {
+    w->Bytes(name);
+    w->U32(static_cast<uint32_t>(field.dtype));
+    w->Bytes(absl::string_view(reinterpret_cast<const char*>(field.offsets.data()),
+                               field.offsets.size() * sizeof(int64_t)));
+    w->Bytes(field.values);
+  }
+}
+
+// One ragged field as EncodeSample wrote it: one list per token of `s`
+// (decoded up to its tokens), offsets from 0, never decreasing, ending at
+// the ids held (nothing else can be delivered).
+bool DecodeRagged(Reader* r, StoredSample* s) {
+  std::string name, offsets;
+  StoredRagged field;
+  uint32_t dtype;
+  if (!r->Bytes(&name) || !r->U32(&dtype) || !r->Bytes(&offsets) || !r->Bytes(&field.values)) {
+    return false;
+  }
+  field.dtype = static_cast<v1::DType>(dtype);
+  if (field.dtype != v1::UINT16 && field.dtype != v1::INT32) return false;
+  if (offsets.size() != (s->tokens.size() + 1) * sizeof(int64_t)) return false;
+  field.offsets.resize(s->tokens.size() + 1);
+  std::memcpy(field.offsets.data(), offsets.data(), offsets.size());
+  const size_t id_bytes = static_cast<size_t>(DTypeSize(field.dtype));
+  if (field.offsets.front() != 0 ||
+      !std::is_sorted(field.offsets.begin(), field.offsets.end()) ||
+      field.values.size() % id_bytes != 0 ||
+      static_cast<uint64_t>(field.offsets.back()) != field.values.size() / id_bytes) {
+    return false;
+  }
+  return s->ragged_fields.emplace(std::move(name), std::move(field)).second;
 }
 
 bool DecodeSample(Reader* r, RecordType type, StoredSample* s) {
@@ -144,12 +184,12 @@ bool DecodeSample(Reader* r, RecordType type, StoredSample* s) {
     std::memcpy(&value, &u64, sizeof(value));
     s->scalars.emplace(std::move(name), value);
   }
-  if (type == RecordType::kPutGroupedSamples || type == RecordType::kPieceSamples) {
+  if (type == RecordType::kPutGroupedSamples || HasPieceTrailer(type)) {
     uint32_t group_size;
     if (!r->U32(&group_size) || group_size > 0x7fffffffu) return false;
     s->group_size = static_cast<int32_t>(group_size);
   }
-  if (type != RecordType::kPieceSamples) return true;
+  if (!HasPieceTrailer(type)) return true;
   uint32_t has_message;
   if (!r->U32(&has_message) || has_message > 1) return false;
   if (has_message == 1) {
@@ -179,6 +219,12 @@ bool DecodeSample(Reader* r, RecordType type, StoredSample* s) {
     b.rows_sent = (flags & 2) != 0;
     s->pieces.push_back(b);
   }
+  if (type != RecordType::kRaggedSamples) return true;
+  // Each field takes at least 36 bytes.
+  if (!r->U32(&count) || count > r->remaining() / 36) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (!DecodeRagged(r, s)) return false;
+  }
   return true;
 }
 
@@ -187,8 +233,11 @@ bool DecodeSample(Reader* r, RecordType type, StoredSample* s) {
 RecordType SamplesRecordType(absl::Span<const StoredSample* const> samples) {
   RecordType type = RecordType::kPutSamples;
   for (const StoredSample* s : samples) {
-    if (s->piece_message.has_value() || !s->pieces.empty()) return RecordType::kPieceSamples;
-    if (s->group_size != 0) type = RecordType::kPutGroupedSamples;
+    if (!s->ragged_fields.empty()) return RecordType::kRaggedSamples;
+    if (s->piece_message.has_value() || !s->pieces.empty()) type = RecordType::kPieceSamples;
+    if (s->group_size != 0 && type == RecordType::kPutSamples) {
+      type = RecordType::kPutGroupedSamples;
+    }
   }
   return type;
 }
@@ -225,7 +274,8 @@ int64_t EncodedSampleBytes(const StoredSample& s) {
   // A grouped sample carries 4 bytes more (kPutGroupedSamples), a piece or
   // pieced sample its piece trailer too (kPieceSamples): exact for a record
   // of this sample alone; within that trailer in a mixed batch.
-  const bool pieced = s.piece_message.has_value() || !s.pieces.empty();
+  const bool ragged = !s.ragged_fields.empty();
+  const bool pieced = s.piece_message.has_value() || !s.pieces.empty() || ragged;
   int64_t n = 8 * 6 + 8 + (s.group_size != 0 || pieced ? 4 : 0) +
               (pieced ? 4 + (s.piece_message.has_value() ? 16 : 0) + 4 +
                             36 * static_cast<int64_t>(s.pieces.size())
@@ -236,6 +286,11 @@ int64_t EncodedSampleBytes(const StoredSample& s) {
     n += 8 + name.size() + 8 + 8 * field.trailing_shape.size() + 8 + field.data.size();
   }
   for (const auto& [name, value] : s.scalars) n += 16 + name.size();
+  // ... and its ragged fields (kRaggedSamples).
+  if (ragged) n += 4;
+  for (const auto& [name, field] : s.ragged_fields) {
+    n += 8 + name.size() + 4 + 8 + 8 * field.offsets.size() + 8 + field.values.size();
+  }
   return n;
 }
 

@@ -19,9 +19,10 @@
 
 namespace rollpack {
 
-// kPutSamples, kPutGroupedSamples when a sample has a group size, or
-// kPieceSamples when one is a piece or was sent in pieces (so a
-// log without groups stays readable by older servers).
+// kPutSamples, kPutGroupedSamples when a sample has a group size,
+// kPieceSamples when one is a piece or was sent in pieces, or
+// kRaggedSamples when one has a ragged field (so a log without groups
+// stays readable by older servers, and one without ragged fields too).
 RecordType SamplesRecordType(absl::Span<const StoredSample* const> samples);
 RecordType SamplesRecordType(absl::Span<const StoredSample> samples);
 // `as_put`: each sample with the scalars it was put with only, its later

@@ -38,7 +38,8 @@ absl::Status ReplayLog(absl::Span<const LogRecord> records, SampleStore* store) 
       }
       case RecordType::kPutSamples:
       case RecordType::kPutGroupedSamples:
-      case RecordType::kPieceSamples: {
+      case RecordType::kPieceSamples:
+      case RecordType::kRaggedSamples: {
         std::string pool;
         std::vector<StoredSample> samples;
         s = DecodeSamples(record.payload, &pool, &samples, record.type);

@@ -5,7 +5,6 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "server/store/convert.h"
@@ -17,14 +16,6 @@
 #include "server/store/step_metadata.h"
 
 namespace rollpack {
-namespace {
-
-std::string ShapeString(const std::vector<int64_t>& trailing) {
-  return absl::StrCat("[n", trailing.empty() ? "" : ", ", absl::StrJoin(trailing, ", "), "]");
-}
-
-}  // namespace
-
 SampleStore::SampleStore(int64_t max_memory_bytes) : max_memory_bytes_(max_memory_bytes) {}
 
 std::vector<std::string> SampleStore::PoolNames() const {
@@ -147,67 +138,6 @@ void SampleStore::SetSchemaResolver(SchemaResolver resolver) {
   schema_resolver_ = std::move(resolver);
 }
 
-absl::Status SampleStore::FixSchemaClusterWide(const std::string& pool_name,
-                                               const std::vector<StoredSample>& samples) {
-  if (!schema_resolver_ || samples.empty()) return absl::OkStatus();
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    auto it = pools_.find(pool_name);
-    // An unknown pool is refused by the put itself.
-    if (it == pools_.end() || it->second.schema_fixed) return absl::OkStatus();
-  }
-  // A later piece carries no fields of its own to propose (and is refused
-  // unless its piece 0 fixed the schema already).
-  auto first = std::find_if(samples.begin(), samples.end(), [](const StoredSample& s) {
-    return !s.piece_message.has_value() || s.piece_message->index == 0;
-  });
-  if (first == samples.end()) return absl::OkStatus();
-  std::map<std::string, FieldSchema> proposed;
-  for (const auto& [name, field] : first->token_fields) {
-    proposed[name] = FieldSchema{field.dtype, field.trailing_shape};
-  }
-  ASSIGN_OR_RETURN(auto fixed, schema_resolver_(pool_name, proposed));
-  absl::MutexLock lock(&mu_);
-  Pool& pool = pools_.at(pool_name);
-  if (!pool.schema_fixed) {
-    pool.schema = std::move(fixed);
-    pool.schema_fixed = true;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SampleStore::CheckSchema(
-    const Pool& pool, const StoredSample& sample,
-    const std::map<std::string, FieldSchema>* batch_schema) const {
-  const std::map<std::string, FieldSchema>& schema =
-      pool.schema_fixed ? pool.schema : *batch_schema;
-  const std::string who = absl::StrCat("sample \"", sample.sample_id, "\": ");
-  for (const auto& [name, field] : sample.token_fields) {
-    auto it = schema.find(name);
-    if (it == schema.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, "token_fields[\"", name, "\"] is not among the pool's fields {",
-          absl::StrJoin(schema, ", ", [](std::string* out, const auto& kv) { out->append(kv.first); }),
-          "} (", pool.options.token_fields.empty() ? "fixed by its first sample" : "declared at registration", ")"));
-    }
-    if (it->second.dtype != field.dtype || it->second.trailing_shape != field.trailing_shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, "token_fields[\"", name, "\"] is ", DTypeName(field.dtype), " ",
-          ShapeString(field.trailing_shape), ", the pool's is ", DTypeName(it->second.dtype), " ",
-          ShapeString(it->second.trailing_shape)));
-    }
-  }
-  if (sample.token_fields.size() != schema.size()) {
-    for (const auto& [name, unused] : schema) {
-      if (!sample.token_fields.count(name)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(who, "token_fields[\"", name, "\"] is missing (every sample of the pool carries it)"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<PutResult> SampleStore::Put(const std::string& pool_name,
                                            std::vector<StoredSample> samples) {
   RETURN_IF_ERROR(FixSchemaClusterWide(pool_name, samples));
@@ -245,15 +175,9 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
   Pool& pool = pool_it->second;
 
   // The first sample of an empty pool fixes the fields for the batch too.
-  std::map<std::string, FieldSchema> batch_schema;
-  if (!pool.schema_fixed) {
-    for (const StoredSample& s : samples) {
-      if (s.piece_message.has_value() && s.piece_message->index > 0) continue;
-      for (const auto& [name, field] : s.token_fields) {
-        batch_schema[name] = FieldSchema{field.dtype, field.trailing_shape};
-      }
-      break;
-    }
+  BatchSchema batch_schema;
+  if (!pool.schema_fixed || !pool.ragged_schema.has_value()) {
+    batch_schema = ProposeSchema(samples);
   }
 
   PutResult result;
@@ -279,7 +203,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
       samples[i].group_size = pool.options.default_group_size;
     }
     const StoredSample& sample = samples[i];
-    if (!later_piece) RETURN_IF_ERROR(CheckSchema(pool, sample, &batch_schema));
+    if (!later_piece) RETURN_IF_ERROR(CheckSchema(pool, sample, batch_schema));
     if (IsPieceOrOpen(sample)) {
       // Each piece is planned against the store as it is: two messages for
       // one sample in a request would need the first applied first.
@@ -384,10 +308,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     }
   }
 
-  if (!pool.schema_fixed && !samples.empty()) {
-    pool.schema = std::move(batch_schema);
-    pool.schema_fixed = true;
-  }
+  if (!samples.empty()) FixSchema(pool, std::move(batch_schema));
   const int64_t now_nanos = absl::GetCurrentTimeNanos();
   for (size_t i = 0; i < samples.size(); ++i) {
     if (!is_new[i]) continue;

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "scheduler/model_spec.h"
 #include "scheduler/sample_selection.h"
 #include "scheduler/topology.h"
+#include "server/store/field_schema.h"
 #include "server/store/pool_options.h"
 #include "server/store/scalar_annotation.h"
 #include "server/store/step.h"
@@ -34,11 +36,6 @@ struct PutResult {
   int64_t accepted = 0;
   int64_t duplicates = 0;
   int64_t stored_bytes = 0;
-};
-
-struct FieldSchema {
-  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
-  std::vector<int64_t> trailing_shape;
 };
 
 // A group's samples stored here (lifecycle.md section 2).
@@ -151,10 +148,10 @@ class SampleStore {
   // first (a pool registered on another member takes samples on this one).
   absl::StatusOr<ModelSpec> GetOrAdoptModel(const std::string& pool);
 
-  // Cluster mode: fixes a pool's token-field schema for the whole cluster
-  // (`proposed`, from the first sample of the first batch this member
-  // stores for the pool) and returns the one that holds (`proposed`, or the
-  // one another member fixed first).
+  // Cluster mode: fixes a pool's fields for the whole cluster (`proposed`:
+  // the first sample's of the first batch this member stores for the pool,
+  // or the declared ones, and its ragged names) and returns the one that
+  // holds (`proposed`, or the one another member fixed first).
   using SchemaResolver = std::function<absl::StatusOr<std::map<std::string, FieldSchema>>(
       const std::string& pool, const std::map<std::string, FieldSchema>& proposed)>;
   void SetSchemaResolver(SchemaResolver resolver);
@@ -183,6 +180,8 @@ class SampleStore {
     // Its token fields' dtypes and trailing shapes: every later piece
     // carries the same.
     std::map<std::string, FieldSchema> token_fields;
+    // Its ragged fields' names: every later piece with tokens carries them.
+    std::vector<std::string> ragged_fields;
   };
   absl::StatusOr<OpenSampleState> GetOpenSample(const std::string& pool,
                                                 const std::string& sample_id) const;
@@ -457,6 +456,9 @@ class SampleStore {
     int64_t incomplete_groups_dropped = 0;
     bool schema_fixed = false;
     std::map<std::string, FieldSchema> schema;
+    // The ragged fields' names every sample carries, once its first sample
+    // fixed them (declared `schema`s included: sample_store_schema.cc).
+    std::optional<std::set<std::string>> ragged_schema;
     absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
     absl::flat_hash_map<std::string, OpenSample> open;
     // R2: samples' committed recompute routing (counted in stored_bytes),
@@ -526,9 +528,13 @@ class SampleStore {
   void EraseOpen(Pool& pool, absl::Span<const std::string> ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  static BatchSchema ProposeSchema(const std::vector<StoredSample>& samples);
+  // INVALID_ARGUMENT naming a field of `sample` not the pool's (or, where it
+  // has none fixed, `batch`'s), or one of those `sample` lacks.
   absl::Status CheckSchema(const Pool& pool, const StoredSample& sample,
-                           const std::map<std::string, FieldSchema>* batch_schema) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+                           const BatchSchema& batch) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Makes `batch` the pool's fields where none are fixed yet.
+  static void FixSchema(Pool& pool, BatchSchema batch);
 
   absl::StatusOr<PutResult> PutLocked(const std::string& pool,
                                       std::vector<StoredSample> samples,

@@ -111,9 +111,9 @@ absl::Status SampleStore::CompactLog() {
         return a->sample_id < b->sample_id;
       });
       for (const StoredSample* sample : open) {
-        RETURN_IF_ERROR(out->Add(RecordType::kPieceSamples,
-                                 EncodeSamples(name, absl::MakeConstSpan(&sample, 1),
-                                               RecordType::kPieceSamples, /*as_put=*/true)));
+        const RecordType type = SamplesRecordType(absl::MakeConstSpan(&sample, 1));
+        RETURN_IF_ERROR(out->Add(type, EncodeSamples(name, absl::MakeConstSpan(&sample, 1),
+                                                     type, /*as_put=*/true)));
       }
       std::vector<const StoredSample*>& later = unordered[name];
       for (const StoredSample* sample : open) {

@@ -53,6 +53,11 @@ int64_t SampleStore::MemoryBytes(const StoredSample& sample) {
     bytes += TreeNodeBytes<decltype(sample.token_fields)>() + StringHeapBytes(name) +
              VectorHeapBytes(field.trailing_shape) + StringHeapBytes(field.data);
   }
+  // Ragged fields (layout.md section 13): their ids and 8 bytes per offset.
+  for (const auto& [name, field] : sample.ragged_fields) {
+    bytes += TreeNodeBytes<decltype(sample.ragged_fields)>() + StringHeapBytes(name) +
+             VectorHeapBytes(field.offsets) + StringHeapBytes(field.values);
+  }
   for (const auto& [name, value] : sample.scalars) {
     bytes += TreeNodeBytes<decltype(sample.scalars)>() + StringHeapBytes(name);
   }

@@ -16,6 +16,7 @@
 #include "server/store/durable_log.h"
 #include "server/store/heap_bytes.h"
 #include "server/store/log_records.h"
+#include "server/store/ndarray.h"
 #include "server/store/sample_store.h"
 
 namespace rollpack {
@@ -75,8 +76,49 @@ int64_t ExtendedBytes(const StoredSample& whole, const StoredSample& piece, int6
       const size_t more = piece.token_fields.at(name).data.size();
       bytes += string_growth(field.data, static_cast<int64_t>(field.data.size() + more));
     }
+    for (const auto& [name, field] : whole.ragged_fields) {
+      const StoredRagged& more = piece.ragged_fields.at(name);
+      bytes += vector_growth(field.offsets,
+                             static_cast<int64_t>(field.offsets.size()) + more.num_tokens()) +
+               string_growth(field.values,
+                             static_cast<int64_t>(field.values.size() + more.values.size()));
+    }
   }
   return bytes;
+}
+
+// Appends a piece's lists (`more`, offsets from 0) to its open sample's
+// field, grown as ExtendedBytes counted.
+void AppendLists(const StoredRagged& more, bool last, StoredRagged* field) {
+  const int64_t base = field->offsets.back();
+  Grow(field->offsets, static_cast<int64_t>(field->offsets.size()) + more.num_tokens(), last);
+  for (size_t i = 1; i < more.offsets.size(); ++i) field->offsets.push_back(base + more.offsets[i]);
+  Grow(field->values, static_cast<int64_t>(field->values.size() + more.values.size()), last);
+  field->values += more.values;
+}
+
+// Whether `piece`'s ragged lists are those of tokens [begin, begin + t) of
+// `whole` (offsets rebased to 0).
+bool SameLists(const StoredSample& whole, const StoredSample& piece, int64_t begin, int64_t t) {
+  if (piece.ragged_fields.size() != whole.ragged_fields.size()) return false;
+  for (const auto& [name, field] : whole.ragged_fields) {
+    auto it = piece.ragged_fields.find(name);
+    if (it == piece.ragged_fields.end() || it->second.dtype != field.dtype ||
+        it->second.num_tokens() != t) {
+      return false;
+    }
+    const int64_t base = field.offsets[begin];
+    for (int64_t i = 0; i <= t; ++i) {
+      if (it->second.offsets[i] != field.offsets[begin + i] - base) return false;
+    }
+    const int64_t id_bytes = DTypeSize(field.dtype);
+    if (absl::string_view(it->second.values) !=
+        absl::string_view(field.values)
+            .substr(base * id_bytes, (field.offsets[begin + t] - base) * id_bytes)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // ORs into `nonzero` (one flag per MoE layer) whether a covered row of the
@@ -218,6 +260,7 @@ bool SamePiece(const StoredSample& whole, const StoredSample& piece, int64_t row
         return false;
       }
     }
+    if (!SameLists(whole, piece, token_begin, t)) return false;
   }
   // Scalars added since (the sealing piece's, annotations) are not piece 0's.
   if (k == 0) {
@@ -324,6 +367,22 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
             Who(piece), "token_fields[\"", name, "\"] was not in piece 0"));
       }
     }
+    // Ragged fields (layout.md section 13): the lists of the piece's tokens.
+    for (const auto& [name, field] : whole.ragged_fields) {
+      auto it = piece.ragged_fields.find(name);
+      if (it == piece.ragged_fields.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Who(piece), "ragged_token_fields[\"", name, "\"] is missing (piece 0 sent it; every "
+            "piece with tokens carries their lists)"));
+      }
+      field_bytes += static_cast<int64_t>(it->second.values.size()) + 8 * t;
+    }
+    for (const auto& [name, field] : piece.ragged_fields) {
+      if (!whole.ragged_fields.count(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Who(piece), "ragged_token_fields[\"", name, "\"] was not in piece 0"));
+      }
+    }
   }
   const int64_t rows = static_cast<int64_t>(piece.row_valid.size());
   int64_t rows_end = open.rows_end;
@@ -426,6 +485,7 @@ int64_t SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample 
       s.scalars = std::move(piece.scalars);
       s.tokens = std::move(piece.tokens);
       s.token_fields = std::move(piece.token_fields);
+      s.ragged_fields = std::move(piece.ragged_fields);
       s.logged_bytes = piece_log_bytes;
       // A dense model's samples hold no rows at all.
       s.experts.assign(static_cast<size_t>(n * row_bytes), '\0');
@@ -461,6 +521,9 @@ int64_t SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample 
           const std::string& more = piece.token_fields.at(name).data;
           Grow(field.data, static_cast<int64_t>(field.data.size() + more.size()), last);
           field.data += more;
+        }
+        for (auto& [name, field] : s.ragged_fields) {
+          AppendLists(piece.ragged_fields.at(name), last, &field);
         }
       }
       Grow(s.experts, n_new * row_bytes, last);
@@ -547,6 +610,7 @@ absl::StatusOr<SampleStore::OpenSampleState> SampleStore::GetOpenSample(
   for (const auto& [name, field] : sample.token_fields) {
     state.token_fields[name] = FieldSchema{field.dtype, field.trailing_shape};
   }
+  for (const auto& [name, field] : sample.ragged_fields) state.ragged_fields.push_back(name);
   return state;
 }
 

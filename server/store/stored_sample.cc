@@ -25,6 +25,7 @@ bool SameAsPut(const StoredSample& stored, const StoredSample& sent) {
          stored.policy_version == sent.policy_version && stored.group_size == sent.group_size &&
          stored.tokens == sent.tokens && stored.experts == sent.experts &&
          stored.row_valid == sent.row_valid && stored.token_fields == sent.token_fields &&
+         stored.ragged_fields == sent.ragged_fields &&
          SameScalars(PutScalars(stored), sent.scalars) && sent.later_scalars.empty() &&
          stored.pieces == sent.pieces && !stored.piece_message.has_value() &&
          !sent.piece_message.has_value();
