@@ -3,7 +3,9 @@
 // independent per-token reference of layout.md and by reassembly (every real
 // token exactly once per CP group, every router row of every MoE layer
 // exactly once per group / SP split / owning stage), with MTP layers
-// (layout.md section 10) on the last stage for a share of the models.
+// (layout.md section 10) on the last stage for a share of the models, and a
+// ragged field (section 13: one list per row, padding rows empty, offsets
+// rebased) over the same rows as the tokens.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -19,6 +21,7 @@
 #include "scheduler/layout.h"
 #include "scheduler/layout_gather.h"
 #include "scheduler/pipeline_layers.h"
+#include "scheduler/ragged_gather.h"
 
 namespace rollpack {
 namespace {
@@ -95,6 +98,17 @@ int32_t TokenOf(int seq, int64_t pos) { return (seq << 16) + static_cast<int32_t
 constexpr int kFieldBytes = 3;
 uint8_t FieldByte(int seq, int64_t pos, int b) {
   return static_cast<uint8_t>(1 + (seq * 31 + pos * 7 + b * 101) % 251);
+}
+
+// Ragged field (section 13): token (seq, pos)'s list has RaggedCount
+// values, RaggedValue(seq, pos, 0..count-1); about a third are empty.
+int RaggedCount(uint64_t seed, int seq, int64_t pos) {
+  const uint64_t h = (seed * 0x9e3779b97f4a7c15ULL) ^ (uint64_t(seq) << 32) ^ uint64_t(pos);
+  const int c = static_cast<int>((h * 0xbf58476d1ce4e5b9ULL) >> 61);  // 0..7
+  return c < 3 ? 0 : c - 2;
+}
+uint32_t RaggedValue(int seq, int64_t pos, int j) {
+  return static_cast<uint32_t>((seq * 7919 + pos * 131 + j * 17 + 1) % 65521);
 }
 
 struct Case {
@@ -346,11 +360,22 @@ void CheckCase(const Case& k, uint64_t seed) {
   std::vector<std::vector<int32_t>> tokens(num_seqs);
   std::vector<std::vector<uint8_t>> field(num_seqs);
   std::vector<Stored> stored(num_seqs);
+  // The ragged field: uint16 or int32 ids (the store's two widths).
+  const size_t ragged_bytes = seed % 2 == 0 ? 2 : 4;
+  std::vector<std::vector<int64_t>> ragged_offsets(num_seqs);
+  std::vector<std::vector<uint8_t>> ragged_values(num_seqs);
   for (int i = 0; i < num_seqs; ++i) {
     const int64_t n = k.lengths[i];
+    ragged_offsets[i].push_back(0);
     for (int64_t x = 0; x < n; ++x) {
       tokens[i].push_back(TokenOf(i, x));
       for (int b = 0; b < kFieldBytes; ++b) field[i].push_back(FieldByte(i, x, b));
+      for (int j = 0; j < RaggedCount(seed, i, x); ++j) {
+        const uint32_t v = RaggedValue(i, x, j);
+        ragged_values[i].resize(ragged_values[i].size() + ragged_bytes);
+        std::memcpy(&ragged_values[i][ragged_values[i].size() - ragged_bytes], &v, ragged_bytes);
+      }
+      ragged_offsets[i].push_back(static_cast<int64_t>(ragged_values[i].size() / ragged_bytes));
     }
     if (e == 0) continue;
     Stored& s = stored[i];
@@ -443,6 +468,38 @@ void CheckCase(const Case& k, uint64_t seed) {
                           rr.real ? FieldByte(rr.seq, rr.pos, b) : 0);
               }
             }
+            // The ragged field: CSR over the same rows, checked row by row
+            // (token rows are the same on every tp and pp rank: checked above).
+            if (tp == 0 && pp == 0) {
+              auto ragged_source = [&](int ordinal) {
+                const int s = rank.group->sequences[ordinal];
+                return RaggedSource{ragged_offsets[s], ragged_values[s].data(),
+                                    ragged_values[s].size()};
+              };
+              absl::StatusOr<int64_t> count_values =
+                  CountRaggedValues(rank.token_runs, ragged_bytes, ragged_source);
+              ASSERT_TRUE(count_values.ok()) << count_values.status();
+              std::vector<uint8_t> rvalues(*count_values * ragged_bytes, 0xAB);
+              std::vector<int64_t> roffsets(rank.local_tokens + 1, -7);
+              absl::Status gathered = GatherRagged(
+                  rank.token_runs, ragged_bytes, ragged_source, absl::MakeSpan(rvalues),
+                  absl::MakeSpan(reinterpret_cast<uint8_t*>(roffsets.data()),
+                                 roffsets.size() * 8));
+              ASSERT_TRUE(gathered.ok()) << gathered;
+              ASSERT_EQ(roffsets[0], 0);
+              for (size_t row = 0; row < ref.size(); ++row) {
+                const RefRow& rr = ref[row];
+                const int want = rr.real ? RaggedCount(seed, rr.seq, rr.pos) : 0;
+                ASSERT_EQ(roffsets[row + 1] - roffsets[row], want) << "ragged row " << row;
+                for (int j = 0; j < want; ++j) {
+                  uint32_t v = 0;
+                  std::memcpy(&v, &rvalues[(roffsets[row] + j) * ragged_bytes], ragged_bytes);
+                  ASSERT_EQ(v, RaggedValue(rr.seq, rr.pos, j)) << "ragged row " << row;
+                }
+              }
+              ASSERT_EQ(roffsets.back(), *count_values);
+            }
+
             if (tp == 0 && pp == 0) {
               tok0 = tok;
               // Reassembly from the bytes alone: decode every token.

@@ -40,6 +40,44 @@ int64_t ReadId(const v1::NDArray& a, int64_t i) {
   }
 }
 
+// Element i of a 1-D integer array as a producer sends a ragged field's
+// values or offsets (section 13: uint16, int32 or int64).
+int64_t ReadInteger(const v1::NDArray& a, int64_t i) {
+  const char* d = a.data().data();
+  switch (a.dtype()) {
+    case v1::UINT16: {
+      uint16_t v;
+      std::memcpy(&v, d + 2 * i, 2);
+      return v;
+    }
+    case v1::INT64: {
+      int64_t v;
+      std::memcpy(&v, d + 8 * i, 8);
+      return v;
+    }
+    default: {
+      int32_t v;
+      std::memcpy(&v, d + 4 * i, 4);
+      return v;
+    }
+  }
+}
+
+// Section 13: ragged ids are kept as uint16 when 0 < V <= 65536, else int32.
+bool NarrowRaggedIds(const v1::ModelSpec& model) {
+  return model.vocab_size() > 0 && model.vocab_size() <= 65536;
+}
+
+void AppendRaggedId(int64_t id, bool narrow, std::string* out) {
+  if (narrow) {
+    const uint16_t v = static_cast<uint16_t>(id);
+    out->append(reinterpret_cast<const char*>(&v), 2);
+  } else {
+    const int32_t v = static_cast<int32_t>(id);
+    out->append(reinterpret_cast<const char*>(&v), 4);
+  }
+}
+
 std::vector<int> MoeLayers(const v1::ModelSpec& model) {
   std::vector<int> m(model.moe_layers().begin(), model.moe_layers().end());
   if (m.empty() && model.num_experts() > 0) {
@@ -114,6 +152,11 @@ absl::StatusOr<ExpectedMicrobatch> ReferenceMicrobatch(
     auto it = samples.find(sid);
     if (it == samples.end()) return absl::NotFoundError(absl::StrCat("reference: sample ", sid));
     const v1::Sample* s = it->second;
+    for (const auto& [name, field] : s->ragged_token_fields()) {
+      ExpectedRagged& ragged = out.ragged_fields[name];
+      ragged.dtype = NarrowRaggedIds(model) ? v1::UINT16 : v1::INT32;
+      ragged.offsets = {0};
+    }
     const int64_t n = s->tokens().shape(0);
     const int64_t p = RoundUp(n, Alignment(t, c));
     out.cu_seqlens.push_back(static_cast<int32_t>(out.cu_seqlens.back() + n));
@@ -144,6 +187,20 @@ absl::StatusOr<ExpectedMicrobatch> ReferenceMicrobatch(
       } else {
         dst.append(row, '\0');
       }
+    }
+    // Section 13: the token's list as put; a padding position's is empty.
+    for (auto& [name, ragged] : out.ragged_fields) {
+      auto field = x.sample->ragged_token_fields().find(name);
+      if (x.pos < n && field != x.sample->ragged_token_fields().end()) {
+        const int64_t first = ReadInteger(field->second.offsets(), x.pos);
+        const int64_t last = ReadInteger(field->second.offsets(), x.pos + 1);
+        for (int64_t i = first; i < last; ++i) {
+          AppendRaggedId(ReadInteger(field->second.values(), i), NarrowRaggedIds(model),
+                         &ragged.values);
+        }
+      }
+      ragged.offsets.push_back(static_cast<int64_t>(ragged.values.size()) /
+                               (NarrowRaggedIds(model) ? 2 : 4));
     }
   }
 
@@ -248,7 +305,31 @@ absl::Status CheckMicrobatch(const v1::Microbatch& got, const ExpectedMicrobatch
         return fail(absl::StrCat("token field ", name, " differs"));
       }
     }
-  } else if (got.token_fields_size() != 0) {
+    if (static_cast<size_t>(got.ragged_token_fields_size()) != want.ragged_fields.size()) {
+      return fail(absl::StrCat(got.ragged_token_fields_size(), " ragged token fields, want ",
+                               want.ragged_fields.size()));
+    }
+    for (const auto& [name, ragged] : want.ragged_fields) {
+      auto it = got.ragged_token_fields().find(name);
+      if (it == got.ragged_token_fields().end()) {
+        return fail(absl::StrCat("ragged token field ", name, " missing"));
+      }
+      const v1::NDArray& values = it->second.values();
+      const v1::NDArray& offsets = it->second.offsets();
+      const int64_t count = static_cast<int64_t>(ragged.offsets.back());
+      if (values.dtype() != ragged.dtype || values.shape_size() != 1 ||
+          values.shape(0) != count || values.data() != ragged.values) {
+        return fail(absl::StrCat("ragged token field ", name, "'s values differ"));
+      }
+      const std::string want_offsets(reinterpret_cast<const char*>(ragged.offsets.data()),
+                                     ragged.offsets.size() * 8);
+      if (offsets.dtype() != v1::INT64 || offsets.shape_size() != 1 ||
+          offsets.shape(0) != static_cast<int64_t>(ragged.offsets.size()) ||
+          offsets.data() != want_offsets) {
+        return fail(absl::StrCat("ragged token field ", name, "'s offsets differ"));
+      }
+    }
+  } else if (got.token_fields_size() != 0 || got.ragged_token_fields_size() != 0) {
     return fail("token fields sent to a non-last stage");
   }
   if (std::vector<int>(got.replay_layers().begin(), got.replay_layers().end()) != want.replay_layers) {

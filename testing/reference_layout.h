@@ -16,6 +16,13 @@
 
 namespace rollpack {
 
+// A ragged token field as a rank receives it (layout.md section 13).
+struct ExpectedRagged {
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;  // the stored id width
+  std::string values;                       // raw bytes, lists in row order
+  std::vector<int64_t> offsets;             // [rows + 1], from 0
+};
+
 struct ExpectedMicrobatch {
   std::vector<std::string> sample_ids;
   int local_cp_size = 1;
@@ -26,6 +33,8 @@ struct ExpectedMicrobatch {
   std::vector<int32_t> tokens;
   // Raw bytes of each token field's local stream.
   std::map<std::string, std::string> token_fields;
+  // Each ragged field over the same rows (padding rows: empty lists).
+  std::map<std::string, ExpectedRagged> ragged_fields;
   std::vector<int> replay_layers;
   // [rows, layers, K] ids widened to int32, and the mask.
   std::vector<int32_t> replay_experts;
@@ -44,8 +53,8 @@ absl::StatusOr<ExpectedMicrobatch> ReferenceMicrobatch(
     int index);
 
 // Compares every field of `got` with `want`; tokens are expected on the first
-// stage (and token fields on the last) unless `all_fields`. The error names
-// the first difference.
+// stage (and token fields, dense and ragged, on the last) unless
+// `all_fields`. The error names the first difference.
 absl::Status CheckMicrobatch(const v1::Microbatch& got, const ExpectedMicrobatch& want,
                              const v1::Topology& topology, const v1::RankCoords& rank,
                              const v1::ModelSpec& model, bool all_fields);

@@ -112,6 +112,7 @@ absl::Status MicrobatchEncoder::Prepare(
   empty_piece_ = false;
   first_held_ = -1;
   arrays_.clear();
+  ragged_.Clear();
   head_.Clear();
   tail_.Clear();
   RETURN_IF_ERROR(step.layout.Describe(request.rank, request.index, &rank_));
@@ -212,6 +213,9 @@ absl::Status MicrobatchEncoder::Prepare(
       add_array(Payload::kTokenField, v1::Microbatch::kTokenFieldsFieldNumber, name, field.dtype,
                 std::move(shape), token_rows);
     }
+    // Ragged fields travel with the token fields, over the same rows
+    // (layout.md section 13).
+    RETURN_IF_ERROR(ragged_.Prepare(step, samples, group.sequences, first_held_, token_runs_));
   }
   const ModelSpec& model = step.model;
   if (!model.is_dense()) {
@@ -223,7 +227,7 @@ absl::Status MicrobatchEncoder::Prepare(
               {rank_.router_rows}, router_rows);
   }
 
-  encoded_size_ = head_.ByteSizeLong() + tail_.ByteSizeLong();
+  encoded_size_ = head_.ByteSizeLong() + tail_.ByteSizeLong() + ragged_.encoded_size();
   for (const ArrayField& field : arrays_) encoded_size_ += ArrayFieldSize(field);
   step_ = &step;
   return absl::OkStatus();
@@ -298,6 +302,9 @@ absl::Status MicrobatchEncoder::Encode(absl::Span<char> out) const {
     }
     p += tail_size;
   }
+  // Field 21, after the tail: framed and gathered in one go.
+  RETURN_IF_ERROR(ragged_.Encode(absl::MakeSpan(p, ragged_.encoded_size())));
+  p += ragged_.encoded_size();
   if (p != reinterpret_cast<uint8_t*>(out.data()) + out.size()) {
     return absl::InternalError(absl::StrCat("encode micro-batch ", head_.index(), ": wrote ",
                                             p - reinterpret_cast<uint8_t*>(out.data()),

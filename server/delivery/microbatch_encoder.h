@@ -1,8 +1,9 @@
 // Materialises what one trainer rank receives for one micro-batch directly as
 // the bytes gRPC sends: the canonical protobuf encoding of v1::Microbatch,
-// with tokens, token fields and replay gathered from the stored samples into
-// their final place in the output buffer. That gather is the only copy of
-// payload bytes the server makes when serving a fetch (docs/performance.md).
+// with tokens, token fields (dense and ragged) and replay gathered from the
+// stored samples into their final place in the output buffer. That gather is
+// the only copy of payload bytes the server makes when serving a fetch
+// (docs/performance.md).
 #ifndef ROLLPACK_SERVER_DELIVERY_MICROBATCH_ENCODER_H_
 #define ROLLPACK_SERVER_DELIVERY_MICROBATCH_ENCODER_H_
 
@@ -15,6 +16,7 @@
 #include "absl/types/span.h"
 #include "rollpack/v1/trainer.pb.h"
 #include "scheduler/layout.h"
+#include "server/delivery/ragged_token_fields.h"
 #include "server/store/step.h"
 
 namespace rollpack {
@@ -111,10 +113,12 @@ class MicrobatchEncoder {
   int first_held_ = -1;
   bool empty_piece_ = false;
   // Fields 1-8 and 13-20 of Microbatch: serialized by protobuf around the
-  // gathered arrays (fields 9-12), which keeps the field-number order.
+  // gathered arrays (fields 9-12), which keeps the field-number order;
+  // field 21 (ragged token fields) follows the tail.
   v1::Microbatch head_;
   v1::Microbatch tail_;
   std::vector<ArrayField> arrays_;
+  RaggedTokenFieldsEncoder ragged_;
   size_t encoded_size_ = 0;
 };
 
