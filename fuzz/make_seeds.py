@@ -101,6 +101,27 @@ for j in range(4):
     write("received_microbatch", "seed_%02d" % j,
           m.SerializeToString() + bytes(rng.randrange(256) for _ in range(2 * j + 1)))
 
+# received_microbatch with ragged token fields (layout.md section 13): a
+# uint16 and an int32 field, some rows empty. Its own generator, so the seeds
+# above stay as they were.
+ragged_rng = random.Random(13)
+for j in range(3):
+    n = 1 + ragged_rng.randrange(30)
+    m = trainer_pb2.Microbatch(step_id="step", index=j, num_microbatches=3, local_cp_size=1,
+                               max_seqlen=n)
+    m.sample_ids.append("s1")
+    m.tokens.CopyFrom(array(ndarray_pb2.INT32, [n], "i", [ragged_rng.randrange(1000) for _ in range(n)]))
+    for name, dtype, fmt in (("sampling_mask", ndarray_pb2.UINT16, "H"), ("kept", ndarray_pb2.INT32, "i")):
+        offsets = [0]
+        for _ in range(n):
+            offsets.append(offsets[-1] + ragged_rng.choice([0, 0, 1, 3, 6]))
+        r = m.ragged_token_fields[name]
+        r.values.CopyFrom(array(dtype, [offsets[-1]], fmt,
+                                [ragged_rng.randrange(60000) for _ in range(offsets[-1])]))
+        r.offsets.CopyFrom(array(ndarray_pb2.INT64, [n + 1], "q", offsets))
+    write("received_microbatch", "seed_ragged_%02d" % j,
+          m.SerializeToString() + bytes(ragged_rng.randrange(256) for _ in range(2 * j + 1)))
+
 # sample_validation model 3 (N=4, M={1,3}, E=8, K=2, one MTP layer with
 # mtp_routing, layout.md section 10): full [rows, 5, 2] and compact [rows, 3, 2]
 # payloads. Its own generator, so the seeds above stay as they were.

@@ -1,7 +1,7 @@
 // The trainer's parser of received micro-batches (client/cpp/received_microbatch.h)
 // on any bytes, cut into gRPC slices where the fuzzer says. Oracle: it accepts
 // exactly what protobuf's parser accepts, gives the same message, and every
-// array it locates lies inside the received bytes.
+// array it locates (ragged token fields' too) lies inside the received bytes.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <string>
@@ -49,6 +49,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::string out(static_cast<size_t>(n), '\0');
       received->CopyData(name, out.data());
     }
+  }
+  // Ragged token fields: both arrays located inside the bytes, and their
+  // check (which reads the offsets in place) safe on anything that parses.
+  for (const auto& [field, heads] : received->meta().ragged_token_fields()) {
+    for (const std::string& name : {RaggedValuesName(field), RaggedOffsetsName(field)}) {
+      const int64_t n = received->data_size(name);
+      FUZZ_CHECK(n <= received->wire_bytes());
+      if (n > 0) {
+        std::string out(static_cast<size_t>(n), '\0');
+        received->CopyData(name, out.data());
+      }
+    }
+    absl::StatusOr<RaggedShape> shape = received->CheckRagged(field);
+    FUZZ_CHECK(shape.ok() || shape.status().code() == absl::StatusCode::kDataLoss);
   }
   return 0;
 }

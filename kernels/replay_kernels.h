@@ -7,6 +7,8 @@
 //   kernels/unpack_static.h  the same into a caller's static buffer (CUDA graphs)
 //   kernels/apply.h      live logits + replay ids -> probs, routing map, gradient
 //   kernels/agreement.h  live vs replayed selection, per layer
+//   kernels/masked_logprob.h  logits + sampling mask -> the sampled token's
+//                        log-probability under the mask, and its gradient
 // kernels/replay_kernels_cuda.h gathers the CUDA versions the same way;
 // kernels/replay_kernels_absl.h adapts KernelStatus to absl::Status.
 #ifndef ROLLPACK_KERNELS_REPLAY_KERNELS_H_
@@ -15,6 +17,7 @@
 #include "kernels/agreement.h"
 #include "kernels/apply.h"
 #include "kernels/common.h"
+#include "kernels/masked_logprob.h"
 #include "kernels/unpack.h"
 #include "kernels/unpack_static.h"
 

@@ -5,6 +5,7 @@
 //   kernels/unpack_static_cuda.h  StaticUnpack, StoreRows (capturable in a CUDA graph)
 //   kernels/apply_cuda.h      ApplyForward, ApplyBackward
 //   kernels/agreement_cuda.h  AgreementFromLogits, AgreementFromIds
+//   kernels/masked_logprob_cuda.h  MaskedLogprobForward, MaskedLogprobBackward
 //
 // Conventions of all of them: the same argument structs as the CPU versions,
 // with every pointer in them a device pointer (mask too). `stream` is a
@@ -19,6 +20,7 @@
 
 #include "kernels/agreement_cuda.h"
 #include "kernels/apply_cuda.h"
+#include "kernels/masked_logprob_cuda.h"
 #include "kernels/replay_kernels.h"
 #include "kernels/unpack_cuda.h"
 #include "kernels/unpack_static_cuda.h"

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "client/cpp/ragged_field.h"
 
 namespace rollpack {
 namespace {
@@ -55,6 +58,11 @@ bool IsTokenArray(absl::string_view name) {
 }
 bool IsHeaderArray(absl::string_view name) {
   return name == "cu_seqlens" || name == "cu_seqlens_padded";
+}
+// A ragged field's two arrays are assembled together (RaggedField).
+bool IsRaggedArray(absl::string_view name) {
+  return absl::StartsWith(name, kRaggedValuesPrefix) ||
+         absl::StartsWith(name, kRaggedOffsetsPrefix);
 }
 
 const v1::NDArray& ArrayOf(const v1::Microbatch& m, absl::string_view name) {
@@ -145,6 +153,9 @@ class MicrobatchAssembler {
       }
     }
 
+    // Read while each piece still holds its own slices.
+    if (absl::Status s = ReadRaggedPieces(); !s.ok()) return s;
+
     // One slice list: the header's slices, then each piece's.
     std::vector<int64_t> base;
     for (ReceivedMicrobatch& part : parts_) {
@@ -155,17 +166,27 @@ class MicrobatchAssembler {
       }
       out_.wire_bytes_ += part.wire_bytes_;
     }
+    // Slices made here (a ragged field's rebased offsets) go after the
+    // received ones: wire_bytes_ stays what came over the wire.
+    slices_end_ = out_.wire_bytes_;
     std::set<std::string, std::less<>> names;
     for (const ReceivedMicrobatch& part : parts_) {
       for (const auto& [name, data] : part.data_) names.insert(name);
     }
     for (const std::string& name : names) {
+      if (IsRaggedArray(name)) continue;
       absl::Status s = IsHeaderArray(name) ? HeaderArray(name, base) : RowArray(name, base);
       if (!s.ok()) return s;
+    }
+    for (const auto& [field, holders] : ragged_holders_) {
+      if (absl::Status s = RaggedField(field, holders, base); !s.ok()) return s;
     }
     v1::Microbatch meta = std::move(parts_[0].meta_);
     meta.clear_piece();
     for (auto& [name, head] : heads_) *MutableArrayOf(&meta, name) = std::move(head);
+    for (auto& [field, head] : ragged_heads_) {
+      (*meta.mutable_ragged_token_fields())[field] = std::move(head);
+    }
     out_.meta_ = std::move(meta);
     return std::move(out_);
   }
@@ -255,6 +276,7 @@ class MicrobatchAssembler {
       return absl::OkStatus();
     }
     const int64_t rows = head.shape(0);
+    if (token && !token_array_rows_.has_value()) token_array_rows_.emplace(name, rows);
     int64_t row_bytes = DTypeBytes(head.dtype());
     bool fits = rows >= 0;
     for (int d = 1; d < head.shape_size() && fits; ++d) {
@@ -322,6 +344,168 @@ class MicrobatchAssembler {
     return absl::OkStatus();
   }
 
+  // A piece's ragged field, checked, and its offsets (the rebase needs
+  // every entry: 8 bytes a row, read whole).
+  struct RaggedHolder {
+    size_t part;
+    RaggedShape shape;
+    std::vector<int64_t> offsets;
+  };
+
+  // Every piece's ragged fields: heads, sizes and offsets are checked
+  // before any of their bytes is placed (the rows they cover: RaggedField).
+  absl::Status ReadRaggedPieces() {
+    for (size_t k = 0; k < parts_.size(); ++k) {
+      const ReceivedMicrobatch& part = parts_[k];
+      for (const auto& [field, heads] : part.meta_.ragged_token_fields()) {
+        const std::string name = absl::StrCat("ragged_token_fields[\"", field, "\"]");
+        const std::string where = absl::StrCat(who_[k], ", ", where_, " (direct pull)");
+        absl::StatusOr<RaggedShape> shape = ReadRaggedShape(where, field, heads);
+        if (!shape.ok()) return shape.status();
+        std::vector<RaggedHolder>& holders = ragged_holders_[field];
+        if (!holders.empty() && shape->values_dtype != holders[0].shape.values_dtype) {
+          return Loss(k, absl::StrCat(name, "'s values are ", v1::DType_Name(shape->values_dtype),
+                                      ", ", who_[holders[0].part], " sent them as ",
+                                      v1::DType_Name(holders[0].shape.values_dtype)));
+        }
+        const int64_t values_bytes = std::max<int64_t>(0, part.data_size(RaggedValuesName(field)));
+        if (values_bytes != shape->values_bytes()) {
+          return Loss(k, absl::StrCat(name, "'s values hold ", values_bytes, " bytes, its ",
+                                      shape->num_values, " ", v1::DType_Name(shape->values_dtype),
+                                      " need ", shape->values_bytes()));
+        }
+        const std::string offsets_name = RaggedOffsetsName(field);
+        const int64_t offsets_bytes = std::max<int64_t>(0, part.data_size(offsets_name));
+        if (offsets_bytes != shape->offsets_bytes()) {
+          return Loss(k, absl::StrCat(name, "'s offsets hold ", offsets_bytes, " bytes, its ",
+                                      shape->rows + 1, " entries need ", shape->offsets_bytes()));
+        }
+        std::vector<int64_t> offsets(static_cast<size_t>(shape->rows + 1));
+        part.CopyData(offsets_name, offsets.data());
+        RaggedOffsetsCheck check(shape->rows, shape->num_values);
+        check.Feed(reinterpret_cast<const char*>(offsets.data()), offsets_bytes);
+        if (absl::Status s = check.Finish(where, field); !s.ok()) return s;
+        holders.push_back({k, *shape, std::move(offsets)});
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // A ragged token field (layout.md section 13): each piece carries the
+  // lists of the token rows it lists, offsets from 0 over those rows;
+  // assembled, the lists of all rows in row order, offsets rebased from 0.
+  // The values stay in the pieces' slices (one segment per row span); the
+  // offsets, rewritten, go in a slice of their own.
+  absl::Status RaggedField(const std::string& field, const std::vector<RaggedHolder>& holders,
+                           const std::vector<int64_t>& base) {
+    const std::string values_name = RaggedValuesName(field);
+    const std::string offsets_name = RaggedOffsetsName(field);
+    const std::string name = absl::StrCat("ragged_token_fields[\"", field, "\"]");
+    if (holders.empty()) return absl::OkStatus();
+    // After the token arrays, whose errors name the spans more precisely.
+    for (const RaggedHolder& h : holders) {
+      int64_t listed = 0;
+      for (const Span& s : token_spans_[h.part]) listed += s.rows;
+      if (h.shape.rows != listed) {
+        return Loss(h.part, absl::StrCat(name, " has offsets for ", h.shape.rows,
+                                         " rows, but its token_rows list ", listed));
+      }
+    }
+
+    // Rows: those of the micro-batch's token arrays (tokens, token fields,
+    // which carry their full shape), else as far as the pieces list.
+    int64_t rows = 0;
+    if (token_array_rows_.has_value()) {
+      rows = token_array_rows_->second;
+    } else {
+      for (const RaggedHolder& h : holders) {
+        for (const Span& s : token_spans_[h.part]) rows = std::max(rows, s.first + s.rows);
+      }
+    }
+    // The holders' spans in row order must tile [0, rows) exactly once;
+    // checked on the spans (bounded by the pieces' bytes) before anything
+    // the size of `rows` is allocated.
+    struct Run {
+      int64_t first;
+      int64_t rows;
+      int64_t at;  // the piece's row of `first`
+      const RaggedHolder* holder;
+    };
+    std::vector<Run> runs;
+    for (const RaggedHolder& h : holders) {
+      int64_t at = 0;
+      const std::vector<Span>& spans = token_spans_[h.part];
+      for (size_t i = 0; i < spans.size(); ++i) {
+        const Span& s = spans[i];
+        if (s.first + s.rows > rows) {
+          return Loss(h.part,
+                      absl::StrCat("piece.token_rows pair ", i, " (first_row ", s.first,
+                                   ", num_rows ", s.rows, ") of ", name, ": rows [", s.first, ", ",
+                                   s.first + s.rows, ") outside the micro-batch's [0, ", rows, ")",
+                                   token_array_rows_.has_value()
+                                       ? absl::StrCat(" (", token_array_rows_->first, ")")
+                                       : ""));
+        }
+        if (s.rows > 0) runs.push_back({s.first, s.rows, at, &h});
+        at += s.rows;
+      }
+    }
+    std::sort(runs.begin(), runs.end(),
+              [](const Run& a, const Run& b) { return a.first < b.first; });
+    std::vector<size_t> parts;
+    for (const RaggedHolder& h : holders) parts.push_back(h.part);
+    int64_t at = 0;
+    size_t last = holders[0].part;
+    for (const Run& run : runs) {
+      if (run.first < at) {
+        return Loss(run.holder->part,
+                    absl::StrCat("rows [", run.first, ", ", std::min(at, run.first + run.rows),
+                                 ") of ", name, " (token_rows) come from ", who_[last], " too"));
+      }
+      if (run.first > at) return Uncovered(name, "token_rows", at, run.first, rows, parts);
+      at = run.first + run.rows;
+      last = run.holder->part;
+    }
+    if (at < rows) return Uncovered(name, "token_rows", at, rows, rows, parts);
+
+    // Offsets rebased over all rows; each run's values one segment, in row
+    // order (so already sorted by where they go).
+    std::vector<int64_t> offsets(static_cast<size_t>(rows) + 1, 0);
+    const int64_t item = holders[0].shape.values_dtype == v1::UINT16 ? 2 : 4;
+    ReceivedMicrobatch::ArrayData& values = out_.data_[values_name];
+    for (const Run& run : runs) {
+      const std::vector<int64_t>& own = run.holder->offsets;
+      for (int64_t r = 0; r < run.rows; ++r) {
+        const size_t i = static_cast<size_t>(run.at + r);
+        offsets[static_cast<size_t>(run.first + r) + 1] =
+            offsets[static_cast<size_t>(run.first + r)] + own[i + 1] - own[i];
+      }
+      const int64_t begin = own[static_cast<size_t>(run.at)];
+      const int64_t end = own[static_cast<size_t>(run.at + run.rows)];
+      if (end > begin) {
+        const ReceivedMicrobatch::ArrayData& data = parts_[run.holder->part].data_.at(values_name);
+        const int64_t data_offset = data.segments.empty() ? 0 : data.segments[0].from.offset;
+        values.segments.push_back(
+            {{base[run.holder->part] + data_offset + begin * item, (end - begin) * item},
+             offsets[static_cast<size_t>(run.first)] * item});
+      }
+    }
+    values.size = offsets.back() * item;
+    const int64_t offsets_bytes = static_cast<int64_t>(offsets.size()) * 8;
+    out_.slices_.emplace_back(offsets.data(), static_cast<size_t>(offsets_bytes));
+    out_.slice_offsets_.push_back(slices_end_);
+    out_.data_[offsets_name] = {offsets_bytes, {{{slices_end_, offsets_bytes}, 0}}};
+    slices_end_ += offsets_bytes;
+
+    v1::RaggedArray head = parts_[holders[0].part].meta_.ragged_token_fields().at(field);
+    head.mutable_values()->clear_shape();
+    head.mutable_values()->add_shape(offsets.back());
+    head.mutable_offsets()->clear_shape();
+    head.mutable_offsets()->add_shape(rows + 1);
+    ragged_heads_.emplace_back(field, std::move(head));
+    return absl::OkStatus();
+  }
+
   absl::Status Uncovered(const std::string& name, absl::string_view span_field, int64_t from,
                          int64_t to, int64_t rows, const std::vector<size_t>& holders) const {
     std::vector<std::string> sources;
@@ -339,6 +523,14 @@ class MicrobatchAssembler {
   std::vector<std::vector<Span>> router_spans_;
   // Heads (dtype, shape) of arrays the header piece lacks.
   std::vector<std::pair<std::string, v1::NDArray>> heads_;
+  // Each ragged field's pieces, in part order (ReadRaggedPieces).
+  std::map<std::string, std::vector<RaggedHolder>> ragged_holders_;
+  // The assembled heads of the ragged fields.
+  std::vector<std::pair<std::string, v1::RaggedArray>> ragged_heads_;
+  // The first token array with rows (name, rows): a ragged field has as many.
+  std::optional<std::pair<std::string, int64_t>> token_array_rows_;
+  // Where the next slice made here starts (ReceivedMicrobatch::Range).
+  int64_t slices_end_ = 0;
   ReceivedMicrobatch out_;
 };
 

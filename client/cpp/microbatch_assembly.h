@@ -24,8 +24,15 @@ namespace rollpack {
 // replay_experts and replay_mask with the dtype and shape every piece that
 // has them agrees on, and their rows from the pieces that list them
 // (token_rows, router_rows); cu_seqlens and cu_seqlens_padded from the
-// header. DATA_LOSS, naming the member, the micro-batch, the array and the
-// rows, for anything else: a piece of another step or index, a header
+// header; each ragged token field (layout.md section 13) with its rows'
+// lists from the pieces that list those rows, in row order, and its
+// offsets rebased from 0 over all rows (its values stay in the pieces'
+// slices; the offsets are rewritten). DATA_LOSS, naming the member, the
+// micro-batch, the array and the rows, for anything else: a ragged field
+// whose offsets do not start at 0, decrease, end elsewhere than at its
+// values' count or cover other rows than its piece's token_rows, values of
+// another dtype than the other pieces' or of a size their count does not
+// give; a piece of another step or index, a header
 // where none belongs or none where one does, spans that are malformed, out
 // of the array's rows, overlapping or leaving rows uncovered, data whose
 // size is not the rows' bytes, pieces disagreeing on an array's dtype or

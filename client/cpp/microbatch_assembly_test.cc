@@ -6,6 +6,7 @@
 #include "client/cpp/microbatch_assembly.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <set>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/ragged_field.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/wire/deterministic_bytes.h"
@@ -41,6 +43,63 @@ v1::NDArray Array(std::mt19937& rng, v1::DType dtype, std::vector<int64_t> shape
   return a;
 }
 
+// A ragged field as the server delivers it (layout.md section 13): a list
+// of 0..`most` ids per row (a third of them empty, as padding rows are),
+// offsets int64 [rows + 1] from 0.
+v1::RaggedArray RandomRagged(std::mt19937& rng, int rows, v1::DType dtype, int most) {
+  const int item = dtype == v1::UINT16 ? 2 : 4;
+  std::vector<int64_t> offsets{0};
+  for (int r = 0; r < rows; ++r) {
+    offsets.push_back(offsets.back() +
+                      (rng() % 3 == 0 ? 0 : static_cast<int64_t>(rng() % (most + 1))));
+  }
+  v1::RaggedArray a;
+  a.mutable_values()->set_dtype(dtype);
+  a.mutable_values()->add_shape(offsets.back());
+  a.mutable_values()->set_data(Bytes(rng, static_cast<size_t>(offsets.back() * item)));
+  a.mutable_offsets()->set_dtype(v1::INT64);
+  a.mutable_offsets()->add_shape(rows + 1);
+  a.mutable_offsets()->set_data(
+      std::string(reinterpret_cast<const char*>(offsets.data()), offsets.size() * 8));
+  return a;
+}
+
+std::vector<int64_t> OffsetsOf(const v1::RaggedArray& a) {
+  std::vector<int64_t> offsets(a.offsets().data().size() / 8);
+  std::memcpy(offsets.data(), a.offsets().data().data(), a.offsets().data().size());
+  return offsets;
+}
+
+void SetOffsets(v1::RaggedArray* a, const std::vector<int64_t>& offsets) {
+  a->mutable_offsets()->clear_shape();
+  a->mutable_offsets()->add_shape(static_cast<int64_t>(offsets.size()));
+  a->mutable_offsets()->set_data(
+      std::string(reinterpret_cast<const char*>(offsets.data()), offsets.size() * 8));
+}
+
+// The lists of the rows `spans` lists, as a piece carries them: offsets from
+// 0 over those rows, their values concatenated.
+v1::RaggedArray RaggedRows(const v1::RaggedArray& a, const std::vector<int64_t>& spans) {
+  const std::vector<int64_t> offsets = OffsetsOf(a);
+  const size_t item = a.values().dtype() == v1::UINT16 ? 2 : 4;
+  std::vector<int64_t> out{0};
+  std::string values;
+  for (size_t i = 0; i < spans.size(); i += 2) {
+    for (int64_t r = spans[i]; r < spans[i] + spans[i + 1]; ++r) {
+      const int64_t begin = offsets[static_cast<size_t>(r)];
+      const int64_t end = offsets[static_cast<size_t>(r) + 1];
+      values.append(a.values().data(), static_cast<size_t>(begin) * item,
+                    static_cast<size_t>(end - begin) * item);
+      out.push_back(out.back() + end - begin);
+    }
+  }
+  v1::RaggedArray piece = a;
+  piece.mutable_values()->set_shape(0, out.back());
+  piece.mutable_values()->set_data(values);
+  SetOffsets(&piece, out);
+  return piece;
+}
+
 // A micro-batch of `tokens` token rows and `router` router rows; `layers`
 // may be 0 (replay_experts of zero bytes per row).
 v1::Microbatch RandomMicrobatch(std::mt19937& rng, int tokens, int router, int layers,
@@ -61,6 +120,9 @@ v1::Microbatch RandomMicrobatch(std::mt19937& rng, int tokens, int router, int l
     (*m.mutable_token_fields())["logprobs"] = Array(rng, v1::FLOAT32, {tokens}, 4);
     (*m.mutable_token_fields())["loss_mask"] = Array(rng, v1::UINT8, {tokens}, 1);
     (*m.mutable_token_fields())["pairs"] = Array(rng, v1::INT16, {tokens, 3}, 2);
+    (*m.mutable_ragged_token_fields())["sampling_mask"] =
+        RandomRagged(rng, tokens, rng() % 2 == 0 ? v1::UINT16 : v1::INT32, 9);
+    (*m.mutable_ragged_token_fields())["top_ids"] = RandomRagged(rng, tokens, v1::INT32, 2);
   }
   const bool u16 = rng() % 2 == 0;
   *m.mutable_replay_experts() =
@@ -175,11 +237,16 @@ Split SplitMicrobatch(std::mt19937& rng, const v1::Microbatch& m,
       p.clear_tokens();
     }
     p.clear_token_fields();
+    p.clear_ragged_token_fields();
     if (!(no_tokens && rng() % 2 == 0)) {
       for (const auto& [name, a] : m.token_fields()) {
         v1::NDArray& f = (*p.mutable_token_fields())[name];
         f = a;
         f.set_data(Rows(a, token));
+      }
+      // A piece without token rows may still carry the field: no lists.
+      for (const auto& [name, a] : m.ragged_token_fields()) {
+        (*p.mutable_ragged_token_fields())[name] = RaggedRows(a, token);
       }
     }
     p.clear_replay_experts();
@@ -245,6 +312,10 @@ std::vector<std::pair<std::string, const v1::NDArray*>> ArraysOf(const v1::Micro
   if (m.has_replay_experts()) out.emplace_back("replay_experts", &m.replay_experts());
   if (m.has_replay_mask()) out.emplace_back("replay_mask", &m.replay_mask());
   for (const auto& [name, a] : m.token_fields()) out.emplace_back("field:" + name, &a);
+  for (const auto& [name, a] : m.ragged_token_fields()) {
+    out.emplace_back(RaggedValuesName(name), &a.values());
+    out.emplace_back(RaggedOffsetsName(name), &a.offsets());
+  }
   return out;
 }
 
@@ -266,6 +337,10 @@ void ExpectAssembledEquals(const ReceivedMicrobatch& got, const v1::Microbatch& 
     a->clear_data();
   }
   for (auto& [name, a] : *meta.mutable_token_fields()) a.clear_data();
+  for (auto& [name, a] : *meta.mutable_ragged_token_fields()) {
+    a.mutable_values()->clear_data();
+    a.mutable_offsets()->clear_data();
+  }
   for (v1::Microbatch* m : {&meta}) {
     if (!want.has_tokens()) m->clear_tokens();
     if (!want.has_replay_experts()) m->clear_replay_experts();
@@ -295,6 +370,12 @@ TEST(MicrobatchAssemblyTest, RandomSplitsAssembleToTheOriginal) {
     ASSERT_TRUE(got.ok()) << what << got.status();
     EXPECT_EQ(got->wire_bytes(), wire) << what;
     ExpectAssembledEquals(*got, m, what);
+    for (const auto& [name, a] : m.ragged_token_fields()) {
+      absl::StatusOr<RaggedShape> shape = got->CheckRagged(name);
+      ASSERT_TRUE(shape.ok()) << what << shape.status();
+      EXPECT_EQ(shape->rows, tokens) << what;
+      EXPECT_EQ(shape->num_values, a.values().shape(0)) << what;
+    }
     // Moved, it still reads the same slices.
     ReceivedMicrobatch moved = *std::move(got);
     ASSERT_TRUE(DeterministicBytes(moved.ToMessage()) == DeterministicBytes(m)) << what;
@@ -479,6 +560,134 @@ TEST(MicrobatchAssemblyTest, RefusesDataSizesAndDisagreeingArrays) {
         }
       },
       {"tokens is INT32 [-60]", "negative dimension"});
+}
+
+// Ragged fields (layout.md section 13): a piece whose rows all have empty
+// lists (padding), and a piece with no token rows at all that carries the
+// field anyway (offsets [1] = {0}), assemble to the original.
+TEST(MicrobatchAssemblyTest, RaggedPiecesWithEmptyListsOrNoRows) {
+  std::mt19937 rng(23);
+  v1::Microbatch m = RandomMicrobatch(rng, 60, 60, 2, true);
+  v1::RaggedArray& mask = (*m.mutable_ragged_token_fields())["sampling_mask"];
+  // Rows [20, 40), member 1's, get empty lists.
+  std::vector<int64_t> offsets = OffsetsOf(mask);
+  const size_t item = mask.values().dtype() == v1::UINT16 ? 2 : 4;
+  const int64_t cut = offsets[40] - offsets[20];
+  std::string values = mask.values().data();
+  values.erase(static_cast<size_t>(offsets[20]) * item, static_cast<size_t>(cut) * item);
+  for (size_t r = 21; r < offsets.size(); ++r)
+    offsets[r] -= r <= 40 ? offsets[r] - offsets[20] : cut;
+  mask.mutable_values()->set_shape(0, offsets.back());
+  mask.mutable_values()->set_data(values);
+  SetOffsets(&mask, offsets);
+  std::vector<int> token_owner(60), router_owner(60);
+  for (int r = 0; r < 60; ++r) {
+    token_owner[r] = r / 20;
+    router_owner[r] = r < 50 ? r / 20 : 3;  // member 3: router rows only
+  }
+  const Split split = SplitMicrobatch(rng, m, token_owner, router_owner, /*vary=*/false);
+  ASSERT_EQ(split.pieces.size(), 3u);
+  const v1::RaggedArray& empty = split.pieces[0].ragged_token_fields().at("sampling_mask");
+  EXPECT_EQ(OffsetsOf(empty), std::vector<int64_t>(21, 0));
+  EXPECT_EQ(empty.values().shape(0), 0);
+  const v1::RaggedArray& none = split.pieces[2].ragged_token_fields().at("sampling_mask");
+  EXPECT_EQ(OffsetsOf(none), std::vector<int64_t>{0});
+  absl::StatusOr<ReceivedMicrobatch> got = Assemble(rng, split);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectAssembledEquals(*got, m, "empty lists");
+}
+
+// A stage that gets ragged fields but neither tokens nor token fields: the
+// rows are those the pieces list, still tiled exactly once.
+TEST(MicrobatchAssemblyTest, RaggedFieldsAlone) {
+  std::mt19937 rng(29);
+  v1::Microbatch m = RandomMicrobatch(rng, 60, 60, 2, true);
+  m.clear_tokens();
+  m.clear_token_fields();
+  std::vector<int> owner(60);
+  for (int r = 0; r < 60; ++r) owner[r] = r / 20;
+  Split split = SplitMicrobatch(rng, m, owner, owner, /*vary=*/false);
+  absl::StatusOr<ReceivedMicrobatch> got = Assemble(rng, split);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectAssembledEquals(*got, m, "ragged alone");
+
+  // Member 2 claims rows 35..59 (its lists grown to match): 35..39 are member 1's.
+  v1::Microbatch& p = split.pieces[1];
+  p.mutable_piece()->set_token_rows(0, 35);
+  p.mutable_piece()->set_token_rows(1, 25);
+  for (auto& [name, a] : *p.mutable_ragged_token_fields()) {
+    std::vector<int64_t> offsets = OffsetsOf(a);
+    offsets.insert(offsets.begin(), 5, 0);
+    SetOffsets(&a, offsets);
+  }
+  got = Assemble(rng, split);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(
+      std::string(got.status().message()),
+      AllOf(HasSubstr("member 10.0.0.2:4242"), HasSubstr("rows [35, 40) of ragged_token_fields"),
+            HasSubstr("(token_rows) come from member 10.0.0.1:4242 too")));
+}
+
+// What a piece says about its ragged field is checked before it is trusted:
+// forged offsets, counts and dtypes are refused, naming the member.
+TEST(MicrobatchAssemblyTest, RefusesForgedRaggedFields) {
+  auto mask = [](v1::Microbatch& m) {
+    return &(*m.mutable_ragged_token_fields())["sampling_mask"];
+  };
+  auto forge = [mask](int piece, const std::function<void(std::vector<int64_t>*)>& change) {
+    return [=](Split* s) {
+      v1::Microbatch& m = piece < 0 ? s->header : s->pieces[static_cast<size_t>(piece)];
+      std::vector<int64_t> offsets = OffsetsOf(*mask(m));
+      change(&offsets);
+      SetOffsets(mask(m), offsets);
+    };
+  };
+  const std::string field = "ragged_token_fields[\"sampling_mask\"]";
+  // Row 3's list made to end before it starts (values unchanged).
+  ExpectRefused(
+      forge(0, [](std::vector<int64_t>* o) { (*o)[4] = (*o)[3] - 1; }),
+      {"member 10.0.0.1:4242", "micro-batch 3", field, "offsets[4] is", "below offsets[3]"});
+  ExpectRefused(forge(1, [](std::vector<int64_t>* o) { (*o)[0] = 2; }),
+                {"member 10.0.0.2:4242", field, "offsets[0] is 2, not 0"});
+  ExpectRefused(forge(-1, [](std::vector<int64_t>* o) { (*o)[20] += 1; }),
+                {"member 10.0.0.0:4242", field, "offsets[20] is"});
+  ExpectRefused(forge(1, [](std::vector<int64_t>* o) { (*o)[5] = int64_t{1} << 40; }),
+                {"member 10.0.0.2:4242", field, "offsets[5] is 1099511627776, past the"});
+  // The last row's list dropped, consistently: offsets for 19 rows where
+  // token_rows list 20.
+  ExpectRefused(
+      [mask](Split* s) {
+        v1::RaggedArray* a = mask(s->pieces[0]);
+        std::vector<int64_t> offsets = OffsetsOf(*a);
+        offsets.pop_back();
+        SetOffsets(a, offsets);
+        const size_t item = a->values().dtype() == v1::UINT16 ? 2 : 4;
+        a->mutable_values()->set_shape(0, offsets.back());
+        a->mutable_values()->mutable_data()->resize(static_cast<size_t>(offsets.back()) * item);
+      },
+      {"member 10.0.0.1:4242", field, "has offsets for 19 rows", "token_rows list 20"});
+  // Data of another size than the shape says.
+  ExpectRefused(
+      [mask](Split* s) { mask(s->pieces[0])->mutable_offsets()->mutable_data()->resize(7); },
+      {"member 10.0.0.1:4242", field, "offsets hold 7 bytes", "21 entries need 168"});
+  ExpectRefused(
+      [mask](Split* s) { mask(s->pieces[1])->mutable_values()->mutable_data()->append("xx"); },
+      {"member 10.0.0.2:4242", field, "values hold"});
+  ExpectRefused(
+      [mask](Split* s) {
+        v1::NDArray* v = mask(s->pieces[1])->mutable_values();
+        v->set_dtype(v->dtype() == v1::UINT16 ? v1::INT32 : v1::UINT16);
+      },
+      {"member 10.0.0.2:4242", field, "sent them as"});
+  ExpectRefused([mask](Split* s) { mask(s->pieces[0])->mutable_values()->set_dtype(v1::INT64); },
+                {"member 10.0.0.1:4242", field, "values is INT64", "1-D UINT16 or INT32"});
+  ExpectRefused([mask](Split* s) { mask(s->pieces[0])->mutable_offsets()->set_dtype(v1::INT32); },
+                {"member 10.0.0.1:4242", field, "offsets is INT32 [21]"});
+  // A piece holding rows without the field.
+  ExpectRefused(
+      [](Split* s) { s->pieces[0].mutable_ragged_token_fields()->erase("sampling_mask"); },
+      {"rows [20, 40) of", field, "(60 rows) are in no piece's token_rows"});
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream.h"
@@ -89,6 +91,12 @@ const char* ArrayName(int field) {
 }
 
 v1::NDArray* MutableArray(v1::Microbatch* m, absl::string_view name) {
+  if (absl::ConsumePrefix(&name, kRaggedValuesPrefix)) {
+    return (*m->mutable_ragged_token_fields())[std::string(name)].mutable_values();
+  }
+  if (absl::ConsumePrefix(&name, kRaggedOffsetsPrefix)) {
+    return (*m->mutable_ragged_token_fields())[std::string(name)].mutable_offsets();
+  }
   if (name == "tokens") return m->mutable_tokens();
   if (name == "cu_seqlens") return m->mutable_cu_seqlens();
   if (name == "cu_seqlens_padded") return m->mutable_cu_seqlens_padded();
@@ -106,6 +114,14 @@ struct PendingArray {
   std::string head;
   int64_t data_offset = 0;
   int64_t data_size = 0;
+};
+
+// One RaggedArray while parsing: its fields other than the two arrays as
+// encoded (unknown ones, kept as protobuf keeps them), and the arrays.
+struct PendingRagged {
+  std::string head;
+  std::optional<PendingArray> values;
+  std::optional<PendingArray> offsets;
 };
 
 class MicrobatchWireParser {
@@ -130,6 +146,8 @@ class MicrobatchWireParser {
           if (!ParseArray(&in, &arrays_[array], 1)) return Error(in, array);
         } else if (tag == LengthDelimitedTag(10)) {
           if (!ParseTokenFieldEntry(&in)) return Error(in, "token_fields");
+        } else if (tag == LengthDelimitedTag(21)) {
+          if (!ParseRaggedFieldEntry(&in)) return Error(in, "ragged_token_fields");
         } else if (!SkipField(&in, tag, &rest_out)) {
           return Error(in, absl::StrCat("field ", field));
         }
@@ -145,14 +163,31 @@ class MicrobatchWireParser {
         return absl::DataLossError(absl::StrCat("received micro-batch: array ", name,
                                                 " does not parse"));
       }
-      ReceivedMicrobatch::ArrayData& data = out_->data_[name];
-      data.size = pending.data_size;
-      data.segments = {{{pending.data_offset, pending.data_size}, 0}};
+      Locate(name, pending);
+    }
+    for (auto& [key, pending] : ragged_) {
+      v1::RaggedArray& ragged = (*out_->meta_.mutable_ragged_token_fields())[key];
+      if (!ragged.ParseFromString(pending.head) ||
+          (pending.values.has_value() &&
+           !ragged.mutable_values()->ParseFromString(pending.values->head)) ||
+          (pending.offsets.has_value() &&
+           !ragged.mutable_offsets()->ParseFromString(pending.offsets->head))) {
+        return absl::DataLossError(absl::StrCat("received micro-batch: ragged_token_fields[\"", key,
+                                                "\"] does not parse"));
+      }
+      if (pending.values.has_value()) Locate(RaggedValuesName(key), *pending.values);
+      if (pending.offsets.has_value()) Locate(RaggedOffsetsName(key), *pending.offsets);
     }
     return absl::OkStatus();
   }
 
  private:
+  void Locate(const std::string& name, const PendingArray& pending) {
+    ReceivedMicrobatch::ArrayData& data = out_->data_[name];
+    data.size = pending.data_size;
+    data.segments = {{{pending.data_offset, pending.data_size}, 0}};
+  }
+
   static absl::Status Error(const CodedInputStream& in, absl::string_view what) {
     return absl::DataLossError(absl::StrCat("received micro-batch does not parse: ", what,
                                             " at byte ", in.CurrentPosition()));
@@ -260,35 +295,46 @@ class MicrobatchWireParser {
     return true;
   }
 
-  // A map entry {1: key, 2: value}: the last entry of a key replaces the
-  // earlier ones; within an entry the last key wins and values merge.
-  bool ParseTokenFieldEntry(CodedInputStream* in) {
+  // A map entry {1: key, 2: value} into `key` and `value` (parsed by
+  // `parse_value`): within an entry the last key wins and values merge.
+  // `entry_name` is the entry message's full name, for the UTF-8 check.
+  template <typename Value, typename ParseValue>
+  static bool ParseMapEntry(CodedInputStream* in, const char* entry_name, std::string* key,
+                            Value* value, ParseValue parse_value) {
     int length = 0;
     if (!ReadLength(in, &length)) return false;
     const CodedInputStream::Limit limit = in->PushLimit(length);
-    std::string key;
-    PendingArray value;
     while (true) {
       uint32_t tag = 0;
       if (!ReadTag(in, &tag)) return false;
       if (tag == 0) break;
       if (tag == LengthDelimitedTag(1)) {
         int size = 0;
-        if (!ReadSize(in, &size) || !in->ReadString(&key, size)) return false;
+        if (!ReadSize(in, &size) || !in->ReadString(key, size)) return false;
         // Every occurrence, as protobuf checks each key it reads.
-        if (!WireFormatLite::VerifyUtf8String(key.data(), static_cast<int>(key.size()),
-                                              WireFormatLite::PARSE,
-                                              "rollpack.v1.Microbatch.TokenFieldsEntry.key")) {
+        if (!WireFormatLite::VerifyUtf8String(key->data(), static_cast<int>(key->size()),
+                                              WireFormatLite::PARSE, entry_name)) {
           return false;
         }
       } else if (tag == LengthDelimitedTag(2)) {
-        if (!ParseArray(in, &value, 2)) return false;
+        if (!parse_value(in, value)) return false;
       } else if (!SkipField(in, tag, nullptr, 1)) {
         return false;
       }
     }
     if (!EndsAtLimit(in)) return false;
     in->PopLimit(limit);
+    return true;
+  }
+
+  // A token_fields entry: the last entry of a key replaces the earlier ones.
+  bool ParseTokenFieldEntry(CodedInputStream* in) {
+    std::string key;
+    PendingArray value;
+    if (!ParseMapEntry(in, "rollpack.v1.Microbatch.TokenFieldsEntry.key", &key, &value,
+                       [](CodedInputStream* in, PendingArray* v) { return ParseArray(in, v, 2); })) {
+      return false;
+    }
     // protobuf parses an entry's value even when a later entry of the same
     // key replaces it, so a malformed value refuses the message either way.
     if (v1::NDArray checked; !checked.ParseFromString(value.head)) return false;
@@ -296,8 +342,56 @@ class MicrobatchWireParser {
     return true;
   }
 
+  // A RaggedArray {1: values, 2: offsets}; repeated occurrences merge, as
+  // protobuf merges a message field. `depth` as for ParseArray.
+  static bool ParseRagged(CodedInputStream* in, PendingRagged* ragged, int depth) {
+    int length = 0;
+    if (!ReadLength(in, &length)) return false;
+    const CodedInputStream::Limit limit = in->PushLimit(length);
+    StringOutputStream head_stream(&ragged->head);
+    CodedOutputStream head_out(&head_stream);
+    while (true) {
+      uint32_t tag = 0;
+      if (!ReadTag(in, &tag)) return false;
+      if (tag == 0) break;
+      if (tag == LengthDelimitedTag(1) || tag == LengthDelimitedTag(2)) {
+        std::optional<PendingArray>& array =
+            tag == LengthDelimitedTag(1) ? ragged->values : ragged->offsets;
+        if (!array.has_value()) array.emplace();
+        if (!ParseArray(in, &*array, depth + 1)) return false;
+      } else if (!SkipField(in, tag, &head_out, depth)) {
+        return false;
+      }
+    }
+    if (!EndsAtLimit(in)) return false;
+    in->PopLimit(limit);
+    return true;
+  }
+
+  // A ragged_token_fields entry {1: key, 2: RaggedArray}, as
+  // ParseTokenFieldEntry reads a token_fields entry.
+  bool ParseRaggedFieldEntry(CodedInputStream* in) {
+    std::string key;
+    PendingRagged value;
+    if (!ParseMapEntry(in, "rollpack.v1.Microbatch.RaggedTokenFieldsEntry.key", &key, &value,
+                       [](CodedInputStream* in, PendingRagged* v) { return ParseRagged(in, v, 2); })) {
+      return false;
+    }
+    // Parsed (and refused when malformed) even when a later entry of the
+    // same key replaces it, as protobuf does.
+    if (v1::RaggedArray checked; !checked.ParseFromString(value.head)) return false;
+    for (const std::optional<PendingArray>* array : {&value.values, &value.offsets}) {
+      if (v1::NDArray checked; array->has_value() && !checked.ParseFromString((*array)->head)) {
+        return false;
+      }
+    }
+    ragged_[key] = std::move(value);
+    return true;
+  }
+
   ReceivedMicrobatch* const out_;
   std::map<std::string, PendingArray> arrays_;
+  std::map<std::string, PendingRagged> ragged_;
 };
 
 absl::StatusOr<ReceivedMicrobatch> ReceivedMicrobatch::Parse(const grpc::ByteBuffer& buffer) {
@@ -354,6 +448,31 @@ void ReceivedMicrobatch::CopyData(absl::string_view array, void* out) const {
       to += n;
     });
   }
+}
+
+absl::StatusOr<RaggedShape> ReceivedMicrobatch::CheckRagged(absl::string_view field) const {
+  auto it = meta_.ragged_token_fields().find(std::string(field));
+  const std::string where = absl::StrCat("micro-batch ", meta_.index());
+  if (it == meta_.ragged_token_fields().end()) {
+    return absl::NotFoundError(absl::StrCat(where, " has no ragged_token_fields[\"", field, "\"]"));
+  }
+  ASSIGN_OR_RETURN(RaggedShape shape, ReadRaggedShape(where, field, it->second));
+  const ArrayData* values = Find(RaggedValuesName(field));
+  const int64_t values_bytes = values == nullptr ? 0 : values->size;
+  if (values_bytes != shape.values_bytes()) {
+    return absl::DataLossError(
+        absl::StrCat(where, ": ragged_token_fields[\"", field, "\"]: values holds ", values_bytes,
+                     " bytes, its ", shape.num_values, " ", v1::DType_Name(shape.values_dtype),
+                     " need ", shape.values_bytes()));
+  }
+  RaggedOffsetsCheck check(shape.rows, shape.num_values);
+  if (const ArrayData* offsets = Find(RaggedOffsetsName(field)); offsets != nullptr) {
+    for (const Segment& segment : offsets->segments) {
+      ForEachPiece(segment.from, [&check](const char* from, int64_t n) { check.Feed(from, n); });
+    }
+  }
+  RETURN_IF_ERROR(check.Finish(where, field));
+  return shape;
 }
 
 v1::Microbatch ReceivedMicrobatch::ToMessage() const {

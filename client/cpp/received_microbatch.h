@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/cpp/ragged_field.h"
 #include "client/cpp/sequence_metadata.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -36,7 +37,9 @@ class ReceivedMicrobatch {
  public:
   // The arrays of a Microbatch, by the names DeviceStream uses for them:
   // "tokens", "cu_seqlens", "cu_seqlens_padded", "replay_experts",
-  // "replay_mask", and "field:<name>" for token_fields[<name>].
+  // "replay_mask", "field:<name>" for token_fields[<name>], and
+  // "ragged_values:<name>" / "ragged_offsets:<name>" for the two arrays of
+  // ragged_token_fields[<name>] (client/cpp/ragged_field.h).
   static constexpr absl::string_view kFieldPrefix = "field:";
 
   // DATA_LOSS naming the byte offset when the bytes are not a Microbatch.
@@ -65,6 +68,15 @@ class ReceivedMicrobatch {
   // Copies the named array's bytes to `out` (data_size bytes); nothing for
   // an absent array.
   void CopyData(absl::string_view array, void* out) const;
+
+  // Ragged token field `field` (layout.md section 13) checked before anyone
+  // trusts it: its heads (ReadRaggedShape), its two arrays' data sizes, and
+  // its offsets from 0, never decreasing, ending at the number of values
+  // (read in place, not copied). DATA_LOSS naming the micro-batch, the
+  // field and the offending entry otherwise; NOT_FOUND when the micro-batch
+  // has no such field. Its bytes: CopyData(RaggedValuesName(field), ...)
+  // and CopyData(RaggedOffsetsName(field), ...).
+  absl::StatusOr<RaggedShape> CheckRagged(absl::string_view field) const;
 
   // The whole message, arrays copied once into its strings.
   v1::Microbatch ToMessage() const;

@@ -4,12 +4,16 @@
 #include "client/cpp/received_microbatch.h"
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "google/protobuf/stubs/logging.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/stubs/logging.h"
 #include "gtest/gtest.h"
 #include "proto/wire/deterministic_bytes.h"
 
@@ -34,6 +38,20 @@ v1::NDArray Array(std::mt19937& rng, v1::DType dtype, std::vector<int64_t> shape
   return a;
 }
 
+// A ragged field of `rows` lists of 0..4 ids (layout.md section 13).
+v1::RaggedArray RandomRagged(std::mt19937& rng, int rows, v1::DType dtype) {
+  std::vector<int64_t> offsets{0};
+  for (int r = 0; r < rows; ++r)
+    offsets.push_back(offsets.back() + static_cast<int64_t>(rng() % 5));
+  v1::RaggedArray a;
+  *a.mutable_values() = Array(rng, dtype, {offsets.back()}, dtype == v1::UINT16 ? 2 : 4);
+  a.mutable_offsets()->set_dtype(v1::INT64);
+  a.mutable_offsets()->add_shape(rows + 1);
+  a.mutable_offsets()->set_data(
+      std::string(reinterpret_cast<const char*>(offsets.data()), offsets.size() * 8));
+  return a;
+}
+
 v1::Microbatch RandomMicrobatch(std::mt19937& rng, int rows) {
   v1::Microbatch m;
   m.set_step_id("step-7");
@@ -49,6 +67,8 @@ v1::Microbatch RandomMicrobatch(std::mt19937& rng, int rows) {
   *m.mutable_tokens() = Array(rng, v1::INT32, {rows}, 4);
   (*m.mutable_token_fields())["logprobs"] = Array(rng, v1::FLOAT32, {rows}, 4);
   (*m.mutable_token_fields())["loss_mask"] = Array(rng, v1::UINT8, {rows}, 1);
+  (*m.mutable_ragged_token_fields())["sampling_mask"] = RandomRagged(rng, rows, v1::UINT16);
+  (*m.mutable_ragged_token_fields())["kept"] = RandomRagged(rng, rows, v1::INT32);
   *m.mutable_replay_experts() = Array(rng, v1::UINT8, {rows, 6, 8}, 1);
   *m.mutable_replay_mask() = Array(rng, v1::UINT8, {rows}, 1);
   for (int l : {3, 4, 5, 6, 7, 8}) m.add_replay_layers(l);
@@ -129,7 +149,83 @@ TEST(ReceivedMicrobatchTest, CanonicalBytesInAnySlicingGiveTheSameMessageAndArra
     check("field:logprobs", m.token_fields().at("logprobs"));
     check("field:loss_mask", m.token_fields().at("loss_mask"));
     EXPECT_EQ(r->data_size("field:absent"), -1);
+    // Ragged fields: both arrays located, the heads in meta(), and checked.
+    for (const auto& [name, sent] : m.ragged_token_fields()) {
+      const v1::RaggedArray& meta = r->meta().ragged_token_fields().at(name);
+      for (const auto& [array, got, want] :
+           {std::tuple(RaggedValuesName(name), &meta.values(), &sent.values()),
+            std::tuple(RaggedOffsetsName(name), &meta.offsets(), &sent.offsets())}) {
+        EXPECT_TRUE(got->data().empty()) << array;
+        EXPECT_EQ(got->dtype(), want->dtype()) << array;
+        ASSERT_EQ(r->data_size(array), static_cast<int64_t>(want->data().size())) << array;
+        std::string out(want->data().size(), '\0');
+        r->CopyData(array, out.data());
+        EXPECT_EQ(out, want->data()) << array;
+      }
+      absl::StatusOr<RaggedShape> shape = r->CheckRagged(name);
+      ASSERT_TRUE(shape.ok()) << shape.status();
+      EXPECT_EQ(shape->rows, 300);
+      EXPECT_EQ(shape->values_dtype, sent.values().dtype());
+      EXPECT_EQ(shape->num_values, sent.values().shape(0));
+    }
   }
+}
+
+// CheckRagged trusts nothing: forged offsets, sizes and dtypes are refused
+// naming the micro-batch, the field and the entry, whichever slices the
+// offsets straddle.
+TEST(ReceivedMicrobatchTest, CheckRaggedRefusesForgedFields) {
+  std::mt19937 rng(4);
+  auto refused = [&](const std::function<void(v1::RaggedArray*)>& forge,
+                     const std::vector<std::string>& parts) {
+    v1::Microbatch m = RandomMicrobatch(rng, 30);
+    forge(&(*m.mutable_ragged_token_fields())["sampling_mask"]);
+    const std::string bytes = m.SerializeAsString();
+    for (int trial = 0; trial < 20; ++trial) {
+      absl::StatusOr<ReceivedMicrobatch> r =
+          ReceivedMicrobatch::Parse(Buffer(bytes, RandomCuts(rng, bytes.size(), 1 + trial)));
+      ASSERT_TRUE(r.ok()) << r.status();
+      absl::StatusOr<RaggedShape> shape = r->CheckRagged("sampling_mask");
+      ASSERT_FALSE(shape.ok()) << ::testing::PrintToString(parts);
+      EXPECT_EQ(shape.status().code(), absl::StatusCode::kDataLoss);
+      for (const std::string& part : parts) {
+        EXPECT_THAT(std::string(shape.status().message()), ::testing::HasSubstr(part));
+      }
+      EXPECT_TRUE(r->CheckRagged("kept").ok());
+    }
+  };
+  auto offsets = [](v1::RaggedArray* a, const std::function<void(std::vector<int64_t>*)>& f) {
+    std::vector<int64_t> o(a->offsets().data().size() / 8);
+    std::memcpy(o.data(), a->offsets().data().data(), a->offsets().data().size());
+    f(&o);
+    a->mutable_offsets()->set_data(
+        std::string(reinterpret_cast<const char*>(o.data()), o.size() * 8));
+  };
+  const std::string field = "micro-batch 3: ragged_token_fields[\"sampling_mask\"]";
+  refused([&](v1::RaggedArray* a) { offsets(a, [](auto* o) { (*o)[0] = -1; }); },
+          {field, "offsets[0] is -1, not 0"});
+  refused([&](v1::RaggedArray* a) { offsets(a, [](auto* o) { (*o)[7] = (*o)[6] - 1; }); },
+          {field, "offsets[7] is", "below offsets[6]"});
+  refused([&](v1::RaggedArray* a) { offsets(a, [](auto* o) { (*o)[30] -= 1; }); },
+          {field, "offsets[30] is", "but values holds"});
+  refused([&](v1::RaggedArray* a) { offsets(a, [](auto* o) { (*o)[12] = 1 << 20; }); },
+          {field, "offsets[12] is 1048576, past the"});
+  refused([&](v1::RaggedArray* a) { a->mutable_offsets()->mutable_data()->resize(30 * 8 + 3); },
+          {field, "offsets holds 243 bytes, its 31 entries need 248"});
+  refused([&](v1::RaggedArray* a) { a->mutable_values()->mutable_data()->push_back('x'); },
+          {field, "values holds", "UINT16 need"});
+  refused([&](v1::RaggedArray* a) { a->mutable_values()->set_dtype(v1::INT64); },
+          {field, "values is INT64", "1-D UINT16 or INT32"});
+  refused([&](v1::RaggedArray* a) { a->mutable_offsets()->set_dtype(v1::INT32); },
+          {field, "offsets is INT32 [31]"});
+  refused([&](v1::RaggedArray* a) { a->mutable_offsets()->clear_shape(); },
+          {field, "offsets is INT64 []"});
+  refused([&](v1::RaggedArray* a) { a->clear_values(); }, {field, "values is DTYPE_UNSPECIFIED"});
+  v1::Microbatch m = RandomMicrobatch(rng, 3);
+  absl::StatusOr<ReceivedMicrobatch> r =
+      ReceivedMicrobatch::Parse(Buffer(m.SerializeAsString(), {}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->CheckRagged("absent").status().code(), absl::StatusCode::kNotFound);
 }
 
 // The per-sequence fields are parsed with the small fields, whole, and
@@ -264,6 +360,25 @@ TEST(ReceivedMicrobatchTest, RefusesExactlyWhatProtobufRefuses) {
   v1::Microbatch bad_key;
   (*bad_key.mutable_token_fields())[std::string("\xff\xfe", 2)];
   agree(bad_key.SerializeAsString(), "utf-8 key");
+  v1::Microbatch bad_ragged_key;
+  (*bad_ragged_key.mutable_ragged_token_fields())[std::string("\xff\xfe", 2)];
+  agree(bad_ragged_key.SerializeAsString(), "utf-8 ragged key");
+  // A ragged entry without its arrays, one with unknown fields inside the
+  // RaggedArray, and one whose values come in two merged occurrences.
+  {
+    const std::string key("\n\x01\x62", 3);                   // key "b"
+    const std::string unknown("\x18\x07", 2);                 // field 3, varint 7
+    const std::string values_a("\n\x04\x08\x04\x12\x00", 6);  // values {dtype 4, shape []}
+    const std::string values_b("\n\x04\x1a\x02\x01\x02", 6);  // values {data "\x01\x02"}
+    auto entry = [](const std::string& k, const std::string& ragged) {
+      const std::string value = "\x12" + std::string(1, static_cast<char>(ragged.size())) + ragged;
+      return "\xaa\x01" + std::string(1, static_cast<char>(k.size() + value.size())) + k + value;
+    };
+    agree(entry(key, ""), "empty ragged entry");
+    agree(entry(key, unknown + values_a), "ragged with an unknown field");
+    agree(entry(key, values_a + unknown + values_b), "ragged values merged");
+    agree(entry(key, values_a) + entry(key, values_b), "ragged entry replaced");
+  }
 }
 
 TEST(ReceivedMicrobatchTest, EmptyMessage) {

@@ -19,6 +19,16 @@ struct ArrayRef {
   int64_t nbytes() const;
 };
 
+// A ragged token field (layout.md section 13) on the same memory as the
+// batch's other arrays: row r's list is values[offsets[r] : offsets[r + 1]].
+// values: INT32 [num_values] whatever the wire's dtype (uint16 ids are
+// widened as they are staged: torch before 2.3 has no uint16 to index
+// with); offsets: INT64 [rows + 1], from 0, checked on receipt.
+struct RaggedArrayRef {
+  ArrayRef values;
+  ArrayRef offsets;
+};
+
 // Bytes per element; 0 for a dtype the trainer side cannot hold.
 int ElementSize(v1::DType dtype);
 

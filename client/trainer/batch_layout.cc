@@ -1,11 +1,15 @@
 #include "client/trainer/batch_layout.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "client/cpp/ragged_field.h"
 #include "client/cpp/sequence_metadata.h"
 
 namespace rollpack::trainer_internal {
@@ -22,6 +26,12 @@ ArrayRef RefOf(const v1::NDArray& a, void* data) {
 bool IsReplay3d(const v1::NDArray& a) { return a.shape_size() == 3; }
 
 const v1::NDArray& ArrayOf(const v1::Microbatch& m, const std::string& name) {
+  if (absl::StartsWith(name, kRaggedValuesPrefix)) {
+    return m.ragged_token_fields().at(name.substr(kRaggedValuesPrefix.size())).values();
+  }
+  if (absl::StartsWith(name, kRaggedOffsetsPrefix)) {
+    return m.ragged_token_fields().at(name.substr(kRaggedOffsetsPrefix.size())).offsets();
+  }
   if (name == "tokens") return m.tokens();
   if (name == "cu_seqlens") return m.cu_seqlens();
   if (name == "cu_seqlens_padded") return m.cu_seqlens_padded();
@@ -43,20 +53,117 @@ int64_t DataSize(const ReceivedMicrobatch& m, const std::string& name) {
 const v1::Microbatch& MetaOf(const v1::Microbatch& m) { return m; }
 const v1::Microbatch& MetaOf(const ReceivedMicrobatch& m) { return m.meta(); }
 
+// The offsets' contents of every ragged field (their sizes are checked).
+absl::Status CheckRaggedOffsets(const v1::Microbatch& m) {
+  for (const auto& [field, ragged] : m.ragged_token_fields()) {
+    const std::string where = absl::StrCat("micro-batch ", m.index());
+    ASSIGN_OR_RETURN(RaggedShape shape, ReadRaggedShape(where, field, ragged));
+    RaggedOffsetsCheck check(shape.rows, shape.num_values);
+    check.Feed(ragged.offsets().data().data(),
+               static_cast<int64_t>(ragged.offsets().data().size()));
+    RETURN_IF_ERROR(check.Finish(where, field));
+  }
+  return absl::OkStatus();
+}
+absl::Status CheckRaggedOffsets(const ReceivedMicrobatch& m) {
+  for (const auto& [field, ragged] : m.meta().ragged_token_fields()) {
+    RETURN_IF_ERROR(m.CheckRagged(field).status());
+  }
+  return absl::OkStatus();
+}
+
 template <typename Message>
 absl::Status CheckBytesOf(const Message& m, const Layout& l) {
   for (const Slot& s : l.slots) {
     const int64_t have = DataSize(m, s.name);
-    if (have != s.bytes) {
+    if (have != s.wire_bytes) {
       return absl::DataLossError(absl::StrCat("micro-batch ", MetaOf(m).index(), ": ", s.name,
                                               " holds ", have, " bytes, its shape needs ",
-                                              s.bytes));
+                                              s.wire_bytes));
+    }
+  }
+  return CheckRaggedOffsets(m);
+}
+
+// uint16 ids at out + 2 * n (where CopyData put them) to int32 at out, in
+// place: element i is read before anything overwrites it, since element i's
+// int32 ends at 4 * i + 4 <= 2 * n + 2 * i + 2 for every i < n.
+void WidenInPlace(char* out, int64_t n) {
+  const char* in = out + 2 * n;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t v;
+    std::memcpy(&v, in + 2 * i, 2);
+    const int32_t w = v;
+    std::memcpy(out + 4 * i, &w, 4);
+  }
+}
+
+template <typename Message>
+void CopySlotOf(const Message& m, const Slot& s, void* out) {
+  if (!s.widen_uint16) return CopyData(m, s.name, out);
+  const int64_t n = s.wire_bytes / 2;
+  CopyData(m, s.name, static_cast<char*>(out) + 2 * n);
+  WidenInPlace(static_cast<char*>(out), n);
+}
+
+// Ragged token fields, after every other array (the offsets before them
+// stay as they were): values as int32, offsets int64.
+absl::Status AddRaggedSlots(const v1::Microbatch& m, Layout* l) {
+  if (m.ragged_token_fields().empty()) return absl::OkStatus();
+  const std::string where = absl::StrCat("micro-batch ", m.index());
+  // The rows every ragged field has: those of tokens, or of a token field.
+  std::string rows_of;
+  int64_t rows = -1;
+  if (m.tokens().dtype() != v1::DTYPE_UNSPECIFIED && m.tokens().shape_size() == 1) {
+    rows_of = "tokens";
+    rows = m.tokens().shape(0);
+  } else {
+    std::map<std::string, const v1::NDArray*> fields;  // in name order
+    for (const auto& [name, a] : m.token_fields()) fields[name] = &a;
+    for (const auto& [name, a] : fields) {
+      if (a->shape_size() >= 1) {
+        rows_of = absl::StrCat("token_fields[\"", name, "\"]");
+        rows = a->shape(0);
+        break;
+      }
+    }
+  }
+  std::map<std::string, const v1::RaggedArray*> fields;
+  for (const auto& [name, a] : m.ragged_token_fields()) fields[name] = &a;
+  for (const auto& [name, a] : fields) {
+    ASSIGN_OR_RETURN(RaggedShape shape, ReadRaggedShape(where, name, *a));
+    if (rows >= 0 && shape.rows != rows) {
+      return absl::DataLossError(absl::StrCat(where, ": ragged_token_fields[\"", name, "\"] has ",
+                                              shape.rows, " rows, ", rows_of, " has ", rows));
+    }
+    Slot values;
+    values.name = RaggedValuesName(name);
+    values.ref.dtype = v1::INT32;
+    values.ref.shape = {shape.num_values};
+    values.bytes = shape.num_values * 4;
+    values.wire_bytes = shape.values_bytes();
+    values.widen_uint16 = shape.values_dtype == v1::UINT16;
+    Slot offsets;
+    offsets.name = RaggedOffsetsName(name);
+    offsets.ref.dtype = v1::INT64;
+    offsets.ref.shape = {shape.rows + 1};
+    offsets.bytes = offsets.wire_bytes = shape.offsets_bytes();
+    for (Slot* s : {&values, &offsets}) {
+      s->offset = l->arrays_bytes;
+      l->arrays_bytes += AlignUp(s->bytes);
+      l->slots.push_back(std::move(*s));
     }
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+bool SameOnEveryTpRank(const std::string& name) {
+  return name == "tokens" || name.rfind("field:", 0) == 0 ||
+         absl::StartsWith(name, kRaggedValuesPrefix) ||
+         absl::StartsWith(name, kRaggedOffsetsPrefix);
+}
 
 bool IsSequenceSlot(const std::string& name) {
   return name == "advantages" || name.rfind(kScalarPrefix, 0) == 0;
@@ -80,6 +187,7 @@ absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32, bo
     }
     s.bytes = a.dtype() == v1::DTYPE_UNSPECIFIED ? 0 : s.ref.nbytes();
     if (s.bytes < 0) return absl::InvalidArgumentError(absl::StrCat(name, ": negative shape"));
+    s.wire_bytes = s.bytes;
     s.offset = l.arrays_bytes;
     l.arrays_bytes += AlignUp(s.bytes);
     l.slots.push_back(std::move(s));
@@ -106,6 +214,7 @@ absl::StatusOr<Layout> ComputeLayout(const v1::Microbatch& m, bool ids_int32, bo
   for (const std::string& n : scalars) {
     if (!(st = add(std::string(kScalarPrefix) + n, m.scalars().at(n))).ok()) return st;
   }
+  RETURN_IF_ERROR(AddRaggedSlots(m, &l));
   if (IsReplay3d(m.replay_experts())) {
     l.rows = m.replay_experts().shape(0);
     l.layers = m.replay_experts().shape(1);
@@ -153,6 +262,9 @@ void CopyData(const ReceivedMicrobatch& m, const std::string& name, void* out) {
   m.CopyData(name, out);
 }
 
+void CopySlot(const v1::Microbatch& m, const Slot& s, void* out) { CopySlotOf(m, s, out); }
+void CopySlot(const ReceivedMicrobatch& m, const Slot& s, void* out) { CopySlotOf(m, s, out); }
+
 void AssignViews(const Layout& l, char* base, void* ids, bool ids_int32, BatchState* b) {
   for (const Slot& s : l.slots) {
     ArrayRef r = s.ref;
@@ -165,6 +277,10 @@ void AssignViews(const Layout& l, char* base, void* ids, bool ids_int32, BatchSt
     else if (s.name == "advantages") b->advantages = r;
     else if (s.name.rfind(kScalarPrefix, 0) == 0)
       b->scalars[s.name.substr(kScalarPrefix.size())] = r;
+    else if (absl::StartsWith(s.name, kRaggedValuesPrefix))
+      b->ragged_token_fields[s.name.substr(kRaggedValuesPrefix.size())].values = r;
+    else if (absl::StartsWith(s.name, kRaggedOffsetsPrefix))
+      b->ragged_token_fields[s.name.substr(kRaggedOffsetsPrefix.size())].offsets = r;
     else b->token_fields[s.name.substr(6)] = r;
   }
   if (!l.unpacked_ids) {
@@ -203,6 +319,10 @@ void ClearData(v1::Microbatch* m) {
   m->mutable_replay_experts()->clear_data();
   m->mutable_replay_mask()->clear_data();
   for (auto& [name, a] : *m->mutable_token_fields()) a.clear_data();
+  for (auto& [name, a] : *m->mutable_ragged_token_fields()) {
+    a.mutable_values()->clear_data();
+    a.mutable_offsets()->clear_data();
+  }
 }
 
 }  // namespace rollpack::trainer_internal

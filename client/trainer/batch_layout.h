@@ -29,10 +29,16 @@ inline int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 inline constexpr std::string_view kScalarPrefix = "scalar:";
 
 struct Slot {
-  std::string name;  // "tokens", ..., "field:<name>", "advantages", "scalar:<name>"
+  // "tokens", ..., "field:<name>", "advantages", "scalar:<name>",
+  // "ragged_values:<name>", "ragged_offsets:<name>" (client/cpp/ragged_field.h)
+  std::string name;
   ArrayRef ref;      // data = nullptr; shapes and dtype
   int64_t offset = 0;
   int64_t bytes = 0;
+  // What the message holds for it: `bytes`, but half as many for uint16
+  // ragged values, which are widened to int32 as they are copied (CopySlot).
+  int64_t wire_bytes = 0;
+  bool widen_uint16 = false;
 };
 
 // The order is fixed and computed from shapes alone, so the ranks of a TP
@@ -48,6 +54,9 @@ struct Layout {
   bool unpacked_ids = true;
 };
 
+// The ragged token fields' slots come last, values then offsets per field
+// in name order; their heads are checked here (ReadRaggedShape) and so are
+// their rows against those of tokens and the token fields.
 // With `replay_ids` false, no room for unpacked ids (ids_bytes 0, unpacked_ids
 // false): the caller writes targets itself (DeviceStreamOptions::replay_ids).
 // Per-sequence fields that do not fit the sequences are DATA_LOSS
@@ -62,10 +71,15 @@ bool IsSequenceSlot(const std::string& name);
 // and the per-sequence arrays): a TP follower copies them from the header.
 bool KeptInMeta(const std::string& name);
 
-// A message whose byte fields disagree with their shapes is refused before
-// anything is copied, whichever form it arrived in.
+// A message whose byte fields disagree with their shapes, or whose ragged
+// fields' offsets are not from 0, non-decreasing and ending at their
+// values' count, is refused (DATA_LOSS) before anything is copied,
+// whichever form it arrived in.
 absl::Status CheckBytes(const v1::Microbatch& m, const Layout& l);
 absl::Status CheckBytes(const ReceivedMicrobatch& m, const Layout& l);
+// Tokens, token fields and ragged token fields: the same bytes on every TP
+// rank of a (dp, cp, pp) group (TP-leader mode broadcasts them).
+bool SameOnEveryTpRank(const std::string& name);
 // The same for the slots KeptInMeta alone (a TP header has no other bytes).
 absl::Status CheckMetaBytes(const v1::Microbatch& m, const Layout& l);
 
@@ -73,6 +87,9 @@ absl::Status CheckMetaBytes(const v1::Microbatch& m, const Layout& l);
 // from gRPC's received slices, the one host copy of the payload).
 void CopyData(const v1::Microbatch& m, const std::string& name, void* out);
 void CopyData(const ReceivedMicrobatch& m, const std::string& name, void* out);
+// Copies slot `s` (its `bytes` at `out`), widening uint16 ragged values.
+void CopySlot(const v1::Microbatch& m, const Slot& s, void* out);
+void CopySlot(const ReceivedMicrobatch& m, const Slot& s, void* out);
 
 // Points the batch's views at `base` + slot offsets (base may be null: the
 // host path points them into the message afterwards) and the ids at `ids`.

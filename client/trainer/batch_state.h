@@ -33,7 +33,11 @@ struct BatchState {
   // DTYPE_UNSPECIFIED) when the step has no estimator.
   ArrayRef advantages;
   std::map<std::string, ArrayRef> scalars;
+  // Ragged token fields (layout.md section 13), by name.
+  std::map<std::string, RaggedArrayRef> ragged_token_fields;
   std::vector<int64_t> host_ids;  // host path: the unpacked ids live here
+  // Host path: uint16 ragged values widened to int32 live here, by field.
+  std::map<std::string, std::vector<int32_t>> host_ragged_values;
   std::function<void(void*)> release;
   void* consumer_stream = nullptr;
 };

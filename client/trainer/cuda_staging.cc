@@ -160,7 +160,7 @@ absl::Status CudaSource::StageArrays(const Message& m, const Layout& l, char* ba
     if (!slot.ok()) return slot.status();
     char* host = static_cast<char*>((*slot)->ptr);
     for (const Slot& s : l.slots) {
-      if (s.bytes > 0) CopyData(m, s.name, host + s.offset);
+      if (s.bytes > 0) CopySlot(m, s, host + s.offset);
     }
     RP_CUDA(cudaMemcpyAsync(base, host, l.arrays_bytes, cudaMemcpyHostToDevice, state_->copy));
     RP_CUDA(cudaEventRecord((*slot)->done, state_->copy));

@@ -23,5 +23,8 @@ const std::map<std::string, ArrayRef>& DeviceBatch::token_fields() const {
 }
 const ArrayRef& DeviceBatch::advantages() const { return state_->advantages; }
 const std::map<std::string, ArrayRef>& DeviceBatch::scalars() const { return state_->scalars; }
+const std::map<std::string, RaggedArrayRef>& DeviceBatch::ragged_token_fields() const {
+  return state_->ragged_token_fields;
+}
 
 }  // namespace rollpack

@@ -49,6 +49,12 @@ class DeviceBatch {
   // (both lists empty from a rollpackd older than them).
   const ArrayRef& advantages() const;
   const std::map<std::string, ArrayRef>& scalars() const;
+  // Ragged token fields (layout.md section 13), delivered with
+  // token_fields, on `device`: values INT32 [num_values] (uint16 ids
+  // widened), offsets INT64 [rows + 1] over the rows of tokens (padding rows
+  // have empty lists), from 0; checked (monotone, ending at num_values)
+  // before the batch was made.
+  const std::map<std::string, RaggedArrayRef>& ragged_token_fields() const;
 
  private:
   std::unique_ptr<trainer_internal::BatchState> state_;

@@ -1,8 +1,11 @@
 #include "client/trainer/device_stream.h"
 
+#include <cstdint>
 #include <optional>
 #include <utility>
+#include <vector>
 
+#include "client/cpp/ragged_field.h"
 #include "client/cpp/stream_resume.h"
 #include "client/cpp/trainer_stream.h"
 #include "client/trainer/batch_layout.h"
@@ -23,6 +26,8 @@ using trainer_internal::BatchSource;
 using trainer_internal::BatchState;
 using trainer_internal::CheckBytes;
 using trainer_internal::ComputeLayout;
+using trainer_internal::CopySlot;
+using trainer_internal::FindSlot;
 using trainer_internal::FromKernel;
 using trainer_internal::Layout;
 using trainer_internal::MakeUnpack;
@@ -74,6 +79,19 @@ class HostSource final : public BatchSource {
     // Only when present: mutable_advantages() would make an absent one set.
     if (b->meta.has_advantages()) point(&b->advantages, b->meta.mutable_advantages());
     for (auto& [name, ref] : b->scalars) point(&ref, &(*b->meta.mutable_scalars())[name]);
+    for (auto& [name, ragged] : b->ragged_token_fields) {
+      v1::RaggedArray& wire = (*b->meta.mutable_ragged_token_fields())[name];
+      point(&ragged.offsets, wire.mutable_offsets());
+      if (wire.values().dtype() == v1::INT32) {
+        point(&ragged.values, wire.mutable_values());
+      } else {  // uint16 ids, widened as on a device (DeviceBatch::ragged_token_fields)
+        const trainer_internal::Slot* slot = FindSlot(*l, RaggedValuesName(name));
+        std::vector<int32_t>& values = b->host_ragged_values[name];
+        values.resize(static_cast<size_t>(slot->bytes / 4));
+        CopySlot(b->meta, *slot, values.data());
+        ragged.values.data = values.data();
+      }
+    }
     if (l->ids_bytes > 0) {
       kernels::UnpackArgs a = MakeUnpack(*l, b->replay_experts, b->replay_mask, b->host_ids.data(),
                                          options_.ids_int32, options_.masked_fill_minus_one);

@@ -166,11 +166,12 @@ class TpLeaderSource final : public CudaSource {
     return meta;
   }
 
-  // Tokens and token fields (identical on every TP rank) are broadcast.
+  // Tokens, token fields and ragged token fields (identical on every TP
+  // rank) are broadcast.
   absl::Status BroadcastShared(const Layout& l, char* base) {
     for (const Slot& s : l.slots) {
       if (s.bytes == 0) continue;
-      if (s.name == "tokens" || s.name.rfind("field:", 0) == 0) {
+      if (SameOnEveryTpRank(s.name)) {
         RP_NCCL(nccl_->Broadcast(base + s.offset, base + s.offset, s.bytes, kNcclUint8, 0,
                                  comm_.comm, state_->copy));
       }

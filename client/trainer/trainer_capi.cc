@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
+#include "client/cpp/ragged_field.h"
 #include "client/cpp/stream_resume.h"
 #include "client/trainer/device_stream.h"
 #include "client/trainer/static_targets.h"
@@ -103,6 +104,14 @@ const ArrayRef* FindArray(const DeviceBatch& b, const std::string& n) {
   if (n == "replay_mask") return &b.replay_mask();
   if (n == "replay_ids") return &b.replay_ids();
   if (n == "advantages") return &b.advantages();
+  for (const bool values : {true, false}) {
+    const absl::string_view prefix =
+        values ? rollpack::kRaggedValuesPrefix : rollpack::kRaggedOffsetsPrefix;
+    if (n.rfind(prefix.data(), 0, prefix.size()) != 0) continue;
+    auto it = b.ragged_token_fields().find(n.substr(prefix.size()));
+    if (it == b.ragged_token_fields().end()) return nullptr;
+    return values ? &it->second.values : &it->second.offsets;
+  }
   const std::map<std::string, ArrayRef>* named = nullptr;
   size_t prefix = 0;
   if (n.rfind("field:", 0) == 0) {
@@ -370,6 +379,17 @@ const char* rpt_batch_scalar_name(void* batch, int i) {
   const auto& scalars = B(batch).scalars();
   if (i < 0 || i >= static_cast<int>(scalars.size())) return nullptr;
   auto it = scalars.begin();
+  std::advance(it, i);
+  return it->first.c_str();
+}
+
+int rpt_batch_num_ragged_fields(void* batch) {
+  return static_cast<int>(B(batch).ragged_token_fields().size());
+}
+const char* rpt_batch_ragged_field_name(void* batch, int i) {
+  const auto& fields = B(batch).ragged_token_fields();
+  if (i < 0 || i >= static_cast<int>(fields.size())) return nullptr;
+  auto it = fields.begin();
   std::advance(it, i);
   return it->first.c_str();
 }

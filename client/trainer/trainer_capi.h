@@ -32,7 +32,9 @@ extern "C" {
  *    (lifecycle.md section 6): rpt_batch_num_group_ids, rpt_batch_group_id,
  *    rpt_batch_policy_versions, rpt_batch_num_scalars, rpt_batch_scalar_name,
  *    rpt_batch_has_array and rpt_batch_dlpack's "advantages" and
- *    "scalar:<name>". */
+ *    "scalar:<name>"; the ragged token fields (layout.md section 13):
+ *    rpt_batch_num_ragged_fields, rpt_batch_ragged_field_name and
+ *    rpt_batch_dlpack's "ragged_values:<name>" and "ragged_offsets:<name>". */
 #define RPT_ABI_VERSION 3
 
 int rpt_abi_version(void);
@@ -175,8 +177,9 @@ int rpt_batch_num_fields(void* batch);
 const char* rpt_batch_field_name(void* batch, int i);
 /* A new DLManagedTensor* (keeps the batch's memory alive until its deleter
  * runs) for: tokens, cu_seqlens, cu_seqlens_padded, replay_experts,
- * replay_mask, replay_ids, field:<name>, advantages (float32 [S]) and
- * scalar:<name> (float64 [S]), on the batch's device. NULL for an unknown
+ * replay_mask, replay_ids, field:<name>, advantages (float32 [S]),
+ * scalar:<name> (float64 [S]), ragged_values:<name> and
+ * ragged_offsets:<name> (below), on the batch's device. NULL for an unknown
  * name. uint16 replay ids are exported as int16 (ids < 1024, same bits). An
  * absent array (replay_ids skipped, advantages of a step without an
  * estimator) comes as uint8 [0]: ask rpt_batch_has_array first. */
@@ -199,6 +202,16 @@ const char* rpt_batch_group_id(void* batch, int i);
 const int64_t* rpt_batch_policy_versions(void* batch);
 int rpt_batch_num_scalars(void* batch);
 const char* rpt_batch_scalar_name(void* batch, int i);
+/* Ragged token fields (layout.md section 13; docs/trainer.md), delivered
+ * with the token fields, in name order: rpt_batch_ragged_field_name(i) is
+ * NULL for i out of range. Each is two arrays on the batch's device:
+ * rpt_batch_dlpack "ragged_values:<name>" (int32 [num_values]: uint16 ids
+ * are widened to int32 when staged) and "ragged_offsets:<name>" (int64
+ * [rows + 1] over the rows of tokens, from 0; row r's list is
+ * values[offsets[r] : offsets[r + 1]], empty on padding rows). Both were
+ * checked when the batch was made. */
+int rpt_batch_num_ragged_fields(void* batch);
+const char* rpt_batch_ragged_field_name(void* batch, int i);
 /* Frees a DLManagedTensor nobody consumed. */
 void rpt_dlpack_free(void* managed);
 

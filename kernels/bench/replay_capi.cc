@@ -1,4 +1,5 @@
-// extern "C" shim over the CUDA kernels for the Python benchmark (ctypes).
+// extern "C" shim over the CUDA kernels for the Python benchmarks (ctypes:
+// bench/replay_bench.py, bench/masked_logprob_bench.py).
 // Not the production binding (that is pybind11/torch, to come): just raw
 // device pointers as integers, enums as ints, stream as void*. Each function
 // returns the StatusCode (0 = OK); rp_last_error() gives the message.
@@ -102,6 +103,47 @@ int rp_agreement_ids(const void* live, int live_type, int64_t live_row_stride,
   a.layers = layers;
   a.k = k;
   return Ret(cuda::AgreementFromIds(a, static_cast<AgreementStats*>(stats), stream));
+}
+
+// Masked log-probabilities (kernels/masked_logprob.h); lse is required here.
+static MaskedLogprobArgs MakeMasked(const void* logits, int logits_type, int64_t rows,
+                                    int64_t vocab, const void* values, int values_type,
+                                    int64_t num_values, const void* offsets, int offsets_type,
+                                    const void* targets, int targets_type) {
+  MaskedLogprobArgs a;
+  a.logits = logits;
+  a.logits_type = FloatType(logits_type);
+  a.rows = rows;
+  a.vocab = vocab;
+  a.values = values;
+  a.values_type = IndexType(values_type);
+  a.num_values = num_values;
+  a.offsets = offsets;
+  a.offsets_type = IndexType(offsets_type);
+  a.targets = targets;
+  a.targets_type = IndexType(targets_type);
+  return a;
+}
+
+int rp_masked_logprob_forward(const void* logits, int logits_type, int64_t rows, int64_t vocab,
+                              const void* values, int values_type, int64_t num_values,
+                              const void* offsets, int offsets_type, const void* targets,
+                              int targets_type, float* logprobs, float* lse, void* stream) {
+  return Ret(cuda::MaskedLogprobForward(
+      MakeMasked(logits, logits_type, rows, vocab, values, values_type, num_values, offsets,
+                 offsets_type, targets, targets_type),
+      logprobs, lse, stream));
+}
+
+int rp_masked_logprob_backward(const void* logits, int logits_type, int64_t rows, int64_t vocab,
+                               const void* values, int values_type, int64_t num_values,
+                               const void* offsets, int offsets_type, const void* targets,
+                               int targets_type, const float* lse, const float* grad_logprobs,
+                               const float* grad_lse, void* grad_logits, void* stream) {
+  return Ret(cuda::MaskedLogprobBackward(
+      MakeMasked(logits, logits_type, rows, vocab, values, values_type, num_values, offsets,
+                 offsets_type, targets, targets_type),
+      lse, grad_logprobs, grad_lse, grad_logits, stream));
 }
 
 }  // extern "C"

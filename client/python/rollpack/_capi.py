@@ -84,6 +84,8 @@ _SIGS = {
     "rpt_batch_policy_versions": (_c.POINTER(_L), [_P]),
     "rpt_batch_num_scalars": (_I, [_P]),
     "rpt_batch_scalar_name": (_c.c_char_p, [_P, _I]),
+    "rpt_batch_num_ragged_fields": (_I, [_P]),
+    "rpt_batch_ragged_field_name": (_c.c_char_p, [_P, _I]),
     "rpt_dlpack_free": (None, [_P]),
     "rpt_unpack": (_I, [_I, _P, _I, _P, _L, _L, _I, _P, _I, _I, _P]),
     "rpt_apply_forward": (_I, [_I, _P, _I, _P, _I, _L, _L, _I, _I, _I, _I, _F, _P, _P, _P, _P]),
@@ -101,8 +103,11 @@ _SIGS = {
 # micro-batches without group_ids, policy_versions, scalars, advantages).
 _SEQUENCE_INFO = ("rpt_batch_has_array", "rpt_batch_num_group_ids", "rpt_batch_group_id",
                   "rpt_batch_policy_versions", "rpt_batch_num_scalars", "rpt_batch_scalar_name")
+# Also added later: the ragged token fields (layout.md section 13); an older
+# library's micro-batches have none.
+_RAGGED = ("rpt_batch_num_ragged_fields", "rpt_batch_ragged_field_name")
 _OPTIONAL = {"rpt_last_resume_from", "rpt_unpack_static", "rpt_store_rows",
-             "rpt_stage_static"} | set(_SEQUENCE_INFO)
+             "rpt_stage_static"} | set(_SEQUENCE_INFO) | set(_RAGGED)
 
 
 def library_path():
@@ -336,6 +341,16 @@ def batch_policy_versions(b):
 def batch_scalar_names(b):
     lib = _lib()
     return [lib.rpt_batch_scalar_name(b, i).decode() for i in range(lib.rpt_batch_num_scalars(b))]
+
+
+def batch_ragged_fields(b):
+    """The names of the batch's ragged token fields, in name order ([] from
+    a library older than them)."""
+    lib = _lib()
+    if not all(hasattr(lib, n) for n in _RAGGED):
+        return []
+    return [lib.rpt_batch_ragged_field_name(b, i).decode()
+            for i in range(lib.rpt_batch_num_ragged_fields(b))]
 
 
 def batch_tensor(b, name, from_dlpack):

@@ -176,13 +176,19 @@ class Microbatch:
     scalars every sample of the step has) and ``advantages`` (float32 tensor
     [S] on the device, None when the step was created without an advantage
     estimator). From a rollpackd older than these fields, ``group_ids`` and
-    ``policy_versions`` are None and ``scalars`` is empty."""
+    ``policy_versions`` are None and ``scalars`` is empty.
+
+    ``ragged_token_fields`` (layout.md section 13; e.g. ``sampling_mask``,
+    the ids the engine's sampler kept at each position): dict name ->
+    RaggedTensors(values, offsets) on the client's device, delivered with
+    ``token_fields`` (the last pipeline stage, every stage with
+    all_fields); empty when the step has none."""
 
     __slots__ = ("step_id", "index", "num_microbatches", "local_cp_size", "local_cp_rank",
                  "max_seqlen", "workload", "sample_ids", "replay_layers", "tokens", "cu_seqlens",
                  "cu_seqlens_padded", "replay_experts", "replay_mask", "replay_indices",
-                 "token_fields", "group_ids", "policy_versions", "scalars", "advantages",
-                 "device")
+                 "token_fields", "ragged_token_fields", "group_ids", "policy_versions",
+                 "scalars", "advantages", "device")
 
     def __repr__(self):
         return ("Microbatch(step=%r, index=%d/%d, samples=%d, tokens=%s, replay=%s, device=%s)"
@@ -192,6 +198,26 @@ class Microbatch:
     def replay_targets(self):
         """List of per-layer [rows, K] tensors (views), in local layer order."""
         return list(self.replay_indices.unbind(0))
+
+
+class RaggedTensors(collections.namedtuple("RaggedTensors", "values offsets")):
+    """One ragged token field of a micro-batch (layout.md section 13), on the
+    client's device: ``values`` int32 [num_values] (ids; the wire's uint16 ids
+    are widened to int32 as they are staged) and ``offsets`` int64
+    [rows + 1], over the rows of ``tokens``: row r's list is
+    ``values[offsets[r]:offsets[r + 1]]`` (empty on padding and prompt rows),
+    ``offsets[0] == 0`` and ``offsets[-1] == len(values)``, checked on
+    receipt. Unpacks as ``values, offsets = mb.ragged_token_fields[name]``."""
+
+    __slots__ = ()
+
+    @property
+    def rows(self):
+        return int(self.offsets.numel()) - 1
+
+    def lengths(self):
+        """int64 [rows]: the length of each row's list."""
+        return self.offsets[1:] - self.offsets[:-1]
 
 
 def _from_batch(b, device, replay_ids=True):
@@ -214,6 +240,9 @@ def _from_batch(b, device, replay_ids=True):
     mb.replay_mask = t("replay_mask")
     mb.replay_indices = t("replay_ids") if replay_ids else None
     mb.token_fields = {n: t("field:" + n) for n in _capi.batch_fields(b)}
+    mb.ragged_token_fields = {
+        n: RaggedTensors(t("ragged_values:" + n), t("ragged_offsets:" + n))
+        for n in _capi.batch_ragged_fields(b)}
     mb.group_ids, mb.policy_versions, mb.scalars, mb.advantages = None, None, {}, None
     if _capi.has_sequence_info():  # else a library older than them
         mb.group_ids = _capi.batch_group_ids(b)

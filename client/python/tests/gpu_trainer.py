@@ -4,7 +4,9 @@
   TrainerClient on cpu (CPU reference) for every rank of a cp=2 tp=2 pp=2
   step, uint8 and uint16 ids, int64 and int32, with and without -1 fill,
   the per-sequence metadata included (the steps are GRPO steps: groups of
-  4, a reward each, advantages on the device; lifecycle.md section 6);
+  4, a reward each, advantages on the device; lifecycle.md section 6), and a
+  ragged "sampling_mask" (layout.md section 13; int32 on the wire for the
+  pool without a vocab_size, uint16 for the one with, int32 on the device);
 - apply_replay (forward, backward) and routing_agreement on CUDA equal the
   CPU reference path;
 - TP-leader mode (needs 2 GPUs): two processes, one per GPU, each TP group
@@ -38,12 +40,21 @@ META = ("index", "num_microbatches", "local_cp_size", "local_cp_rank", "max_seql
         "sample_ids", "replay_layers")
 
 
+def sampling_mask(rng, n):
+    """(values, offsets): 0..12 kept ids in [0, 50000) per token."""
+    counts = rng.integers(0, 13, n)
+    offsets = np.zeros(n + 1, np.int64)
+    offsets[1:] = np.cumsum(counts)
+    return rng.integers(0, 50000, int(offsets[-1])).astype(np.int32), offsets
+
+
 def setup_steps(address):
     import grpc
     ch = grpc.insecure_channel(address)
     sched = scheduler_pb2_grpc.SchedulerStub(ch)
-    for pool, e, k in (("u8", 64, 6), ("u16", 300, 8)):
-        spec = rollpack.ModelSpec("m", num_layers=6, moe_layers=[1, 2, 4, 5], num_experts=e, topk=k)
+    for pool, e, k, vocab in (("u8", 64, 6, 0), ("u16", 300, 8, 50000)):
+        spec = rollpack.ModelSpec("m", num_layers=6, moe_layers=[1, 2, 4, 5], num_experts=e, topk=k,
+                                  vocab_size=vocab)
         rng = np.random.default_rng(len(pool) + e)
         samples = make_samples(rng, 24, 6, [1, 2, 4, 5], e, k, max_len=900)
         # Groups of 4 with a reward each: the step sends group ids, versions,
@@ -51,7 +62,9 @@ def setup_steps(address):
         samples = [rollpack.Sample(s.sample_id, s.tokens, s.routed_experts, s.row_offset,
                                    token_fields=s.token_fields, group_id="g%d" % (i // 4),
                                    group_size=4, policy_version=i % 3,
-                                   scalars={"reward": float(rng.integers(0, 3))})
+                                   scalars={"reward": float(rng.integers(0, 3))},
+                                   ragged_token_fields={"sampling_mask": sampling_mask(
+                                       rng, len(s.tokens))})
                    for i, s in enumerate(samples)]
         with rollpack.Producer(address, pool) as p:
             p.register_model(spec)
@@ -70,6 +83,14 @@ def assert_same(test_eq, a, b, what):
         test_eq(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.cpu(), y.cpu()),
                 "%s: %s differs" % (what, n))
     test_eq(sorted(a.token_fields) == sorted(b.token_fields), what + ": fields")
+    test_eq(sorted(a.ragged_token_fields) == sorted(b.ragged_token_fields) ==
+            (["sampling_mask"] if a.token_fields else []), what + ": ragged fields")
+    for n, (values, offsets) in a.ragged_token_fields.items():
+        other = b.ragged_token_fields[n]
+        test_eq(values.device == offsets.device == a.cu_seqlens.device and
+                values.dtype == torch.int32 and offsets.dtype == torch.int64 and
+                torch.equal(values.cpu(), other.values.cpu()) and
+                torch.equal(offsets.cpu(), other.offsets.cpu()), what + ": ragged " + n)
     for n in a.token_fields:
         test_eq(torch.equal(a.token_fields[n].cpu(), b.token_fields[n].cpu()), what + ": " + n)
     test_eq(a.group_ids == b.group_ids and len(a.group_ids) == len(a.sample_ids),
