@@ -7,6 +7,7 @@ Debian's /usr/bin/python3, stdlib + numpy only.
     /usr/bin/python3 testing/standin_engine.py --engine vllm|sglang --port 0 \
         --num-layers L --topk K --num-experts E [--dense-layers 0,1] [--routing-dtype D] \
         [--no-routing] [--ignore-start] [--api-key KEY] [--delay-ms N] [--max-tokens-default N]
+        [--return-sampling-mask]
 
 The first stdout line is `PORT <n>` (the bound port; --port 0 picks one), flushed.
 
@@ -31,6 +32,15 @@ The model and its outputs (V = --vocab-size, E, L, K as given; all integers):
   SGLang input-token logprob at prompt position p >= 1: -(((prompt[p] + p) mod 64) + 1) / 64;
                        position 0: null.
   token text         = "<" + id + ">" (generated text is the concatenation).
+  sampling mask of generated token j of choice i (the ids the sampler kept), m = 1 + ((g + j)
+                       mod 4) ids: sorted({(g + 61 * r) mod V for r in 0..m-1}) (g is in it);
+                       its sampling logprob -(m - 1) / 8. vLLM: choices[i].sampling_mask (one
+                       list per generated token; a stream's event: its token's list) on every
+                       choice of a server started with --return-sampling-mask (null when the
+                       routing is dropped). SGLang: with the request's return_sampling_mask
+                       (400 with stream, or without top_k > 0, top_p < 1 or min_p > 0),
+                       meta_info.output_token_sampling_mask, output_token_sampling_logprobs
+                       and output_token_sampling_mask_length on /generate and chat.
   routing of absolute token position p (tokens = prompt + generated), layer l, slot k:
                        MoE layer:   (7 * p + 3 * l + 11 * tokens[p] + k) mod E
                                     (K distinct values since K <= E)
@@ -118,6 +128,7 @@ class Model:
         self.dense = sorted(set(args.dense_layers))
         self.routing = not args.no_routing
         self.ignore_start = args.ignore_start
+        self.sampling_mask = args.return_sampling_mask
         self.max_tokens_default = args.max_tokens_default
         self.max_model_len = args.max_model_len
         self.explicit_dtype = args.routing_dtype is not None
@@ -227,6 +238,14 @@ class Choice:
 
     def text(self, upto: Optional[int] = None) -> str:
         return "".join(token_text(t) for t in self.gen[:upto])
+
+    def kept(self, j: int) -> List[int]:
+        """The sampling mask of generated token j: the ids the sampler kept."""
+        g, v = self.gen[j], self.model.vocab
+        return sorted({(g + 61 * r) % v for r in range(1 + (g + j) % 4)})
+
+    def kept_lists(self, lo: int = 0, hi: Optional[int] = None) -> List[List[int]]:
+        return [self.kept(j) for j in range(lo, len(self.gen) if hi is None else hi)]
 
 
 # -- request parsing helpers ----------------------------------------------------------------
@@ -373,6 +392,13 @@ class Vllm:
             return payload[:8] + "*" + payload[9:]
         return payload
 
+    def with_mask(self, choice: Dict[str, Any], c: Choice, ctx: "Ctx", lo: int = 0,
+                  hi: Optional[int] = None) -> Dict[str, Any]:
+        """`choice` with its sampling_mask, written by a --return-sampling-mask server only."""
+        if self.m.sampling_mask:
+            choice["sampling_mask"] = None if ctx.drop_routing else c.kept_lists(lo, hi)
+        return choice
+
     def check_model(self, req: Dict[str, Any]) -> None:
         name = req.get("model")
         if name is not None and name != self.m.name:
@@ -411,7 +437,7 @@ class Vllm:
             return self.completion_stream(req, rid, choices, top, want_ids, usage)
         out = []
         for k, c in enumerate(choices):
-            out.append({
+            out.append(self.with_mask({
                 "index": k,
                 "text": c.text(),
                 "logprobs": None if top is None else self.completion_logprobs(c, top),
@@ -421,7 +447,7 @@ class Vllm:
                 "prompt_logprobs": None,
                 "prompt_token_ids": list(c.prompt) if want_ids else None,
                 "routed_experts": self.routed(c, ctx),
-            })
+            }, c, ctx))
         return {"id": rid, "object": "text_completion", "created": CREATED, "model": self.m.name,
                 "choices": out, "service_tier": None, "system_fingerprint": None, "usage": usage,
                 "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
@@ -482,7 +508,7 @@ class Vllm:
             return self.chat_stream(req, rid, prompt, choices, want_lp, top, want_ids, usage)
         out = []
         for k, c in enumerate(choices):
-            out.append({
+            out.append(self.with_mask({
                 "index": k,
                 "message": {"role": "assistant", "content": c.text(), "refusal": None,
                             "annotations": None, "audio": None, "function_call": None,
@@ -492,7 +518,7 @@ class Vllm:
                 "stop_reason": None,
                 "token_ids": list(c.gen) if want_ids else None,
                 "routed_experts": self.routed(c, ctx),
-            })
+            }, c, ctx))
         return {"id": rid, "object": "chat.completion", "created": CREATED, "model": self.m.name,
                 "choices": out, "service_tier": None, "system_fingerprint": None, "usage": usage,
                 "prompt_logprobs": None, "prompt_token_ids": list(prompt) if want_ids else None,
@@ -557,22 +583,22 @@ class Vllm:
             for j in range(count):
                 for k, c in enumerate(choices):
                     last = j == count - 1
-                    events.append({"request_id": rid, "choices": [{
+                    events.append({"request_id": rid, "choices": [self.with_mask({
                         "index": k,
                         "logprobs": (None if top is None
                                      else self.tokens_logprobs(c, top, j, j + 1)),
                         "finish_reason": "length" if last else None,
                         "token_ids": [c.gen[j]],
                         "routed_experts": self.routed(c, ctx) if last else None,
-                    }], "usage": None})
+                    }, c, ctx, j, j + 1)], "usage": None})
             if include_usage(req):
                 events.append({"request_id": rid, "choices": [], "usage": without_nulls(usage)})
             return Stream(events, done=True)
-        out = [{"index": k,
-                "logprobs": None if top is None else self.tokens_logprobs(c, top),
-                "finish_reason": "length",
-                "token_ids": list(c.gen),
-                "routed_experts": self.routed(c, ctx)}
+        out = [self.with_mask({"index": k,
+                               "logprobs": None if top is None else self.tokens_logprobs(c, top),
+                               "finish_reason": "length",
+                               "token_ids": list(c.gen),
+                               "routed_experts": self.routed(c, ctx)}, c, ctx)
                for k, c in enumerate(choices)]
         return {"request_id": rid, "model": self.m.name, "created": CREATED, "choices": out,
                 "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None,
@@ -624,7 +650,7 @@ class Sglang:
     def meta_info(self, c: Choice, item_id: str, *, upto: Optional[int] = None,
                   logprob: bool = False, logprob_start: int = -1, top: int = 0,
                   text_in_logprobs: bool = False, routed: bool = False,
-                  drop_routing: bool = False) -> Dict[str, Any]:
+                  drop_routing: bool = False, sampling_mask: bool = False) -> Dict[str, Any]:
         """One item's meta_info, in the key order of TokenizerManager; `upto` (streaming) cuts
         the generated tokens, routing and e2e_latency only on the finished item."""
         g = len(c.gen) if upto is None else upto
@@ -649,6 +675,11 @@ class Sglang:
                 meta["input_top_logprobs"] = [None for _ in range(start, len(c.prompt))]
                 meta["output_top_logprobs"] = [[[lp, t, text(t)] for t, lp in c.alternates(j, top)]
                                                for j in range(g)]
+        if sampling_mask:
+            kept = c.kept_lists(0, g)
+            meta["output_token_sampling_mask"] = kept
+            meta["output_token_sampling_logprobs"] = [-(len(k) - 1) / 8 for k in kept]
+            meta["output_token_sampling_mask_length"] = g
         meta["reasoning_tokens"] = 0
         meta["completion_tokens"] = g
         meta["cached_tokens"] = 0
@@ -666,6 +697,22 @@ class Sglang:
         g = sum(len(c.gen) for c in choices)
         return {"prompt_tokens": p, "total_tokens": p + g, "completion_tokens": g,
                 "prompt_tokens_details": None, "reasoning_tokens": 0}
+
+    @staticmethod
+    def wants_mask(req: Dict[str, Any], params: List[Dict[str, Any]]) -> bool:
+        """The request's return_sampling_mask, refused as SGLang refuses it."""
+        if not req.get("return_sampling_mask"):
+            return False
+        if req.get("stream"):
+            raise BadRequest("return_sampling_mask is not supported with streaming.")
+        for p in params:
+            top_k, top_p = p.get("top_k"), p.get("top_p")
+            if not ((top_k is not None and top_k > 0) or (top_p is not None and top_p < 1)
+                    or (p.get("min_p") or 0) > 0):
+                raise BadRequest("return_sampling_mask needs top_k > 0, top_p < 1 or min_p > 0: "
+                                 "top_p-only sampling is valid but can return huge masks in the "
+                                 "tail")
+        return True
 
     def start_len(self, req: Dict[str, Any], prompts: List[List[int]]) -> int:
         s = as_int(req.get("routed_experts_start_len"), "routed_experts_start_len", 0)
@@ -723,7 +770,7 @@ class Sglang:
                     top=as_int(req.get("top_logprobs_num"), "top_logprobs_num", 0),
                     text_in_logprobs=bool(req.get("return_text_in_logprobs")),
                     routed=bool(req.get("return_routed_experts")),
-                    drop_routing=ctx.drop_routing)
+                    drop_routing=ctx.drop_routing, sampling_mask=self.wants_mask(req, sps))
         many = not single or n > 1
         if req.get("stream"):
             events = []
@@ -761,7 +808,8 @@ class Sglang:
         choices = [Choice(self.m, prompt, i, count, start) for i in range(n)]
         ids_out = self.item_ids("chatcmpl-" + ctx.hash, req.get("rid"), n)
         opts = dict(logprob=want_lp, top=top, text_in_logprobs=True, routed=want_routed,
-                    drop_routing=ctx.drop_routing)
+                    drop_routing=ctx.drop_routing,
+                    sampling_mask=want_meta and self.wants_mask(req, [req]))
         metas = [self.meta_info(c, ids_out[k], **opts) for k, c in enumerate(choices)]
         model_name = req.get("model") or "default"
         usage = self.usage(choices, n)
@@ -1157,6 +1205,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="sleep before answering each generation request")
     ap.add_argument("--stream-interval-ms", type=float, default=0.0,
                     help="sleep between the events of a stream")
+    ap.add_argument("--return-sampling-mask", action="store_true",
+                    help="vLLM: every choice carries its sampling mask (vLLM's engine flag)")
     ap.add_argument("--max-tokens-default", type=int, default=16)
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--vocab-size", type=int, default=32000)

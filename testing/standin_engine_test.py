@@ -630,5 +630,79 @@ class SglangVariantsTest(unittest.TestCase):
             s.close()
 
 
+def kept(g, j):
+    """The stand-in's sampling mask of generated token j (id g), recomputed."""
+    return sorted({(g + 61 * r) % VOCAB for r in range(1 + (g + j) % 4)})
+
+
+class SamplingMaskTest(unittest.TestCase):
+    """vLLM's choices[i].sampling_mask (engine flag) and SGLang's
+    meta_info.output_token_sampling_mask (request flag)."""
+
+    def test_vllm_every_choice_with_the_flag_only(self):
+        s = Standin("--engine", "vllm", "--return-sampling-mask")
+        try:
+            prompt = [5, 6, 7]
+            gen = gen_tokens(prompt, 0, 3)
+            want = [kept(g, j) for j, g in enumerate(gen)]
+            for path, body in (
+                    ("/inference/v1/generate",
+                     {"token_ids": prompt, "sampling_params": {"max_tokens": 3, "top_k": 4}}),
+                    ("/v1/completions", {"prompt": prompt, "max_tokens": 3})):
+                st, out = s.post(path, body)
+                self.assertEqual(st, 200, out)
+                self.assertEqual(out["choices"][0]["sampling_mask"], want, path)
+                for g, lst in zip(gen, want):
+                    self.assertIn(g, lst)
+            st, out = s.post("/inference/v1/generate", {
+                "token_ids": prompt, "standin_drop_routing": True,
+                "sampling_params": {"max_tokens": 3}})
+            self.assertIsNone(out["choices"][0]["sampling_mask"])
+            events = s.events("/inference/v1/generate", {
+                "token_ids": prompt, "stream": True, "sampling_params": {"max_tokens": 3}})
+            self.assertEqual([e["choices"][0]["sampling_mask"] for e in events],
+                             [[w] for w in want])
+        finally:
+            s.close()
+        s = Standin("--engine", "vllm")
+        try:
+            st, out = s.post("/inference/v1/generate",
+                             {"token_ids": [1], "sampling_params": {"max_tokens": 2}})
+            self.assertNotIn("sampling_mask", out["choices"][0])
+        finally:
+            s.close()
+
+    def test_sglang_when_the_request_asks(self):
+        s = Standin("--engine", "sglang")
+        try:
+            prompt = [5, 6, 7]
+            gen = gen_tokens(prompt, 0, 2)
+            want = [kept(g, j) for j, g in enumerate(gen)]
+            sp = {"max_new_tokens": 2, "top_k": 8}
+            st, out = s.post("/generate", {"input_ids": prompt, "sampling_params": sp,
+                                           "return_sampling_mask": True})
+            self.assertEqual(st, 200, out)
+            meta = out["meta_info"]
+            self.assertEqual(meta["output_token_sampling_mask"], want)
+            self.assertEqual(meta["output_token_sampling_mask_length"], 2)
+            self.assertEqual(len(meta["output_token_sampling_logprobs"]), 2)
+            st, out = s.post("/generate", {"input_ids": prompt, "sampling_params": sp})
+            self.assertNotIn("output_token_sampling_mask", out["meta_info"])
+            st, out = s.post("/v1/chat/completions", {
+                "messages": [], "input_ids": prompt, "max_tokens": 2, "top_p": 0.9,
+                "return_sampling_mask": True, "return_meta_info": True})
+            self.assertEqual(st, 200, out)
+            self.assertEqual(out["choices"][0]["meta_info"]["output_token_sampling_mask"], want)
+            st, out = s.post("/generate", {"input_ids": prompt, "return_sampling_mask": True,
+                                           "sampling_params": {"max_new_tokens": 2}})
+            self.assertEqual(st, 400)
+            self.assertIn("huge masks", json.dumps(out))
+            st, _ = s.post("/generate", {"input_ids": prompt, "return_sampling_mask": True,
+                                         "stream": True, "sampling_params": sp})
+            self.assertEqual(st, 400)
+        finally:
+            s.close()
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

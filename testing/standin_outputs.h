@@ -5,6 +5,7 @@
 #define ROLLPACK_TESTING_STANDIN_OUTPUTS_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,6 +97,39 @@ inline v1::Sample StandinChoiceSample(const std::string& id, const std::vector<i
   std::vector<float> logprobs(prompt.size(), 0.0f);
   logprobs.insert(logprobs.end(), generated_logprobs.begin(), generated_logprobs.end());
   return StandinSample(id, tokens, loss_mask, logprobs, model);
+}
+
+// The stand-in's sampling mask of generated token j (id g): the ids its
+// sampler "kept", 1 + ((g + j) mod 4) of them, ascending.
+inline std::vector<int32_t> StandinKept(int32_t g, int j, const StandinModel& model = {}) {
+  std::set<int32_t> kept;
+  for (int r = 0; r <= (g + j) % 4; ++r) kept.insert((g + 61 * r) % model.vocab);
+  return std::vector<int32_t>(kept.begin(), kept.end());
+}
+
+// The ragged field sampling_mask of a sample whose tokens are `prompt_tokens`
+// without a list, then `generated` with the stand-in's lists (values int32,
+// offsets int64 [n + 1], as the capture port stores them).
+inline v1::RaggedArray StandinSamplingMask(size_t prompt_tokens,
+                                           const std::vector<int32_t>& generated,
+                                           const StandinModel& model = {}) {
+  std::vector<int32_t> values;
+  std::vector<int64_t> offsets(prompt_tokens + 1, 0);
+  for (size_t j = 0; j < generated.size(); ++j) {
+    const std::vector<int32_t> kept = StandinKept(generated[j], static_cast<int>(j), model);
+    values.insert(values.end(), kept.begin(), kept.end());
+    offsets.push_back(static_cast<int64_t>(values.size()));
+  }
+  v1::RaggedArray field;
+  field.mutable_values()->set_dtype(v1::INT32);
+  field.mutable_values()->add_shape(static_cast<int64_t>(values.size()));
+  field.mutable_values()->set_data(
+      std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  field.mutable_offsets()->set_dtype(v1::INT64);
+  field.mutable_offsets()->add_shape(static_cast<int64_t>(offsets.size()));
+  field.mutable_offsets()->set_data(
+      std::string(reinterpret_cast<const char*>(offsets.data()), offsets.size() * 8));
+  return field;
 }
 
 }  // namespace rollpack

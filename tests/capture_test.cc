@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -135,7 +136,9 @@ class CaptureTest : public ::testing::Test {
   // Takes `expected` out of the pool in one step and checks every byte a
   // trainer rank gets against the reference layout of the samples as a
   // producer would have put them.
-  void ExpectStored(const std::vector<v1::Sample>& expected) {
+  // `fetched`, when given, receives the micro-batches.
+  void ExpectStored(const std::vector<v1::Sample>& expected,
+                    std::vector<v1::Microbatch>* fetched = nullptr) {
     v1::CreateStepRequest create;
     create.set_step_id(absl::StrCat("verify-", ++steps_));
     create.set_pool("rollouts");
@@ -162,6 +165,7 @@ class CaptureTest : public ::testing::Test {
           CheckMicrobatch(mb, *want, plan->topology(), v1::RankCoords(), Model(), true);
       EXPECT_TRUE(check.ok()) << check;
     }
+    if (fetched != nullptr) *fetched = *std::move(mbs);
   }
 
   std::string dir_;
@@ -458,7 +462,8 @@ TEST_F(CaptureTest, ASessionTurnThatRewroteHistoryOrOverlapsAnotherIsNotStored) 
 
 // The whole raw HTTP/1.1 exchange of `request` (sent with Connection:
 // close) on `port`: headers, chunks and trailers as they came.
-std::string RawExchange(int port, const std::string& path, const std::string& body) {
+std::string RawExchange(int port, const std::string& path, const std::string& body,
+                        const std::string& header_line = "") {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
@@ -470,6 +475,7 @@ std::string RawExchange(int port, const std::string& path, const std::string& bo
   }
   const std::string request =
       absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                   header_line.empty() ? "" : header_line + "\r\n",
                    "Content-Type: application/json\r\nContent-Length: ", body.size(),
                    "\r\n\r\n", body);
   (void)!write(fd, request.data(), request.size());
@@ -667,6 +673,143 @@ TEST_F(CaptureTest, AFullStoreOrAnOversizedAnswerLeavesTheResponseAndThePoolAsTh
   EXPECT_THAT(metrics->body, HasSubstr(absl::StrCat("rollpack_capture_samples_total ", stored)));
   EXPECT_THAT(metrics->body, HasSubstr("rollpack_capture_overhead_seconds_count"));
   EXPECT_THAT(metrics->body, HasSubstr("rollpack_capture_stripped_bytes_total"));
+}
+
+// A ragged field's lists as int64 values and offsets, whatever its dtypes.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> Lists(const v1::RaggedArray& field) {
+  auto decode = [](const v1::NDArray& a) {
+    std::vector<int64_t> out;
+    const std::string& d = a.data();
+    const size_t width = a.dtype() == v1::UINT16 ? 2 : a.dtype() == v1::INT64 ? 8 : 4;
+    for (size_t i = 0; i + width <= d.size(); i += width) {
+      int64_t v = 0;
+      if (width == 2) {
+        uint16_t x;
+        std::memcpy(&x, d.data() + i, 2);
+        v = x;
+      } else if (width == 4) {
+        int32_t x;
+        std::memcpy(&x, d.data() + i, 4);
+        v = x;
+      } else {
+        std::memcpy(&v, d.data() + i, 8);
+      }
+      out.push_back(v);
+    }
+    return out;
+  };
+  return {decode(field.values()), decode(field.offsets())};
+}
+
+// The one sample of a step's single micro-batch carries `expected` as its
+// sampling_mask: its rows' lists come first (padding rows after: empty).
+void ExpectDeliveredMask(const std::vector<v1::Microbatch>& mbs, const v1::RaggedArray& expected) {
+  ASSERT_EQ(mbs.size(), 1u);
+  ASSERT_EQ(mbs[0].ragged_token_fields().count("sampling_mask"), 1u)
+      << "the micro-batch has no sampling_mask";
+  const auto [values, offsets] = Lists(mbs[0].ragged_token_fields().at("sampling_mask"));
+  const auto [want_values, want_offsets] = Lists(expected);
+  ASSERT_GE(offsets.size(), want_offsets.size());
+  EXPECT_EQ(std::vector<int64_t>(offsets.begin(), offsets.begin() + want_offsets.size()),
+            want_offsets);
+  ASSERT_GE(values.size(), want_values.size());
+  EXPECT_EQ(std::vector<int64_t>(values.begin(), values.begin() + want_values.size()),
+            want_values);
+  EXPECT_EQ(offsets.back(), static_cast<int64_t>(want_values.size())) << "padding rows: empty";
+}
+
+TEST_F(CaptureTest, AVllmSamplingMaskIsStoredAsTheRaggedFieldAndLeftInTheAnswer) {
+  Start("vllm", {"--return-sampling-mask"});
+  const std::vector<int32_t> prompt = {5, 6, 7, 8};
+  const std::string request = R"({"model": "standin-moe", "token_ids": [5, 6, 7, 8],
+      "sampling_params": {"max_tokens": 5, "top_k": 4}})";
+  httplib::Result direct = PostToEngine("/inference/v1/generate", request);
+  httplib::Result captured = Post("/inference/v1/generate", request,
+                                  {{"X-Rollpack-Sample-Id", "masked-1"}});
+  ASSERT_TRUE(direct && captured);
+  ASSERT_EQ(captured->status, 200) << captured->body;
+  EXPECT_EQ(captured->get_header_value("X-Rollpack-Capture"), "stored");
+  // The mask stays in the answer (no field of rollpackd's asked for it).
+  EXPECT_THAT(captured->body, HasSubstr("\"sampling_mask\":[["));
+  EXPECT_EQ(Canonical(captured->body), Canonical(direct->body, kVllmRouting));
+
+  v1::Sample expected = StandinChoiceSample("masked-1", prompt, 0, 5);
+  const std::vector<int32_t> generated = StandinGenerated(prompt, 0, 5).first;
+  (*expected.mutable_ragged_token_fields())["sampling_mask"] =
+      StandinSamplingMask(prompt.size(), generated);
+  std::vector<v1::Microbatch> mbs;
+  ExpectStored({expected}, &mbs);
+  ExpectDeliveredMask(mbs, expected.ragged_token_fields().at("sampling_mask"));
+}
+
+TEST_F(CaptureTest, AnSglangSamplingMaskTheRequestAskedForIsStoredSessionPiecesAppendingIt) {
+  Start("sglang");
+  // Turn 1, then turn 2 with a tool result: the sample's lists are empty on
+  // every prompt token and the engine's on every generated one.
+  std::vector<int32_t> prompt = {10, 11, 12};
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> loss_mask;
+  std::vector<float> logprobs;
+  std::vector<int64_t> offsets = {0};
+  std::vector<int32_t> values;
+  const int max_new[] = {3, 2};
+  for (int turn = 0; turn < 2; ++turn) {
+    if (turn == 1) prompt.push_back(77);
+    const std::string request = absl::StrCat(
+        R"({"input_ids": [)", absl::StrJoin(prompt, ","), R"(], "return_sampling_mask": true,)",
+        R"( "sampling_params": {"top_k": 8, "max_new_tokens": )", max_new[turn], "}}");
+    httplib::Headers headers = {{"X-Rollpack-Session", "masked-agent"}};
+    if (turn == 1) headers.emplace("X-Rollpack-Final", "true");
+    httplib::Result r = Post("/generate", request, headers);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->get_header_value("X-Rollpack-Capture"), "stored") << "turn " << turn;
+    EXPECT_THAT(r->body, HasSubstr("output_token_sampling_mask"));
+    EXPECT_EQ(Canonical(r->body), Canonical(PostToEngine("/generate", request)->body));
+
+    auto [generated, generated_logprobs] = StandinGenerated(prompt, 0, max_new[turn]);
+    offsets.resize(prompt.size() + 1, offsets.back());
+    for (size_t j = 0; j < generated.size(); ++j) {
+      const std::vector<int32_t> kept = StandinKept(generated[j], static_cast<int>(j));
+      values.insert(values.end(), kept.begin(), kept.end());
+      offsets.push_back(static_cast<int64_t>(values.size()));
+    }
+    loss_mask.resize(prompt.size(), 0);
+    logprobs.resize(prompt.size(), 0.0f);
+    tokens = prompt;
+    tokens.insert(tokens.end(), generated.begin(), generated.end());
+    loss_mask.insert(loss_mask.end(), generated.size(), 1);
+    logprobs.insert(logprobs.end(), generated_logprobs.begin(), generated_logprobs.end());
+    prompt = tokens;
+  }
+  v1::Sample expected = StandinSample("masked-agent", tokens, loss_mask, logprobs, kSglangModel);
+  v1::RaggedArray& mask = (*expected.mutable_ragged_token_fields())["sampling_mask"];
+  mask.mutable_values()->set_dtype(v1::INT32);
+  mask.mutable_values()->add_shape(static_cast<int64_t>(values.size()));
+  mask.mutable_values()->set_data(
+      std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  mask.mutable_offsets()->set_dtype(v1::INT64);
+  mask.mutable_offsets()->add_shape(static_cast<int64_t>(offsets.size()));
+  mask.mutable_offsets()->set_data(
+      std::string(reinterpret_cast<const char*>(offsets.data()), offsets.size() * 8));
+  std::vector<v1::Microbatch> mbs;
+  ExpectStored({expected}, &mbs);
+  ExpectDeliveredMask(mbs, mask);
+}
+
+TEST_F(CaptureTest, AStreamedVllmSamplingMaskIsGatheredFromItsEvents) {
+  Start("vllm", {"--return-sampling-mask"});
+  const std::string request = R"({"model": "standin-moe", "token_ids": [9, 8, 7],
+      "sampling_params": {"max_tokens": 4, "top_k": 4}, "stream": true})";
+  const std::string captured = Dechunk(
+      RawExchange(capture_port_, "/inference/v1/generate", request, "X-Rollpack-Sample-Id: s"));
+  EXPECT_THAT(captured, HasSubstr("\"sampling_mask\":[["));
+  v1::Sample expected = StandinChoiceSample("s", {9, 8, 7}, 0, 4);
+  (*expected.mutable_ragged_token_fields())["sampling_mask"] =
+      StandinSamplingMask(3, StandinGenerated({9, 8, 7}, 0, 4).first);
+  std::vector<v1::Microbatch> mbs;
+  ExpectStored({expected}, &mbs);
+  ExpectDeliveredMask(mbs, expected.ragged_token_fields().at("sampling_mask"));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "server/capture/base64.h"
 #include "server/capture/npy_header.h"
 #include "server/capture/routing_rows.h"
+#include "server/capture/sampling_mask_json.h"
 #include "server/capture/sglang_routing.h"
 
 namespace rollpack {
@@ -52,6 +53,30 @@ absl::StatusOr<std::pair<v1::NDArray, int64_t>> Routing(Engine engine,
   return std::make_pair(std::move(array), placed.row_offset);
 }
 
+// The sampling mask's lists of tokens [from, total) of a choice of `prompt`
+// prompt tokens: prompt tokens get empty lists (the sampler chose none of
+// them), generated token j its list j.
+v1::RaggedArray SamplingMaskField(const SamplingMaskLists& mask, int64_t prompt, int64_t from,
+                                  int64_t total) {
+  const int64_t first = std::max<int64_t>(from - prompt, 0);
+  const int64_t begin = mask.offsets[first];
+  const int64_t end = mask.offsets.back();
+  std::vector<int64_t> offsets;
+  offsets.reserve(total - from + 1);
+  offsets.push_back(0);
+  for (int64_t i = from; i < total; ++i) {
+    offsets.push_back(i < prompt ? offsets.back() : mask.offsets[i - prompt + 1] - begin);
+  }
+  v1::RaggedArray field;
+  v1::NDArray& values = *field.mutable_values();
+  values.set_dtype(v1::INT32);
+  values.add_shape(end - begin);
+  values.mutable_data()->assign(reinterpret_cast<const char*>(mask.ids.data() + begin),
+                                static_cast<size_t>(end - begin) * sizeof(int32_t));
+  *field.mutable_offsets() = Vector1d(v1::INT64, offsets);
+  return field;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::Sample> CapturedSample(Engine engine, const EngineChoice& choice,
@@ -71,6 +96,12 @@ absl::StatusOr<v1::Sample> CapturedSample(Engine engine, const EngineChoice& cho
     return absl::InvalidArgumentError(absl::StrCat(
         "sample \"", id, "\": ", choice.logprobs.size(), " logprobs for ",
         choice.generated_ids.size(), " generated tokens"));
+  }
+  if (choice.sampling_mask.present() &&
+      choice.sampling_mask.lists() != static_cast<int64_t>(choice.generated_ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sample \"", id, "\": ", kSamplingMaskField, ": ", choice.sampling_mask.lists(),
+        " lists of kept token ids for ", choice.generated_ids.size(), " generated tokens"));
   }
   const int64_t prompt = static_cast<int64_t>(choice.prompt_ids.size());
   const int64_t total = prompt + static_cast<int64_t>(choice.generated_ids.size());
@@ -107,6 +138,10 @@ absl::StatusOr<v1::Sample> CapturedSample(Engine engine, const EngineChoice& cho
   (*sample.mutable_token_fields())["loss_mask"] = Vector1d(v1::UINT8, loss_mask);
   if (!choice.logprobs.empty()) {
     (*sample.mutable_token_fields())["logprobs"] = Vector1d(v1::FLOAT32, logprobs);
+  }
+  if (choice.sampling_mask.present()) {
+    (*sample.mutable_ragged_token_fields())[std::string(kSamplingMaskField)] =
+        SamplingMaskField(choice.sampling_mask, prompt, identity.stored_tokens, total);
   }
 
   auto routing = Routing(engine, choice, model, total, start_offset);

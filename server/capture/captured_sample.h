@@ -1,7 +1,7 @@
 // The sample a captured choice becomes (shared/spec/capture.md section 5):
-// the engine's tokens, routing rows, loss mask and logprobs in the form a
-// producer would have put them, so that PutSamples' validation and the
-// store see nothing new.
+// the engine's tokens, routing rows, loss mask, logprobs and sampling mask
+// (the ragged token field sampling_mask) in the form a producer would have
+// put them, so that PutSamples' validation and the store see nothing new.
 #ifndef ROLLPACK_SERVER_CAPTURE_CAPTURED_SAMPLE_H_
 #define ROLLPACK_SERVER_CAPTURE_CAPTURED_SAMPLE_H_
 
@@ -35,9 +35,9 @@ struct CapturedIdentity {
 // (section 3: rows then start there, or at 0 from a build that ignored it).
 // INVALID_ARGUMENT naming the sample and the field when the choice is
 // unusable, its routing is not base64 of a payload the model's shape
-// allows, its logprobs do not match its tokens, or it has fewer tokens than
-// `stored_tokens`. Validation against the pool is still the caller's
-// (ValidateAndTakeSample), as for PutSamples.
+// allows, its logprobs or sampling mask lists do not match its generated
+// tokens, or it has fewer tokens than `stored_tokens`. Validation against
+// the pool is still the caller's (ValidateAndTakeSample), as for PutSamples.
 absl::StatusOr<v1::Sample> CapturedSample(Engine engine, const EngineChoice& choice,
                                           const ModelSpec& model, int64_t start_offset,
                                           const CapturedIdentity& identity);

@@ -87,6 +87,16 @@ struct ForwardedRequest {
 absl::StatusOr<ForwardedRequest> ForwardRequest(CaptureEndpoint endpoint, absl::string_view body,
                                                 int64_t start_offset);
 
+// The token ids the engine's sampler kept at each generated position (its
+// sampling mask), flattened: list j is ids[offsets[j], offsets[j + 1]).
+struct SamplingMaskLists {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> offsets;  // empty: the engine returned no mask
+
+  bool present() const { return !offsets.empty(); }
+  int64_t lists() const { return present() ? static_cast<int64_t>(offsets.size()) - 1 : 0; }
+};
+
 // One returned choice, as section 3.1 reads it.
 struct EngineChoice {
   std::vector<int32_t> prompt_ids;
@@ -98,6 +108,9 @@ struct EngineChoice {
   absl::string_view routing_base64;
   std::string routing_dtype;  // SGLang's routed_experts_dtype; "" = absent
   std::string engine_id;      // the choice's id where the engine gives one
+  // vLLM choices[i].sampling_mask, SGLang meta_info.output_token_sampling_mask:
+  // one list per generated id when the engine returned it.
+  SamplingMaskLists sampling_mask;
   // Why this choice cannot be stored (no routing, no token ids, ...), or OK.
   absl::Status unusable;
 };

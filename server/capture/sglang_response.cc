@@ -15,6 +15,7 @@
 #include "base/status_macros.h"
 #include "server/capture/engine_exchange.h"
 #include "server/capture/response_walk.h"
+#include "server/capture/sampling_mask_json.h"
 
 namespace rollpack {
 namespace {
@@ -121,6 +122,11 @@ absl::Status ReadMetaInfo(ResponseWalk& walk, JsonValue& value, const std::strin
           if (!walk.keep_routing()) fields.Remove();
         } else if (key == "routed_experts_start_len") {
           if (added_start) fields.Remove();
+        } else if (key == "output_token_sampling_mask") {
+          // The answer to the client's own return_sampling_mask: it stays.
+          RETURN_IF_ERROR(ReadSamplingMask(field_value,
+                                           absl::StrCat(what, ".output_token_sampling_mask"),
+                                           reading.choice.sampling_mask));
         } else if (IsLogprobKey(key)) {
           if (key == "output_token_logprobs" && !IsNull(field_value)) {
             if (options.read_logprobs) reading.choice.logprobs.clear();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/capture/sampling_mask_json.h"
 #include "simdjson.h"
 
 namespace rollpack {
@@ -168,11 +169,14 @@ void StreamCapture::ReadData(absl::string_view data, StreamEvent& event) {
                         choice.generated_ids.end());
     gathered.logprobs.insert(gathered.logprobs.end(), choice.logprobs.begin(),
                              choice.logprobs.end());
+    AppendSamplingMask(choice.sampling_mask, gathered.sampling_mask);
     if (!place.finished) return;
     choice.generated_ids = std::move(gathered.ids);
     choice.logprobs = gathered.logprobs.size() == choice.generated_ids.size()
                           ? std::move(gathered.logprobs)
                           : std::vector<float>();
+    // Lists that do not cover the tokens are refused where the sample is made.
+    choice.sampling_mask = std::move(gathered.sampling_mask);
     gathered_.erase(place.index);
     event.response_id = response->response_id;
   } else {

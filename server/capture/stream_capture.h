@@ -54,10 +54,11 @@ class StreamCapture {
   const ForwardedRequest request_;
   const bool keep_routing_;
   std::string pending_;
-  // vLLM: each choice's tokens and logprobs so far, by index.
+  // vLLM: each choice's tokens, logprobs and sampling mask so far, by index.
   struct Gathered {
     std::vector<int32_t> ids;
     std::vector<float> logprobs;
+    SamplingMaskLists sampling_mask;  // each event's lists, when it has them
   };
   std::map<int64_t, Gathered> gathered_;
   // SGLang: item 0's id, the base id B of every item's sample.

@@ -1,6 +1,8 @@
 // vLLM's answers to the captured endpoints (shared/spec/capture.md section
 // 3.1): /v1/completions, /v1/chat/completions and /inference/v1/generate,
-// each choice with its routing as base64 .npy in choices[i].routed_experts.
+// each choice with its routing as base64 .npy in choices[i].routed_experts
+// and, from an engine started with --return-sampling-mask, its sampling mask
+// in choices[i].sampling_mask.
 // vLLM writes every field of its response models, null when not asked
 // (pydantic's model_dump), so what rollpackd's fields caused is set back to
 // null rather than removed.
@@ -13,6 +15,7 @@
 #include "base/status_macros.h"
 #include "server/capture/engine_exchange.h"
 #include "server/capture/response_walk.h"
+#include "server/capture/sampling_mask_json.h"
 
 namespace rollpack {
 namespace {
@@ -43,6 +46,11 @@ absl::Status ReadChoice(CaptureEndpoint endpoint, ResponseWalk& walk, size_t ind
               walk.Routing(field_value, absl::StrCat(where, ".routed_experts"), reading, fields));
         } else if (key == "routed_experts_prompt_start") {
           if (added_start) fields.Remove();  // echoed by some builds
+        } else if (key == "sampling_mask") {
+          // Written by an engine started with --return-sampling-mask; kept
+          // in the client's body (no field of rollpackd's asked for it).
+          RETURN_IF_ERROR(ReadSamplingMask(field_value, absl::StrCat(where, ".sampling_mask"),
+                                           reading.choice.sampling_mask));
         }
         return absl::OkStatus();
       });

@@ -489,8 +489,9 @@ class Rollout:
     """One sample sent in pieces through a :class:`Producer`.
 
     ``append(tokens, routed_experts=None, row_offset=None, *, token_fields=None,
-    policy_version=0)`` stores the next piece: ``tokens`` are the new tokens
-    only, ``token_fields`` their rows, ``routed_experts`` rows in whole-sample
+    policy_version=0, ragged_token_fields=None)`` stores the next piece:
+    ``tokens`` are the new tokens only, ``token_fields`` their rows,
+    ``ragged_token_fields`` their lists, ``routed_experts`` rows in whole-sample
     positions starting at ``row_offset`` (default: where the stored rows end,
     0 for the first piece; required when no piece carried rows yet; rows
     already stored are never replaced).
@@ -516,23 +517,25 @@ class Rollout:
     def append(self, tokens: ArrayLike, routed_experts: Optional[ArrayLike] = None,
                row_offset: Optional[int] = None, *,
                token_fields: Optional[Mapping[str, ArrayLike]] = None, policy_version: int = 0,
-               timeout: Optional[float] = None) -> PutResult:
+               timeout: Optional[float] = None,
+               ragged_token_fields: Optional[Mapping[str, Any]] = None) -> PutResult:
         """Stores the next piece (new ``tokens`` only; see the class doc) and
         returns its PutResult. Raises PayloadError after ``seal``."""
         return self._put(tokens, routed_experts, row_offset, token_fields, policy_version,
-                         partial=True, timeout=timeout)
+                         partial=True, timeout=timeout, ragged=ragged_token_fields)
 
     def seal(self, tokens: ArrayLike = (), routed_experts: Optional[ArrayLike] = None,
              row_offset: Optional[int] = None, *,
              token_fields: Optional[Mapping[str, ArrayLike]] = None, policy_version: int = 0,
-             timeout: Optional[float] = None) -> PutResult:
+             timeout: Optional[float] = None,
+             ragged_token_fields: Optional[Mapping[str, Any]] = None) -> PutResult:
         """Stores the last piece (possibly empty); the sample becomes
         selectable. Returns its PutResult."""
         return self._put(tokens, routed_experts, row_offset, token_fields, policy_version,
-                         partial=False, timeout=timeout)
+                         partial=False, timeout=timeout, ragged=ragged_token_fields)
 
     def _put(self, tokens, routed_experts, row_offset, token_fields, policy_version, partial,
-             timeout):
+             timeout, ragged=None):
         if self.sealed:
             raise errors.PayloadError("sample %r is sealed; it cannot be extended"
                                       % self.sample_id)
@@ -550,7 +553,8 @@ class Rollout:
                     "sample %r: no piece carried routed_experts yet; pass row_offset (the "
                     "whole-sample position of this piece's first row)" % self.sample_id)
         sample = Sample(self.sample_id, tokens, routed_experts, row_offset,
-                        token_fields=token_fields, policy_version=policy_version,
+                        token_fields=token_fields, ragged_token_fields=ragged,
+                        policy_version=policy_version,
                         scalars=self.scalars if first else None,
                         group_id=self.group_id if first else "",
                         group_size=self.group_size if first else 0,

@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from rollpack import ndarray as _nd
+from rollpack import ragged as _rg
 from rollpack._proto import rollouts_pb2
 from rollpack.errors import PayloadError
 from rollpack.spec import ModelSpec
@@ -101,7 +102,7 @@ class Sample:
 
     ``Sample(sample_id, tokens, routed_experts=None, row_offset=0, *,
     token_fields=None, scalars=None, group_id="", policy_version=0,
-    group_size=0)``
+    group_size=0, ragged_token_fields=None)``
 
     ``tokens``: int [n]. ``routed_experts``: [rows, L, K] integer array
     covering tokens ``[row_offset, row_offset + rows)`` (L = num_layers or
@@ -109,25 +110,33 @@ class Sample:
     MTP layers' entries after the decoder's). Adapters in :mod:`rollpack.adapters` return
     ``(routed_experts, row_offset)``, so ``Sample(id, tokens,
     *from_vllm_choice(choice, tokens, spec))`` works. ``token_fields``: name ->
-    array with first dimension n. ``scalars``: name -> float.
+    array with first dimension n. ``ragged_token_fields``: name -> ``(values,
+    offsets)``, one list of ids per token (layout.md section 13): token t's
+    list is ``values[offsets[t]:offsets[t + 1]]``, values int32 or uint16
+    (other integer arrays are converted), offsets int32 or int64 [n + 1];
+    e.g. ``{"sampling_mask": adapters.from_vllm_sampling_mask(out, tokens)}``.
+    ``scalars``: name -> float.
     ``group_id`` / ``group_size``: the sample's GRPO/RLOO group and its number
     of samples (0 = ungrouped, or the pool's ``default_group_size``); whole
     groups are what ``CreateStep(num_groups=...)`` takes.
     ``policy_version``: the version of the weights that generated it.
     ``piece`` / ``partial``: one piece of a rollout sent in pieces
     (lifecycle.md section 5; :meth:`Producer.rollout` numbers them for you):
-    piece k carries only its new tokens and field rows, its routed rows in
+    piece k carries only its new tokens and field rows (ragged fields: the
+    lists of its new tokens), its routed rows in
     whole-sample positions, and ``partial`` while more pieces follow.
     """
 
     __slots__ = ("sample_id", "tokens", "routed_experts", "row_offset", "token_fields",
-                 "scalars", "group_id", "policy_version", "group_size", "piece", "partial")
+                 "scalars", "group_id", "policy_version", "group_size", "piece", "partial",
+                 "ragged_token_fields")
 
     sample_id: str
     tokens: np.ndarray
     routed_experts: Optional[np.ndarray]
     row_offset: int
     token_fields: Dict[str, np.ndarray]
+    ragged_token_fields: Dict[str, _rg.Ragged]
     scalars: Dict[str, float]
     group_id: str
     policy_version: int
@@ -140,7 +149,8 @@ class Sample:
                  token_fields: Optional[Mapping[str, ArrayLike]] = None,
                  scalars: Optional[Mapping[str, float]] = None, group_id: str = "",
                  policy_version: int = 0, group_size: int = 0, piece: int = 0,
-                 partial: bool = False) -> None:
+                 partial: bool = False,
+                 ragged_token_fields: Optional[Mapping[str, Any]] = None) -> None:
         if not isinstance(sample_id, str) or not sample_id:
             raise PayloadError("sample_id must be a non-empty string, got %r" % (sample_id,))
         self.sample_id = sample_id
@@ -168,6 +178,10 @@ class Sample:
         self.token_fields = {}
         for k, v in (token_fields or {}).items():
             self.token_fields[str(k)] = _as_array(v, "token_fields[%r]" % k)
+        self.ragged_token_fields = {}
+        for k, v in (ragged_token_fields or {}).items():
+            self.ragged_token_fields[str(k)] = _rg.as_ragged(
+                v, self.num_tokens, "sample %r: ragged_token_fields[%r]" % (sample_id, k))
         self.scalars = {str(k): float(v) for k, v in (scalars or {}).items()}
         self.group_id = str(group_id)
         self.policy_version = int(policy_version)
@@ -193,11 +207,23 @@ class Sample:
                                    "dimension must be n = %d" % (self.sample_id, k,
                                                                  list(v.shape), n))
             _nd.wire_dtype(v.dtype)
+        for k in self.ragged_token_fields:
+            if not k:
+                raise PayloadError("sample %r: a ragged token field has an empty name"
+                                   % self.sample_id)
+            if k in self.token_fields:
+                raise PayloadError("sample %r: %r is both a token field and a ragged token "
+                                   "field" % (self.sample_id, k))
 
     def check(self, spec: ModelSpec) -> None:
         """Client-side checks of the layout rules (shapes, coverage, id range
         via narrowing); the server re-checks everything."""
         sid, n = self.sample_id, self.num_tokens
+        for k, field in self.ragged_token_fields.items():
+            _rg.check_vocab(field, spec.vocab_size,
+                            "sample %r: ragged_token_fields[%r]" % (sid, k))
+            if k == "sampling_mask":
+                _rg.check_distinct(field, "sample %r: ragged_token_fields[%r]" % (sid, k))
         r = self.routed_experts
         if spec.is_dense:
             if r is not None and r.size:
@@ -266,6 +292,9 @@ class Sample:
             pb.routed_experts_row_offset = self.row_offset
         for k, v in self.token_fields.items():
             _nd.fill(pb.token_fields[k], v)
+        for k, field in self.ragged_token_fields.items():
+            _nd.fill(pb.ragged_token_fields[k].values, _rg.wire_values(field, spec.vocab_size))
+            _nd.fill(pb.ragged_token_fields[k].offsets, field.offsets)
         for k, v in self.scalars.items():
             pb.scalars[k] = v
         return pb
@@ -277,12 +306,15 @@ class Sample:
             b += self.routed_experts.size * min(self.routed_experts.dtype.itemsize, 2) + 32
         for k, v in self.token_fields.items():
             b += v.nbytes + len(k) + 32
+        for k, field in self.ragged_token_fields.items():
+            b += field.values.nbytes + field.offsets.nbytes + len(k) + 48
         return b + 24 * len(self.scalars)
 
     # -- multi-turn stitching ------------------------------------------------
     def extend(self, tokens: ArrayLike, routed_experts: Optional[ArrayLike], row_offset: int,
                spec: Optional[ModelSpec] = None,
-               token_fields: Optional[Mapping[str, ArrayLike]] = None) -> Sample:
+               token_fields: Optional[Mapping[str, ArrayLike]] = None,
+               ragged_token_fields: Optional[Mapping[str, Any]] = None) -> Sample:
         """Extends this sample in place with a later turn of the same rollout.
 
         ``tokens``: the later turn's whole sequence (this sample's tokens must
@@ -295,6 +327,9 @@ class Sample:
         sample's rows nor start before them. ``token_fields``: arrays with first
         dimension either the new n (replace) or the number of appended tokens
         (append); a field this sample carries must be given.
+        ``ragged_token_fields``: ``(values, offsets)`` with offsets of the new
+        n + 1 entries (replace) or of the appended tokens + 1 (append); a
+        ragged field this sample carries must be given too.
         """
         sid = self.sample_id
         new_tokens = as_tokens(tokens)
@@ -358,16 +393,37 @@ class Sample:
                 raise PayloadError("sample %r: token_fields[%r] of the later turn has %d rows; "
                                    "expected %d (whole sequence) or %d (appended tokens)"
                                    % (sid, k, v.shape[0] if v.ndim else 0, n1, n1 - n0))
+        ragged = self._extended_ragged(ragged_token_fields, n0, n1)
         end = off + rows.shape[0]
         if end not in (n1, n1 - 1):
             raise PayloadError("sample %r: stitched rows [%d, %d) must end at n = %d or n - 1"
                                % (sid, off, end, n1))
         self.tokens, self.routed_experts, self.token_fields = new_tokens, rows, fields
+        self.ragged_token_fields = ragged
         return self
+
+    def _extended_ragged(self, given: Optional[Mapping[str, Any]], n0: int,
+                         n1: int) -> Dict[str, _rg.Ragged]:
+        sid = self.sample_id
+        given = dict(given or {})
+        for k in self.ragged_token_fields:
+            if k not in given:
+                raise PayloadError("sample %r: ragged_token_fields[%r] is held; give the later "
+                                   "turn's lists too" % (sid, k))
+        out = {}
+        for k, v in given.items():
+            what = "sample %r: ragged_token_fields[%r] of the later turn" % (sid, k)
+            held = self.ragged_token_fields.get(k)
+            entries = len(v[1]) if isinstance(v, (tuple, list)) and len(v) == 2 else -1
+            if held is not None and entries == n1 - n0 + 1 and n1 != n0:
+                out[k] = _rg.concat(held, _rg.as_ragged(v, n1 - n0, what))
+            else:
+                out[k] = _rg.as_ragged(v, n1, what)
+        return out
 
     def __repr__(self) -> str:
         r = self.routed_experts
         return "Sample(%r, n=%d, routed_experts=%s, row_offset=%d, fields=%s)" % (
             self.sample_id, self.num_tokens,
             None if r is None else "%s%s" % (r.dtype, list(r.shape)), self.row_offset,
-            sorted(self.token_fields))
+            sorted(self.token_fields) + sorted(self.ragged_token_fields))

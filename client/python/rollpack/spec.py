@@ -23,13 +23,15 @@ class ModelSpec:
     (global ids N..N+D-1, each with a router on the trainer's last pipeline
     stage); ``mtp_routing``: the samples' ``routed_experts`` carry those
     layers' routing after the decoder's (L = N + D or |M| + D; layout.md
-    section 10). Validated like the server does (same rules and messages), so
-    a bad spec fails before any RPC.
+    section 10). ``vocab_size`` V: the vocabulary size (0 = not declared);
+    with V > 0 every id of a ragged token field (``sampling_mask``) must lie
+    in [0, V) (layout.md section 13). Validated like the server does (same
+    rules and messages), so a bad spec fails before any RPC.
     """
 
     __slots__ = ("name", "num_layers", "moe_layers", "num_experts", "topk",
                  "allow_all_zero_layers", "finite_token_fields", "num_mtp_layers",
-                 "mtp_routing")
+                 "mtp_routing", "vocab_size")
 
     name: str
     num_layers: int
@@ -40,11 +42,12 @@ class ModelSpec:
     finite_token_fields: Tuple[str, ...]
     num_mtp_layers: int
     mtp_routing: bool
+    vocab_size: int
 
     def __init__(self, name: str = "", num_layers: int = 0, moe_layers: Iterable[int] = (),
                  num_experts: int = 0, topk: int = 0, allow_all_zero_layers: bool = False,
                  finite_token_fields: Iterable[str] = (), num_mtp_layers: int = 0,
-                 mtp_routing: bool = False) -> None:
+                 mtp_routing: bool = False, vocab_size: int = 0) -> None:
         self.name = str(name)
         self.num_layers = int(num_layers)
         self.moe_layers = tuple(int(x) for x in moe_layers)
@@ -57,6 +60,7 @@ class ModelSpec:
         self.finite_token_fields = tuple(str(f) for f in finite_token_fields)
         self.num_mtp_layers = int(num_mtp_layers)
         self.mtp_routing = bool(mtp_routing)
+        self.vocab_size = int(vocab_size)
         self.validate()
 
     # -- rules -------------------------------------------------------------
@@ -90,6 +94,9 @@ class ModelSpec:
         if self.mtp_routing and self.num_mtp_layers < 1:
             raise ValueError(who + "mtp_routing is set but num_mtp_layers is %d: routing of "
                              "MTP layers needs num_mtp_layers >= 1" % self.num_mtp_layers)
+        if self.vocab_size < 0:
+            raise ValueError(who + "vocab_size is %d, must be >= 0 (0: not declared)"
+                             % self.vocab_size)
         if self.mtp_routing and self.is_dense:
             raise ValueError(who + "mtp_routing is set but num_experts is 0 (a dense model "
                              "has no routing)")
@@ -156,19 +163,20 @@ class ModelSpec:
             num_experts=self.num_experts, topk=self.topk,
             allow_all_zero_layers=self.allow_all_zero_layers,
             finite_token_fields=list(self.finite_token_fields),
-            num_mtp_layers=self.num_mtp_layers, mtp_routing=self.mtp_routing)
+            num_mtp_layers=self.num_mtp_layers, mtp_routing=self.mtp_routing,
+            vocab_size=self.vocab_size)
 
     @classmethod
     def from_proto(cls, pb: rollouts_pb2.ModelSpec) -> ModelSpec:
         """From a rollpack.v1.ModelSpec message (validated)."""
         return cls(pb.name, pb.num_layers, list(pb.moe_layers), pb.num_experts, pb.topk,
                    pb.allow_all_zero_layers, list(pb.finite_token_fields),
-                   pb.num_mtp_layers, pb.mtp_routing)
+                   pb.num_mtp_layers, pb.mtp_routing, pb.vocab_size)
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields as a JSON-ready dict (``from_dict`` takes it back). The
-        MTP fields appear only when set, so a spec without MTP layers gives
-        the same dict (and JSON, and hash) as before they existed."""
+        MTP fields and ``vocab_size`` appear only when set, so a spec without
+        them gives the same dict (and JSON, and hash) as before they existed."""
         d: Dict[str, Any] = {
             "name": self.name, "num_layers": self.num_layers,
             "moe_layers": list(self.moe_layers), "num_experts": self.num_experts,
@@ -178,6 +186,8 @@ class ModelSpec:
             d["num_mtp_layers"] = self.num_mtp_layers
         if self.mtp_routing:
             d["mtp_routing"] = self.mtp_routing
+        if self.vocab_size:
+            d["vocab_size"] = self.vocab_size
         return d
 
     @classmethod

@@ -21,6 +21,11 @@ ignore the parameter), the row count tells, and the offset returned is 0.
 When ``s = 1`` a payload of ``n - 1`` rows is read as "from 0" (what engines
 that end at ``n - 1`` return), never as "from 1 to n".
 
+Sampling masks (the token ids the sampler kept at each generated position)
+have their own two adapters, :func:`from_vllm_sampling_mask` and
+:func:`from_sglang_sampling_mask` (:mod:`~rollpack.adapters.sampling_mask`),
+returning the ``(values, offsets)`` of a ragged token field.
+
 One module per engine family: :mod:`~rollpack.adapters.vllm`,
 :mod:`~rollpack.adapters.sglang`, :mod:`~rollpack.adapters.megatron`,
 :mod:`~rollpack.adapters.trtllm` and :mod:`~rollpack.adapters.ndarray_dict`
@@ -30,6 +35,7 @@ One module per engine family: :mod:`~rollpack.adapters.vllm`,
 from rollpack.adapters._common import RoutedExperts, parse_dtype
 from rollpack.adapters.megatron import from_megatron_inference
 from rollpack.adapters.ndarray_dict import from_ndarray_dict
+from rollpack.adapters.sampling_mask import from_sglang_sampling_mask, from_vllm_sampling_mask
 from rollpack.adapters.sglang import from_sglang_meta_info, from_sglang_turns
 from rollpack.adapters.trtllm import from_trtllm_output
 from rollpack.adapters.vllm import (decode_npy, from_vllm_choice, from_vllm_device_capture,
@@ -38,4 +44,4 @@ from rollpack.adapters.vllm import (decode_npy, from_vllm_choice, from_vllm_devi
 __all__ = ["RoutedExperts", "from_vllm_output", "from_vllm_v021_response", "from_vllm_choice",
            "from_vllm_device_capture", "from_sglang_meta_info", "from_sglang_turns",
            "from_megatron_inference", "from_trtllm_output", "from_ndarray_dict", "decode_npy",
-           "parse_dtype"]
+           "parse_dtype", "from_vllm_sampling_mask", "from_sglang_sampling_mask"]
