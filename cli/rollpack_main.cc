@@ -13,6 +13,7 @@
 #include "cli/bench_capture_command.h"
 #include "cli/bench_cluster_command.h"
 #include "cli/bench_lifecycle_command.h"
+#include "cli/bench_mask_command.h"
 #include "cli/bench_pieces_command.h"
 #include "cli/bench_layout_command.h"
 #include "cli/bench_load_command.h"
@@ -78,6 +79,8 @@ const Command kBenchmarks[] = {
      rollpack::RunBenchPiecesCommand},
     {"capture", "capture port: own time per request vs straight to the engine; 2,000 in flight",
      rollpack::RunBenchCaptureCommand},
+    {"mask", "sampling masks: bytes per token vs a bitset; ingest and fetch with vs without",
+     rollpack::RunBenchMaskCommand},
     // Started by bench transport; listed so that its --help can be found.
     {"grpc-sink", "the server half of bench transport's gRPC-alone rows (internal)",
      rollpack::RunGrpcSinkCommand},
