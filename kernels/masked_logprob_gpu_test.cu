@@ -19,26 +19,13 @@
 
 #include "kernels/masked_logprob.h"
 #include "kernels/masked_logprob_cuda.h"
+#include "kernels/testing.h"
+#include "kernels/testing_cuda.h"
 
 using namespace rollpack::kernels;
+using namespace rollpack::kernels::test_support;
 
 namespace {
-
-int g_fail = 0, g_checks = 0;
-
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
-void Check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok && ++g_fail <= 40) std::printf("FAIL %s\n", what.c_str());
-}
 
 // A device copy of a host buffer, `pad` bytes after a 256-aligned start.
 struct Dev {
@@ -56,21 +43,6 @@ struct Dev {
   }
   ~Dev() { cudaFree(base); }
 };
-
-void StoreIdx(std::vector<uint8_t>& buf, IndexType t, int64_t off, int64_t v) {
-  switch (t) {
-    case IndexType::kU8: buf[off] = uint8_t(v); break;
-    case IndexType::kU16: { uint16_t x = uint16_t(v); std::memcpy(&buf[off * 2], &x, 2); break; }
-    case IndexType::kI32: { int32_t x = int32_t(v); std::memcpy(&buf[off * 4], &x, 4); break; }
-    case IndexType::kI64: { int64_t x = v; std::memcpy(&buf[off * 8], &x, 8); break; }
-  }
-}
-
-std::vector<uint8_t> Encode(const std::vector<int64_t>& v, IndexType t) {
-  std::vector<uint8_t> buf(v.size() * IndexTypeSize(t) + 8);
-  for (size_t i = 0; i < v.size(); ++i) StoreIdx(buf, t, int64_t(i), v[i]);
-  return buf;
-}
 
 double GradValue(const std::vector<uint8_t>& g, bool bf16, int64_t i) {
   if (!bf16) return reinterpret_cast<const float*>(g.data())[i];
@@ -132,7 +104,7 @@ void RunCase(std::mt19937_64& rng, const Shape& s, int iter) {
     offsets.push_back(int64_t(values.size()));
     targets.push_back(y);
   }
-  auto hv = Encode(values, vt), ho = Encode(offsets, ot), ht = Encode(targets, tt);
+  auto hv = EncodeIds(values, vt), ho = EncodeIds(offsets, ot), ht = EncodeIds(targets, tt);
   MaskedLogprobArgs a;
   a.logits = logits.data();
   a.logits_type = s.bf16 ? FloatType::kBF16 : FloatType::kF32;

@@ -12,27 +12,14 @@
 #include <vector>
 
 #include "kernels/masked_logprob.h"
+#include "kernels/testing.h"
 
 namespace rollpack::kernels {
 namespace {
 
 using LD = long double;
+using test_support::EncodeIds;
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-void StoreIdx(std::vector<uint8_t>& buf, IndexType t, int64_t off, int64_t v) {
-  switch (t) {
-    case IndexType::kU8: buf[off] = uint8_t(v); break;
-    case IndexType::kU16: { uint16_t x = uint16_t(v); std::memcpy(&buf[off * 2], &x, 2); break; }
-    case IndexType::kI32: { int32_t x = int32_t(v); std::memcpy(&buf[off * 4], &x, 4); break; }
-    case IndexType::kI64: { int64_t x = v; std::memcpy(&buf[off * 8], &x, 8); break; }
-  }
-}
-
-std::vector<uint8_t> Encode(const std::vector<int64_t>& v, IndexType t) {
-  std::vector<uint8_t> buf(v.size() * IndexTypeSize(t) + 8);
-  for (size_t i = 0; i < v.size(); ++i) StoreIdx(buf, t, int64_t(i), v[i]);
-  return buf;
-}
 
 // A problem in plain vectors, and the args that point into its encodings.
 struct Case {
@@ -55,9 +42,9 @@ struct Case {
       offsets.push_back(int64_t(values.size()));
     }
     flat_offsets = offsets;
-    values_buf = Encode(values, values_type);
-    offsets_buf = Encode(offsets, offsets_type);
-    targets_buf = Encode(targets, targets_type);
+    values_buf = EncodeIds(values, values_type);
+    offsets_buf = EncodeIds(offsets, offsets_type);
+    targets_buf = EncodeIds(targets, targets_type);
     MaskedLogprobArgs a;
     a.logits = bf16 ? static_cast<const void*>(logits_bf16.data()) : logits.data();
     a.logits_type = bf16 ? FloatType::kBF16 : FloatType::kF32;

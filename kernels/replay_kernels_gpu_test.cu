@@ -15,44 +15,17 @@
 #include "kernels/replay_kernels.h"
 #include "kernels/bench/unpack_variants.h"
 #include "kernels/replay_kernels_cuda.h"
+#include "kernels/testing.h"
+#include "kernels/testing_cuda.h"
 
 using namespace rollpack::kernels;
+using namespace rollpack::kernels::test_support;
 
 namespace {
-
-int g_fail = 0, g_checks = 0;
-
-#define CK(x)                                                                     \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
-      std::printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-
-void Check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_fail;
-    if (g_fail <= 40) std::printf("FAIL %s\n", what.c_str());
-  }
-}
 
 void CheckStatus(const KernelStatus& s, const std::string& what) {
   Check(s.ok(), what + " status " + s.ToString());
 }
-
-struct DevBuf {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t bytes) : n(bytes) { CK(cudaMalloc(&p, std::max<size_t>(bytes, 16) + 64)); }
-  ~DevBuf() { cudaFree(p); }
-  template <typename T> T* as(size_t byte_off = 0) { return reinterpret_cast<T*>(static_cast<char*>(p) + byte_off); }
-};
-
-void Upload(void* dst, const void* src, size_t n) { if (n) CK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice)); }
-void Download(void* dst, const void* src, size_t n) { if (n) CK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost)); }
 
 double RelErr(const std::vector<double>& out, const std::vector<double>& ref) {
   long double num = 0, den = 0;
@@ -63,23 +36,6 @@ double RelErr(const std::vector<double>& out, const std::vector<double>& ref) {
     den += ref[i] * (long double)ref[i];
   }
   return den == 0 ? std::sqrt(double(num)) : std::sqrt(double(num / den));
-}
-
-std::vector<int64_t> DistinctIds(std::mt19937_64& rng, int e, int k) {
-  std::vector<int64_t> all(e);
-  for (int i = 0; i < e; ++i) all[i] = i;
-  for (int i = 0; i < k; ++i) std::swap(all[i], all[std::uniform_int_distribution<int>(i, e - 1)(rng)]);
-  all.resize(k);
-  return all;
-}
-
-void StoreIdx(std::vector<uint8_t>& buf, IndexType t, int64_t off, int64_t v) {
-  switch (t) {
-    case IndexType::kU8: buf[off] = uint8_t(v); break;
-    case IndexType::kU16: { uint16_t x = uint16_t(v); std::memcpy(&buf[off * 2], &x, 2); break; }
-    case IndexType::kI32: { int32_t x = int32_t(v); std::memcpy(&buf[off * 4], &x, 4); break; }
-    case IndexType::kI64: { int64_t x = v; std::memcpy(&buf[off * 8], &x, 8); break; }
-  }
 }
 
 // ------------------------------------------------------------------ unpack

@@ -12,32 +12,14 @@
 #include <vector>
 
 #include "kernels/replay_kernels.h"
+#include "kernels/testing.h"
 
 namespace rollpack::kernels {
 namespace {
 
 using LD = long double;
-
-std::vector<int64_t> DistinctIds(std::mt19937_64& rng, int e, int k) {
-  std::vector<int64_t> all(e);
-  for (int i = 0; i < e; ++i) all[i] = i;
-  for (int i = 0; i < k; ++i) {
-    std::uniform_int_distribution<int> d(i, e - 1);
-    std::swap(all[i], all[d(rng)]);
-  }
-  all.resize(k);
-  return all;
-}
-
-// Writes id v at element off of a buffer of type t.
-void StoreIdx(std::vector<uint8_t>& buf, IndexType t, int64_t off, int64_t v) {
-  switch (t) {
-    case IndexType::kU8: buf[off] = uint8_t(v); break;
-    case IndexType::kU16: { uint16_t x = uint16_t(v); std::memcpy(&buf[off * 2], &x, 2); break; }
-    case IndexType::kI32: { int32_t x = int32_t(v); std::memcpy(&buf[off * 4], &x, 4); break; }
-    case IndexType::kI64: { int64_t x = v; std::memcpy(&buf[off * 8], &x, 8); break; }
-  }
-}
+using test_support::DistinctIds;
+using test_support::StoreIdx;
 
 double RelErr(const std::vector<double>& out, const std::vector<double>& ref) {
   LD num = 0, den = 0;

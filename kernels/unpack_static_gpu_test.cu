@@ -22,29 +22,13 @@
 
 #include "kernels/unpack_static.h"
 #include "kernels/unpack_static_cuda.h"
+#include "kernels/testing.h"
+#include "kernels/testing_cuda.h"
 
 using namespace rollpack::kernels;
+using namespace rollpack::kernels::test_support;
 
 namespace {
-
-int g_fail = 0, g_checks = 0;
-
-#define CK(x)                                                                               \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      std::printf("FATAL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
-
-void Check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_fail;
-    if (g_fail <= 40) std::printf("FAIL %s\n", what.c_str());
-  }
-}
 
 struct Shape {
   int64_t rows, max_rows, layers;
