@@ -30,6 +30,7 @@ v1::PoolInfo PoolInfoToProto(const PoolStats& stats, const StoreStats& store,
   for (const auto& [name, field] : stats.token_fields) {
     (*info.mutable_token_field_dtypes())[name] = field.dtype;
   }
+  for (const std::string& name : stats.ragged_fields) info.add_ragged_token_fields(name);
   info.set_server_stored_bytes(store.stored_bytes);
   info.set_server_max_memory_bytes(store.max_memory_bytes);
   info.set_num_complete_groups(stats.num_complete_groups);
@@ -79,6 +80,10 @@ void AddPoolShare(const std::string& member, const absl::StatusOr<v1::PoolInfo>&
                                      info->server_max_memory_bytes());
   for (const auto& [name, dtype] : info->token_field_dtypes()) {
     (*total->mutable_token_field_dtypes())[name] = dtype;
+  }
+  // Fixed cluster-wide (etcd's schema record): any member that has them.
+  if (total->ragged_token_fields_size() == 0) {
+    *total->mutable_ragged_token_fields() = info->ragged_token_fields();
   }
   // Complete on one member is complete everywhere (a group never has more
   // than its size); incomplete ones are summed in FinishPoolShares.

@@ -70,6 +70,8 @@ struct PoolStats {
   int64_t num_unannotated_samples = 0;
   // The incomplete groups, by id (a cluster sums them over its members).
   std::vector<GroupShareStats> incomplete_groups;
+  // Ragged token fields' names, sorted (layout.md section 13).
+  std::vector<std::string> ragged_fields;
 };
 
 struct StoreStats {

@@ -343,6 +343,9 @@ PoolStats SampleStore::StatsLocked(const std::string& pool_name, const Pool& poo
   stats.num_live_steps = pool.live_steps;
   stats.stored_bytes = pool.stored_bytes;
   stats.token_fields = pool.schema;
+  if (pool.ragged_schema.has_value()) {
+    stats.ragged_fields.assign(pool.ragged_schema->begin(), pool.ragged_schema->end());
+  }
   stats.policy_version = pool.policy_version;
   stats.num_stale_dropped = pool.stale_dropped;
   stats.num_incomplete_groups_dropped = pool.incomplete_groups_dropped;

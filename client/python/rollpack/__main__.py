@@ -315,6 +315,11 @@ def _pool_lines(info):
     if o.required_scalars or info.num_unannotated_samples:
         lines.insert(-1, "  scalars       required %s; %d sealed free samples still missing one"
                      % (", ".join(o.required_scalars) or "none", info.num_unannotated_samples))
+    fields = ["%s %s" % (name, _dtype_name(dtype))
+              for name, dtype in sorted(info.token_field_dtypes.items())]
+    fields += ["%s ragged" % name for name in getattr(info, "ragged_token_fields", [])]
+    if fields:
+        lines.insert(-1, "  token fields  %s" % ", ".join(fields))
     stale_membership = getattr(info, "stale_membership", "")  # stubs older than the field
     if stale_membership:
         lines.insert(1, "  STALE         %s" % stale_membership)
@@ -323,6 +328,12 @@ def _pool_lines(info):
             m.member, m.num_samples, m.num_free_samples,
             " (did not answer: %s)" % m.error if m.error else ""))
     return lines
+
+
+def _dtype_name(code):
+    from rollpack.v1 import ndarray_pb2
+    return (ndarray_pb2.DType.Name(code).lower() if code in ndarray_pb2.DType.values()
+            else "dtype %d" % code)
 
 
 def cmd_pool(a):

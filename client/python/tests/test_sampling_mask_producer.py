@@ -1,6 +1,9 @@
 """Ragged token fields on Sample (layout.md section 13) and the sampling-mask
 adapters for vLLM's and SGLang's formats."""
 
+import os
+import subprocess
+import sys
 import types
 import unittest
 
@@ -258,6 +261,15 @@ class RoundTrip(ServerTest):
         values, offsets = self.fetch("masks", "pieces", "s2")
         np.testing.assert_array_equal(values, [21, 5, 9, 22, 31, 2])
         np.testing.assert_array_equal(offsets[:8], [0, 0, 0, 0, 3, 4, 4, 6])
+
+        # The pool says which ragged fields it carries, and `rollpack pool show` prints them.
+        self.assertEqual(list(p.pool_info().ragged_token_fields), ["sampling_mask"])
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        shown = subprocess.run([sys.executable, "-m", "rollpack", "pool", "show", "masks",
+                                "--server", self.d.address], capture_output=True, text=True,
+                               env=env, timeout=120)
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        self.assertIn("token fields  sampling_mask ragged", shown.stdout)
 
 
 if __name__ == "__main__":
