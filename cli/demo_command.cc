@@ -18,6 +18,7 @@
 #include "testing/synthetic_rollouts.h"
 #include "client/cpp/trainer_stream.h"
 #include "server/server.h"
+#include "server/store/convert.h"
 
 namespace rollpack {
 namespace {
@@ -120,7 +121,9 @@ int RunDemoCommand(int argc, char** argv) {
   topo->set_pp(config.pp);
   topo->set_sequence_parallel(true);
   topo->set_max_tokens_per_rank(config.max_tokens_per_rank);
-  topo->set_scheduler(config.dynamic_cp ? v1::DYNAMIC_CP : v1::STATIC_CP);
+  const SchedulerKind scheduler =
+      config.dynamic_cp ? SchedulerKind::kDynamicCp : SchedulerKind::kStaticCp;
+  topo->set_scheduler(ToProto(scheduler));
   absl::StatusOr<v1::StepInfo> step = client.CreateStep(create);
   if (!step.ok()) {
     std::fprintf(stderr, "demo: CreateStep: %s\n", step.status().ToString().c_str());
@@ -136,7 +139,7 @@ int RunDemoCommand(int argc, char** argv) {
               "rank_imb %.4f, sync %.4f, peak %.3f, padding %.2f%%, %.2f ms\n",
               config.dp, config.cp, config.tp, config.pp,
               static_cast<long long>(config.max_tokens_per_rank),
-              config.dynamic_cp ? "dynamic_cp" : "static_cp", stats.num_microbatches(),
+              std::string(TraitsOf(scheduler).name).c_str(), stats.num_microbatches(),
               stats.min_microbatches(), stats.rank_imbalance(), stats.sync(), stats.peak(),
               100 * stats.padding_overhead(), stats.plan_ms());
 

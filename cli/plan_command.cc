@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -12,14 +13,15 @@
 #include "scheduler/plan_report.h"
 #include "scheduler/plan_validation.h"
 #include "scheduler/planner.h"
+#include "scheduler/scheduler_kind.h"
 
 namespace rollpack {
 
 int RunPlanCommand(int argc, char** argv) {
   std::string lengths_path, svg_path;
-  std::string scheduler = "static_cp";
   bool json = false;
   Topology t;
+  std::string scheduler(TraitsOf(t.scheduler).name);
   // 0 for a size means 1, as on the wire (layout.md section 1).
   int vpp = 1, min_cp = 1, pad_multiple = 1, mgs = 0;
   FlagSet flags("rollpack plan",
@@ -40,7 +42,7 @@ int RunPlanCommand(int argc, char** argv) {
   flags.Int64("max-tokens-per-rank", &t.max_tokens_per_rank,
               "Required. Token budget T of one rank in one micro-batch.")
       .Min(1);
-  flags.String("scheduler", &scheduler, "static_cp (or static) or dynamic_cp (or dynamic).");
+  flags.String("scheduler", &scheduler, SchedulerKindSpellings() + ".");
   flags.Int("min-cp", &min_cp, "Smallest CP group the dynamic CP scheduler forms; 0 means 1.")
       .Min(0);
   flags.Int("pad-multiple", &pad_multiple,
@@ -55,13 +57,11 @@ int RunPlanCommand(int argc, char** argv) {
   if (lengths_path.empty() || t.max_tokens_per_rank <= 0) {
     return flags.UsageError("--lengths and --max-tokens-per-rank are required");
   }
-  if (scheduler == "static_cp" || scheduler == "static") {
-    t.scheduler = SchedulerKind::kStaticCp;
-  } else if (scheduler == "dynamic_cp" || scheduler == "dynamic") {
-    t.scheduler = SchedulerKind::kDynamicCp;
+  if (std::optional<SchedulerKind> kind = SchedulerKindFromName(scheduler)) {
+    t.scheduler = *kind;
   } else {
     return flags.UsageError(absl::StrCat("invalid value '", scheduler,
-                                         "' for --scheduler: want static_cp or dynamic_cp"));
+                                         "' for --scheduler: want ", SchedulerKindNames()));
   }
   t.dp = std::max(t.dp, 1);
   t.cp = std::max(t.cp, 1);

@@ -129,15 +129,20 @@ absl::StatusOr<StepLayout> StepLayout::Create(const Plan& plan,
       const std::string where =
           absl::StrCat("plan: micro-batch ", m, " group ", gi, ": ");
       const int c = pg.cp_size;
-      if (t.scheduler == SchedulerKind::kStaticCp) {
-        if (c != t.cp) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, "cp_size is ", c, ", static CP needs cp = ", t.cp));
-        }
-      } else if (!IsPowerOfTwo(c) || c < t.min_cp || c > max_group) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, "cp_size is ", c, ", must be a power of two in [min_cp = ",
-            t.min_cp, ", ", max_group, "]"));
+      switch (t.scheduler) {
+        case SchedulerKind::kStaticCp:
+          if (c != t.cp) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, "cp_size is ", c, ", static CP needs cp = ", t.cp));
+          }
+          break;
+        case SchedulerKind::kDynamicCp:
+          if (!IsPowerOfTwo(c) || c < t.min_cp || c > max_group) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, "cp_size is ", c, ", must be a power of two in [min_cp = ",
+                t.min_cp, ", ", max_group, "]"));
+          }
+          break;
       }
       if (pg.first_rank != next_rank || pg.first_rank % c != 0 ||
           pg.first_rank + c > ranks) {

@@ -274,7 +274,7 @@ Case RandomCase(uint64_t seed) {
   k.describe = absl::StrCat(
       "seed ", seed, ": dp ", t.dp, " cp ", t.cp, " tp ", t.tp, " pp ", t.pp, " vpp ",
       t.vpp, " sp ", t.sequence_parallel, " pad ", t.pad_multiple, " ",
-      t.scheduler == SchedulerKind::kDynamicCp ? "dynamic" : "static", " min_cp ",
+      TraitsOf(t.scheduler).alias, " min_cp ",
       t.min_cp, " F ", t.num_layers_in_first_pipeline_stage, " Z ",
       t.num_layers_in_last_pipeline_stage, " N ", n_layers, " |M| ",
       m.moe_layers.size(), " D ", m.num_mtp_layers, m.mtp_routing ? " routed" : "",

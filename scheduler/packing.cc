@@ -21,11 +21,9 @@ absl::Status ComputeMinWidths(absl::Span<const int64_t> lengths,
                               const Topology& topology, int max_width,
                               std::vector<int>* min_width) {
   // MinCpGroupSizeFor with the alignments computed once.
-  const bool dynamic = topology.scheduler == SchedulerKind::kDynamicCp;
-  const int first = dynamic ? topology.min_cp : topology.cp;
-  const int last = dynamic ? MaxCpGroupSize(topology) : topology.cp;
+  const int last = MaxCpGroupSize(topology);
   std::vector<std::pair<int, int64_t>> widths;  // (c, alignment)
-  for (int c = first; c <= last; c *= 2) {
+  for (int c = MinCpGroupSize(topology); c <= last; c *= 2) {
     widths.emplace_back(c, SequenceAlignment(topology, c));
   }
   min_width->assign(lengths.size(), 0);

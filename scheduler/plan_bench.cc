@@ -175,6 +175,18 @@ Plan FfdLpt(absl::Span<const int64_t> lengths, const Topology& t) {
   return plan;
 }
 
+// Whether the baselines above pack for `kind`: they form fixed groups of cp
+// ranks, so there is nothing of theirs to set beside a dynamic CP plan.
+bool HasBaselines(SchedulerKind kind) {
+  switch (kind) {
+    case SchedulerKind::kStaticCp:
+      return true;
+    case SchedulerKind::kDynamicCp:
+      return false;
+  }
+  return false;
+}
+
 long MaxRssKb() {
   struct rusage u;
   getrusage(RUSAGE_SELF, &u);
@@ -247,7 +259,7 @@ int main(int argc, char** argv) {
     all_valid = all_valid && valid;
     rows.push_back(Measure(c.name, "rollpack", *plan, lengths, t,
                            times[times.size() / 2], valid));
-    if (c.kind == SchedulerKind::kStaticCp && !c.file.empty()) {
+    if (HasBaselines(c.kind) && !c.file.empty()) {
       auto time_it = [&](auto fn) {
         const auto s = std::chrono::steady_clock::now();
         Plan p = fn(lengths, t);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "scheduler/plan_stats.h"
+#include "scheduler/scheduler_kind.h"
 
 namespace rollpack {
 namespace {
@@ -84,7 +85,7 @@ std::string PlanToJson(const Plan& plan, absl::Span<const int64_t> lengths,
   return absl::StrCat(
       "{", absl::StrFormat(R"("plan_ms":%.3f,)", report.tok.plan_ms),
       R"("scheduler":")",
-      topology.scheduler == SchedulerKind::kStaticCp ? "static_cp" : "dynamic_cp",
+      TraitsOf(topology.scheduler).name,
       R"(",)", R"("dp":)", topology.dp, R"(,"cp":)", topology.cp,
       R"(,"max_tokens_per_rank":)", topology.max_tokens_per_rank,
       R"(,"num_samples":)", lengths.size(), R"(,"n_mb":)",
@@ -155,7 +156,7 @@ std::string PlanToSvg(const Plan& plan, const Topology& topology) {
       "<text x=\"4\" y=\"16\" font-size=\"13\">Plan: %d micro-batches on %d DPxCP ranks "
       "(dp %d, cp %d, %s); each cell is a rank's share of one micro-batch</text>\n",
       width, height, n_mb, r, topology.dp, topology.cp,
-      topology.scheduler == SchedulerKind::kStaticCp ? "static CP" : "dynamic CP");
+      std::string(TraitsOf(topology.scheduler).title));
   // Frame, so ranks left idle in a micro-batch (no cell) read as such.
   absl::StrAppendFormat(&out,
                         "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#f4f4f4\" "

@@ -28,7 +28,6 @@ absl::Status ValidatePlan(const Plan& plan, absl::Span<const int64_t> lengths,
         "plan: ", n_mb, " micro-batches, must be a positive multiple of "
         "microbatch_group_size ", topology.microbatch_group_size));
   }
-  const bool dynamic = topology.scheduler == SchedulerKind::kDynamicCp;
   const int max_c = MaxCpGroupSize(topology);
   std::vector<int> seen(lengths.size(), 0);
   for (int m = 0; m < n_mb; ++m) {
@@ -41,17 +40,22 @@ absl::Status ValidatePlan(const Plan& plan, absl::Span<const int64_t> lengths,
             where, ": groups must tile the ranks in order, expected rank ",
             next_rank));
       }
-      if (dynamic) {
-        if (!IsPowerOfTwo(g.cp_size) || g.cp_size < topology.min_cp ||
-            g.cp_size > max_c || g.first_rank % g.cp_size != 0) {
-          return absl::InternalError(absl::StrCat(
-              where, ": size ", g.cp_size,
-              " must be an aligned power of two in [min_cp ", topology.min_cp,
-              ", ", max_c, "]"));
-        }
-      } else if (g.cp_size != topology.cp) {
-        return absl::InternalError(
-            absl::StrCat(where, ": size ", g.cp_size, " != cp ", topology.cp));
+      switch (topology.scheduler) {
+        case SchedulerKind::kStaticCp:
+          if (g.cp_size != topology.cp) {
+            return absl::InternalError(
+                absl::StrCat(where, ": size ", g.cp_size, " != cp ", topology.cp));
+          }
+          break;
+        case SchedulerKind::kDynamicCp:
+          if (!IsPowerOfTwo(g.cp_size) || g.cp_size < topology.min_cp ||
+              g.cp_size > max_c || g.first_rank % g.cp_size != 0) {
+            return absl::InternalError(absl::StrCat(
+                where, ": size ", g.cp_size,
+                " must be an aligned power of two in [min_cp ", topology.min_cp,
+                ", ", max_c, "]"));
+          }
+          break;
       }
       next_rank += g.cp_size;
       if (next_rank > r) {

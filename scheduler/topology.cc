@@ -63,13 +63,16 @@ absl::Status ValidateTopologySizes(const Topology& t) {
         " is below pp ", t.pp,
         "; interleaved pipelines (vpp ", t.vpp, ") need at least pp"));
   }
-  if (t.scheduler == SchedulerKind::kDynamicCp) {
-    const int r = t.num_dpcp_ranks();
-    if (!IsPowerOfTwo(t.min_cp) || r % t.min_cp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "topology: min_cp ", t.min_cp,
-          " must be a power of two that divides dp*cp = ", r));
-    }
+  switch (t.scheduler) {
+    case SchedulerKind::kStaticCp:
+      break;  // min_cp is not used: every group has cp ranks
+    case SchedulerKind::kDynamicCp:
+      if (const int r = t.num_dpcp_ranks(); !IsPowerOfTwo(t.min_cp) || r % t.min_cp != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "topology: min_cp ", t.min_cp,
+            " must be a power of two that divides dp*cp = ", r));
+      }
+      break;
   }
   if (t.cost.linear < 0 || t.cost.quadratic < 0 ||
       t.cost.linear + t.cost.quadratic <= 0) {
@@ -97,18 +100,33 @@ CostModel CostModelForTransformer(int64_t hidden_size, int num_layers,
   return c;
 }
 
+int MinCpGroupSize(const Topology& t) {
+  switch (t.scheduler) {
+    case SchedulerKind::kStaticCp:
+      return t.cp;
+    case SchedulerKind::kDynamicCp:
+      return t.min_cp;
+  }
+  return t.cp;  // not reached: every kind has its case
+}
+
 int MaxCpGroupSize(const Topology& t) {
-  if (t.scheduler == SchedulerKind::kStaticCp) return t.cp;
-  int c = 1;
-  while (c * 2 <= t.num_dpcp_ranks()) c *= 2;
-  return c;
+  switch (t.scheduler) {
+    case SchedulerKind::kStaticCp:
+      return t.cp;
+    case SchedulerKind::kDynamicCp: {
+      int c = 1;
+      while (c * 2 <= t.num_dpcp_ranks()) c *= 2;
+      return c;
+    }
+  }
+  return t.cp;  // not reached: every kind has its case
 }
 
 int MinCpGroupSizeFor(const Topology& t, int64_t n) {
-  if (t.scheduler == SchedulerKind::kStaticCp) {
-    return PaddedLength(t, n, t.cp) / t.cp <= t.max_tokens_per_rank ? t.cp : 0;
-  }
-  for (int c = t.min_cp; c <= MaxCpGroupSize(t); c *= 2) {
+  // Static CP's one size, cp, need not be a power of two: the loop then runs once.
+  const int max_c = MaxCpGroupSize(t);
+  for (int c = MinCpGroupSize(t); c <= max_c; c *= 2) {
     if (PaddedLength(t, n, c) / c <= t.max_tokens_per_rank) return c;
   }
   return 0;

@@ -6,10 +6,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "scheduler/scheduler_kind.h"
 
 namespace rollpack {
-
-enum class SchedulerKind { kStaticCp, kDynamicCp };
 
 // Work of one sequence of padded length L: linear * L + quadratic * L^2,
 // shared equally by the ranks of its CP group.
@@ -72,6 +71,11 @@ inline int64_t CeilTo(int64_t x, int64_t multiple) {
 inline int64_t PaddedLength(const Topology& topology, int64_t n, int cp_size) {
   return CeilTo(n, SequenceAlignment(topology, cp_size));
 }
+
+// Smallest CP group the scheduler forms: min_cp for dynamic CP, cp for
+// static CP. With MaxCpGroupSize, the sizes a plan's groups take are the
+// powers-of-two multiples of this up to that.
+int MinCpGroupSize(const Topology& topology);
 
 // Largest allowed dynamic CP group: the largest power of two <= dp*cp.
 // For static CP this is cp.

@@ -152,12 +152,30 @@ TEST(MaxCpGroupSizeTest, StaticIsCpDynamicIsLargestPowerOfTwo) {
   EXPECT_EQ(MaxCpGroupSize(t), 1);
 }
 
+TEST(MinCpGroupSizeTest, StaticIsCpDynamicIsMinCp) {
+  Topology t = Base();
+  t.dp = 4;
+  t.cp = 3;
+  t.min_cp = 2;  // not used by static CP
+  EXPECT_EQ(MinCpGroupSize(t), 3);
+  t.scheduler = SchedulerKind::kDynamicCp;
+  EXPECT_EQ(MinCpGroupSize(t), 2);
+}
+
 TEST(MinCpGroupSizeForTest, StaticFitsOrNot) {
   Topology t = Base();
   t.cp = 2;
   t.max_tokens_per_rank = 8;
   EXPECT_EQ(MinCpGroupSizeFor(t, 16), 2);
   EXPECT_EQ(MinCpGroupSizeFor(t, 17), 0);  // pads to 20 > 2 * 8
+}
+
+TEST(MinCpGroupSizeForTest, StaticCpNeedNotBeAPowerOfTwo) {
+  Topology t = Base();
+  t.cp = 3;
+  t.max_tokens_per_rank = 8;
+  EXPECT_EQ(MinCpGroupSizeFor(t, 18), 3);  // aligns to 6: 18 / 3 = 6 <= 8
+  EXPECT_EQ(MinCpGroupSizeFor(t, 25), 0);  // pads to 30 > 3 * 8
 }
 
 TEST(MinCpGroupSizeForTest, DynamicSmallestFittingPowerOfTwo) {

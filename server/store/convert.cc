@@ -83,17 +83,7 @@ absl::StatusOr<Topology> NormalizeTopology(const v1::Topology& in) {
   t.microbatch_group_size = in.microbatch_group_size() > 0 ? in.microbatch_group_size()
                             : t.vpp > 1                    ? t.pp
                                                            : 1;
-  switch (in.scheduler()) {
-    case v1::STATIC_CP:
-      t.scheduler = SchedulerKind::kStaticCp;
-      break;
-    case v1::DYNAMIC_CP:
-      t.scheduler = SchedulerKind::kDynamicCp;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("topology: unknown scheduler ", static_cast<int>(in.scheduler())));
-  }
+  ASSIGN_OR_RETURN(t.scheduler, SchedulerKindFromProto(in.scheduler()));
   const v1::CostModel& cost = in.cost();
   if (cost.linear() < 0 || cost.quadratic() < 0 || cost.hidden_size() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -110,6 +100,24 @@ absl::StatusOr<Topology> NormalizeTopology(const v1::Topology& in) {
   return t;
 }
 
+v1::SchedulerKind ToProto(SchedulerKind kind) {
+  switch (kind) {
+    case SchedulerKind::kStaticCp:
+      return v1::STATIC_CP;
+    case SchedulerKind::kDynamicCp:
+      return v1::DYNAMIC_CP;
+  }
+  return v1::STATIC_CP;  // not reached: every kind has its case
+}
+
+absl::StatusOr<SchedulerKind> SchedulerKindFromProto(v1::SchedulerKind kind) {
+  for (const SchedulerKindTraits& row : kSchedulerKinds) {
+    if (ToProto(row.kind) == kind) return row.kind;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("topology: unknown scheduler ", static_cast<int>(kind)));
+}
+
 v1::Topology ToProto(const Topology& t) {
   v1::Topology out;
   out.set_dp(t.dp);
@@ -123,7 +131,7 @@ v1::Topology ToProto(const Topology& t) {
   out.set_max_tokens_per_rank(t.max_tokens_per_rank);
   out.set_pad_multiple(t.pad_multiple);
   out.set_microbatch_group_size(t.microbatch_group_size);
-  out.set_scheduler(t.scheduler == SchedulerKind::kDynamicCp ? v1::DYNAMIC_CP : v1::STATIC_CP);
+  out.set_scheduler(ToProto(t.scheduler));
   out.set_min_cp(t.min_cp);
   out.mutable_cost()->set_linear(t.cost.linear);
   out.mutable_cost()->set_quadratic(t.cost.quadratic);

@@ -14,6 +14,7 @@
 #include "scheduler/model_spec.h"
 #include "scheduler/plan.h"
 #include "scheduler/sample_selection.h"
+#include "scheduler/scheduler_kind.h"
 #include "scheduler/topology.h"
 #include "server/store/pool_options.h"
 #include "server/store/step.h"
@@ -36,6 +37,13 @@ absl::StatusOr<SelectionRequest> SelectionFromProto(const v1::CreateStepRequest&
 // kept for ValidateAdvantageRequest to refuse by name.
 AdvantageRequest AdvantageFromProto(const v1::CreateStepRequest& request);
 void SetAdvantage(const AdvantageRequest& advantage, v1::CreateStepRequest* request);
+
+// The wire's scheduler enum. ToProto is a switch without default, so a new
+// SchedulerKind is a -Wswitch warning there; the way back searches
+// kSchedulerKinds for the kind ToProto sends as `kind`, so the two never
+// disagree. INVALID_ARGUMENT naming a wire value no kind is sent as.
+v1::SchedulerKind ToProto(SchedulerKind kind);
+absl::StatusOr<SchedulerKind> SchedulerKindFromProto(v1::SchedulerKind kind);
 
 // Sizes of 0 mean 1; unset sequence_parallel means true;
 // microbatch_group_size 0 means pp when vpp > 1, else 1; a cost model with
