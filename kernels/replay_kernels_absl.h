@@ -1,5 +1,6 @@
-// Thin adapter from the kernels' absl-free KernelStatus to absl::Status, for
-// the service code (the kernel libraries themselves do not depend on absl).
+// The one adapter from the kernels' absl-free KernelStatus to absl::Status,
+// for the code that calls the kernels (client/trainer/); the kernel
+// libraries themselves do not depend on absl.
 #ifndef ROLLPACK_KERNELS_REPLAY_KERNELS_ABSL_H_
 #define ROLLPACK_KERNELS_REPLAY_KERNELS_ABSL_H_
 

@@ -3,10 +3,8 @@
 // refused as the contract says, gating selection through required_scalars,
 // and back after kill -9 and a restart.
 #include <signal.h>
-#include <stdlib.h>
 
 #include <chrono>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "rollpack/v1/rollouts.grpc.pb.h"
 #include "rollpack/v1/scheduler.grpc.pb.h"
-#include "testing/daemon_process.h"
+#include "testing/durable_daemon_test.h"
 #include "testing/ndarrays.h"
 
 #ifndef ROLLPACKD_PATH
@@ -57,21 +55,12 @@ std::unique_ptr<grpc::ClientContext> Context() {
   return context;
 }
 
-class AnnotationsTest : public ::testing::Test {
+class AnnotationsTest : public DurableDaemonTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/rollpack_annotations_XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    std::filesystem::remove_all(dir_);
-  }
+  AnnotationsTest() : DurableDaemonTest(ROLLPACKD_PATH) {}
+
   void Start() {
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
-        ROLLPACKD_PATH, {"--data-dir=" + dir_, "--fsync=always"}, dir_ + "/port");
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
+    ASSERT_NO_FATAL_FAILURE(StartDaemon());
     auto channel = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
     rollouts_ = v1::Rollouts::NewStub(channel);
     scheduler_ = v1::Scheduler::NewStub(channel);
@@ -112,8 +101,6 @@ class AnnotationsTest : public ::testing::Test {
     return scheduler_->CreateStep(Context().get(), request, info);
   }
 
-  std::string dir_;
-  std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<v1::Rollouts::Stub> rollouts_;
   std::unique_ptr<v1::Scheduler::Stub> scheduler_;
 };

@@ -3,11 +3,9 @@
 // pieces, counted in the pool's stored bytes, refused by name when
 // malformed, and all back after kill -9 and a restart.
 #include <signal.h>
-#include <stdlib.h>
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,7 +17,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "rollpack/v1/rollouts.grpc.pb.h"
-#include "testing/daemon_process.h"
+#include "testing/durable_daemon_test.h"
 #include "testing/ndarrays.h"
 
 #ifndef ROLLPACKD_PATH
@@ -76,21 +74,12 @@ std::unique_ptr<grpc::ClientContext> Context() {
   return context;
 }
 
-class RaggedIngestTest : public ::testing::Test {
+class RaggedIngestTest : public DurableDaemonTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/rollpack_ragged_XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    std::filesystem::remove_all(dir_);
-  }
+  RaggedIngestTest() : DurableDaemonTest(ROLLPACKD_PATH) {}
+
   void Start() {
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(
-        ROLLPACKD_PATH, {"--data-dir=" + dir_, "--fsync=always"}, dir_ + "/port");
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
+    ASSERT_NO_FATAL_FAILURE(StartDaemon());
     rollouts_ = v1::Rollouts::NewStub(
         grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
   }
@@ -129,8 +118,6 @@ class RaggedIngestTest : public ::testing::Test {
     return out;
   }
 
-  std::string dir_;
-  std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<v1::Rollouts::Stub> rollouts_;
 };
 

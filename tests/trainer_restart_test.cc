@@ -7,7 +7,6 @@
 // completes the rank byte-identically.
 #include <signal.h>
 
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,7 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/wire/deterministic_bytes.h"
-#include "testing/daemon_process.h"
+#include "testing/durable_daemon_test.h"
 #include "testing/synthetic_rollouts.h"
 
 #ifndef ROLLPACKD_PATH
@@ -48,29 +47,9 @@ v1::ModelSpec Model() {
   return m;
 }
 
-class TrainerRestartTest : public ::testing::Test {
+class TrainerRestartTest : public DurableDaemonTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/rollpack_restart_XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    std::filesystem::remove_all(dir_);
-  }
-
-  // Starts rollpackd on `dir_` (durable), on `port` (0 = ephemeral).
-  void Start(int port) {
-    std::vector<std::string> args = {"--data-dir=" + dir_, "--fsync=always"};
-    if (port > 0) args.push_back(absl::StrCat("--listen=127.0.0.1:", port));
-    absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
-        DaemonProcess::Start(ROLLPACKD_PATH, args, dir_ + "/port");
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
-    if (port > 0) {
-      ASSERT_EQ(daemon_->port(), port);
-    }
-  }
+  TrainerRestartTest() : DurableDaemonTest(ROLLPACKD_PATH) {}
 
   // A step "s" of one data-parallel rank with at least 25 micro-batches;
   // returns that rank's bytes read uninterrupted.
@@ -112,12 +91,10 @@ class TrainerRestartTest : public ::testing::Test {
     }
   }
 
-  std::string dir_;
-  std::unique_ptr<DaemonProcess> daemon_;
 };
 
 TEST_F(TrainerRestartTest, StreamsRideOutAKillDashNineAndRestartOnTheSamePort) {
-  ASSERT_NO_FATAL_FAILURE(Start(0));
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
   const std::vector<std::string> reference = CreateStep();
   ASSERT_GE(reference.size(), 10u);
   const int port = daemon_->port();
@@ -174,7 +151,7 @@ TEST_F(TrainerRestartTest, StreamsRideOutAKillDashNineAndRestartOnTheSamePort) {
   // Restarted from this thread: the daemon's PR_SET_PDEATHSIG follows the
   // thread that forked it.
   absl::SleepFor(absl::Seconds(2));
-  Start(port);
+  StartDaemon(port);
   reader.join();
   device_reader.join();
   if (HasFatalFailure()) return;
@@ -201,7 +178,7 @@ TEST_F(TrainerRestartTest, StreamsRideOutAKillDashNineAndRestartOnTheSamePort) {
 }
 
 TEST_F(TrainerRestartTest, ADaemonThatStaysDownEndsTheStreamAfterTheBudgetNamingWhereToResume) {
-  ASSERT_NO_FATAL_FAILURE(Start(0));
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
   const std::vector<std::string> reference = CreateStep();
   ASSERT_GE(reference.size(), 10u);
   const int port = daemon_->port();
@@ -275,7 +252,7 @@ TEST_F(TrainerRestartTest, ADaemonThatStaysDownEndsTheStreamAfterTheBudgetNaming
   }
 
   // The index is right: resuming there completes the rank byte-identically.
-  ASSERT_NO_FATAL_FAILURE(Start(port));
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(port));
   TrainerStreamOptions rest;
   rest.start_index = static_cast<int>(*ResumeFrom(error));
   for (std::string& bytes : ReadAll(rest)) got.push_back(std::move(bytes));

@@ -308,12 +308,6 @@ kernels::UnpackArgs MakeUnpack(const Layout& l, const ArrayRef& experts, const A
   return a;
 }
 
-absl::Status FromKernel(const kernels::KernelStatus& s) {
-  if (s.ok()) return absl::OkStatus();
-  if (s.code == kernels::StatusCode::kInvalidArgument) return absl::InvalidArgumentError(s.message);
-  return absl::InternalError(s.message);
-}
-
 void ClearData(v1::Microbatch* m) {
   m->mutable_tokens()->clear_data();
   m->mutable_replay_experts()->clear_data();

@@ -97,7 +97,6 @@ void AssignViews(const Layout& l, char* base, void* ids, bool ids_int32, BatchSt
 
 kernels::UnpackArgs MakeUnpack(const Layout& l, const ArrayRef& experts, const ArrayRef& mask,
                                void* out, bool ids_int32, bool masked_fill_minus_one);
-absl::Status FromKernel(const kernels::KernelStatus& s);
 
 // Drops the big byte fields once they live on the device; cu_seqlens and the
 // per-sequence arrays stay (KeptInMeta).

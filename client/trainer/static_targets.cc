@@ -5,6 +5,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/replay_kernels_absl.h"
 #include "kernels/unpack_static.h"
 
 #ifdef ROLLPACK_WITH_CUDA
@@ -18,12 +19,6 @@ namespace rollpack {
 namespace {
 
 namespace k = kernels;
-
-absl::Status FromKernel(const k::KernelStatus& s) {
-  if (s.ok()) return absl::OkStatus();
-  if (s.code == k::StatusCode::kInvalidArgument) return absl::InvalidArgumentError(s.message);
-  return absl::InternalError(s.message);
-}
 
 absl::Status CheckShape(const ReceivedIds& ids, int64_t max_rows, int64_t layers, int kk) {
   if (ids.rows > max_rows) {
@@ -80,10 +75,10 @@ k::StaticUnpackArgs ArgsFor(const StaticTargets& out, const StaticTargetsOptions
 }
 
 absl::Status Run(const k::StaticUnpackArgs& a, int device, void* stream) {
-  if (device < 0) return FromKernel(k::cpu::StaticUnpack(a));
+  if (device < 0) return k::ToAbslStatus(k::cpu::StaticUnpack(a));
 #ifdef ROLLPACK_WITH_CUDA
   trainer_internal::DeviceGuard g(device);
-  return FromKernel(k::cuda::StaticUnpack(a, stream));
+  return k::ToAbslStatus(k::cuda::StaticUnpack(a, stream));
 #else
   return absl::FailedPreconditionError(
       "rollpack was built without CUDA (ROLLPACK_WITH_CUDA=OFF): static buffers on device -1 only");
@@ -155,7 +150,7 @@ absl::Status StageReplayTargets(const ReceivedIds& ids, const StaticStaging& sta
       RP_CUDA(cudaMemsetAsync(staging.mask, 1, rows, st));
     }
   }
-  return FromKernel(k::cuda::StoreRows(staging.rows, ids.rows, stream));
+  return k::ToAbslStatus(k::cuda::StoreRows(staging.rows, ids.rows, stream));
 #else
   return absl::FailedPreconditionError("rollpack was built without CUDA (ROLLPACK_WITH_CUDA=OFF)");
 #endif

@@ -21,6 +21,7 @@
 #include "server/store/log_records.h"
 #include "server/store/names.h"
 #include "server/store/step_builder.h"
+#include "server/store/step_request_validation.h"
 #include "spdlog/spdlog.h"
 
 namespace rollpack {
@@ -92,12 +93,8 @@ std::string ClusterSteps::ReleaseKey(Cluster* cluster, const std::string& member
 }
 
 absl::StatusOr<std::shared_ptr<const Step>> ClusterSteps::CreateStep(const StepRequest& request) {
-  RETURN_IF_ERROR(ValidateCreateStep(request));
   // What the request states outright is refused before any member lists.
-  const std::string step_name = absl::StrCat("step \"", request.step_id, "\"");
-  RETURN_IF_ERROR(CheckStepSize(static_cast<int64_t>(request.sample_ids.size()),
-                                request.selection, step_name));
-  RETURN_IF_ERROR(CheckStepSize(request.selection.num_samples, request.selection, step_name));
+  RETURN_IF_ERROR(ValidateStepRequest(request));
   const std::string& step_id = request.step_id;
   const std::string& pool = request.pool;
   const Topology& topology = request.topology;

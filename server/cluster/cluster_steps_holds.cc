@@ -11,6 +11,7 @@
 #include "server/cluster/cluster_steps.h"
 #include "server/cluster/incarnation.h"
 #include "server/cluster/peer_calls.h"
+#include "server/cluster/step_owners.h"
 #include "spdlog/spdlog.h"
 
 namespace rollpack {
@@ -25,50 +26,47 @@ absl::Status ClusterSteps::HoldAll(Cluster* cluster, const v1::ClusterStepRecord
     ids[record.owner(i)].push_back(record.sample_ids(i));
   }
   std::vector<absl::Status> results(n);
-  ForEachParallel(n, [&](size_t i) {
-    if (ids[i].empty()) return;
-    if (record.members(i) == cluster->self().id) {
-      results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator(),
-                                record.created_unix_nanos(), record.reuse_samples(),
-                                record.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE);
-      if (results[i].ok()) results[i] = OwnHeldScalars(record.step_id(), ids[i], &(*scalars)[i]);
-      (*incarnations)[i] = cluster->options().incarnation;
-    } else {
-      v1::HoldSamplesRequest request;
-      request.set_step_id(record.step_id());
-      request.set_pool(record.pool());
-      for (const std::string& id : ids[i]) request.add_sample_ids(id);
-      request.set_coordinator(record.coordinator());
-      request.set_attempt(record.created_unix_nanos());
-      request.set_reuse_samples(record.reuse_samples());
-      request.set_replay_source(record.replay_source());
-      planning_bytes_.fetch_add(static_cast<int64_t>(request.ByteSizeLong()));
-      v1::HoldSamplesResponse response;
-      grpc::ClientContext context;
-      SetDeadline(&context, options_.member_timeout);
-      results[i] = FromPeer(cluster->MemberStub({record.members(i), record.members(i)})
-                                ->HoldSamples(&context, request, &response),
-                            record.members(i), "HoldSamples");
-      if (results[i].ok() && response.sends_scalars()) {
-        results[i] = ScalarsOfHold(response, record.members(i), ids[i].size(), &(*scalars)[i]);
-      }
-      // An older member says none; one that says something else is not
-      // believed (the step then cannot tell its restart from an absence).
-      if (results[i].ok() && IsIncarnation(response.incarnation())) {
-        (*incarnations)[i] = response.incarnation();
-      } else if (results[i].ok() && !response.incarnation().empty()) {
-        spdlog::warn("rollpackd: step \"{}\": member {} answered HoldSamples with an incarnation "
-                     "that is not 32 hex digits; its loss would not be recognised",
-                     record.step_id(), record.members(i));
-      }
-      // An older member would delete a reuse step's samples at release.
-      if (results[i].ok() && record.reuse_samples() && !response.lifecycle()) {
-        results[i] = absl::FailedPreconditionError(absl::StrCat(
-            "member ", record.members(i), " runs a rollpackd without reuse steps; every member "
-            "must run the same version (docs/cluster.md)"));
-      }
-    }
-  });
+  ForEachOwner(
+      cluster, record, options_.member_timeout,
+      [&](int i) {
+        results[i] = store_->Hold(record.step_id(), record.pool(), ids[i], record.coordinator(),
+                                  record.created_unix_nanos(), record.reuse_samples(),
+                                  record.replay_source() == v1::REPLAY_SOURCE_RECOMPUTE);
+        if (results[i].ok()) results[i] = OwnHeldScalars(record.step_id(), ids[i], &(*scalars)[i]);
+        (*incarnations)[i] = cluster->options().incarnation;
+      },
+      [&](int i, v1::Member::Stub* stub, grpc::ClientContext* context) {
+        v1::HoldSamplesRequest request;
+        request.set_step_id(record.step_id());
+        request.set_pool(record.pool());
+        for (const std::string& id : ids[i]) request.add_sample_ids(id);
+        request.set_coordinator(record.coordinator());
+        request.set_attempt(record.created_unix_nanos());
+        request.set_reuse_samples(record.reuse_samples());
+        request.set_replay_source(record.replay_source());
+        planning_bytes_.fetch_add(static_cast<int64_t>(request.ByteSizeLong()));
+        v1::HoldSamplesResponse response;
+        results[i] = FromPeer(stub->HoldSamples(context, request, &response), record.members(i),
+                              "HoldSamples");
+        if (results[i].ok() && response.sends_scalars()) {
+          results[i] = ScalarsOfHold(response, record.members(i), ids[i].size(), &(*scalars)[i]);
+        }
+        // An older member says none; one that says something else is not
+        // believed (the step then cannot tell its restart from an absence).
+        if (results[i].ok() && IsIncarnation(response.incarnation())) {
+          (*incarnations)[i] = response.incarnation();
+        } else if (results[i].ok() && !response.incarnation().empty()) {
+          spdlog::warn("rollpackd: step \"{}\": member {} answered HoldSamples with an "
+                       "incarnation that is not 32 hex digits; its loss would not be recognised",
+                       record.step_id(), record.members(i));
+        }
+        // An older member would delete a reuse step's samples at release.
+        if (results[i].ok() && record.reuse_samples() && !response.lifecycle()) {
+          results[i] = absl::FailedPreconditionError(absl::StrCat(
+              "member ", record.members(i), " runs a rollpackd without reuse steps; every member "
+              "must run the same version (docs/cluster.md)"));
+        }
+      });
   for (size_t i = 0; i < results.size(); ++i) {
     if (absl::IsAlreadyExists(results[i])) {
       // The owner still holds samples for an earlier attempt at this id
@@ -88,44 +86,30 @@ void ClusterSteps::DropAll(Cluster* cluster, const v1::ClusterStepRecord& record
   // still a hold); only this attempt's holds go. A drop that fails leaves
   // an unconfirmed hold, which its member settles against etcd after
   // hold_grace.
-  std::vector<char> owns(record.members_size(), 0);
-  for (int32_t o : record.owner()) owns[o] = 1;
-  ForEachParallel(owns.size(), [&](size_t i) {
-    if (!owns[i]) return;
-    if (record.members(i) == cluster->self().id) {
-      store_->DropHold(record.step_id(), record.created_unix_nanos()).IgnoreError();
-      return;
-    }
-    v1::StepHoldRequest request;
-    request.set_step_id(record.step_id());
-    request.set_attempt(record.created_unix_nanos());
-    v1::DropHoldResponse response;
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.member_timeout);
-    cluster->MemberStub({record.members(i), record.members(i)})
-        ->DropHold(&context, request, &response);
-  });
+  ForEachOwner(
+      cluster, record, options_.member_timeout,
+      [&](int) { store_->DropHold(record.step_id(), record.created_unix_nanos()).IgnoreError(); },
+      [&](int, v1::Member::Stub* stub, grpc::ClientContext* context) {
+        v1::StepHoldRequest request;
+        request.set_step_id(record.step_id());
+        request.set_attempt(record.created_unix_nanos());
+        v1::DropHoldResponse response;
+        stub->DropHold(context, request, &response);
+      });
 }
 
 void ClusterSteps::ConfirmAll(Cluster* cluster, const v1::ClusterStepRecord& record) {
   // Best effort: an owner not reached confirms by itself after hold_grace
   // (the record exists).
-  std::vector<char> owns(record.members_size(), 0);
-  for (int32_t o : record.owner()) owns[o] = 1;
-  ForEachParallel(owns.size(), [&](size_t i) {
-    if (!owns[i]) return;
-    if (record.members(i) == cluster->self().id) {
-      store_->ConfirmHold(record.step_id()).IgnoreError();
-      return;
-    }
-    v1::StepHoldRequest request;
-    request.set_step_id(record.step_id());
-    v1::ConfirmHoldResponse response;
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.member_timeout);
-    cluster->MemberStub({record.members(i), record.members(i)})
-        ->ConfirmHold(&context, request, &response);
-  });
+  ForEachOwner(
+      cluster, record, options_.member_timeout,
+      [&](int) { store_->ConfirmHold(record.step_id()).IgnoreError(); },
+      [&](int, v1::Member::Stub* stub, grpc::ClientContext* context) {
+        v1::StepHoldRequest request;
+        request.set_step_id(record.step_id());
+        v1::ConfirmHoldResponse response;
+        stub->ConfirmHold(context, request, &response);
+      });
 }
 
 }  // namespace rollpack

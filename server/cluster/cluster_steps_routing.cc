@@ -13,6 +13,7 @@
 #include "rollpack/v1/member.grpc.pb.h"
 #include "server/cluster/cluster_steps.h"
 #include "server/cluster/peer_calls.h"
+#include "server/cluster/step_owners.h"
 #include "server/store/convert.h"
 #include "server/store/recompute_routing.h"
 
@@ -185,30 +186,27 @@ absl::StatusOr<RoutingCommitResult> ClusterSteps::CommitPhase(
   std::vector<char> owns(record.members_size(), 0);
   for (int32_t o : record.owner()) owns[o] = 1;
   std::vector<absl::StatusOr<RoutingCommitResult>> results(owns.size(), RoutingCommitResult{});
-  ForEachParallel(owns.size(), [&](size_t o) {
-    if (!owns[o]) return;
-    const std::string& member = record.members(o);
-    if (member == cluster->self().id) {
-      results[o] = commit ? CommitHeldRouting(record.step_id(), record.created_unix_nanos())
-                          : CheckHeldRouting(record.step_id(), record.created_unix_nanos());
-      return;
-    }
-    v1::MemberRoutingRequest request;
-    request.set_step_id(record.step_id());
-    request.set_attempt(record.created_unix_nanos());
-    v1::CommitRoutingResponse response;
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.member_timeout);
-    auto stub = cluster->MemberStub({member, member});
-    const grpc::Status status = commit ? stub->CommitRouting(&context, request, &response)
-                                       : stub->CheckRouting(&context, request, &response);
-    absl::Status s = FromPeer(status, member, commit ? "CommitRouting" : "CheckRouting");
-    if (s.ok()) {
-      results[o] = CommitResultFrom(response);
-    } else {
-      results[o] = s;
-    }
-  });
+  ForEachOwner(
+      cluster, record, options_.member_timeout,
+      [&](int o) {
+        results[o] = commit ? CommitHeldRouting(record.step_id(), record.created_unix_nanos())
+                            : CheckHeldRouting(record.step_id(), record.created_unix_nanos());
+      },
+      [&](int o, v1::Member::Stub* stub, grpc::ClientContext* context) {
+        v1::MemberRoutingRequest request;
+        request.set_step_id(record.step_id());
+        request.set_attempt(record.created_unix_nanos());
+        v1::CommitRoutingResponse response;
+        const grpc::Status status = commit ? stub->CommitRouting(context, request, &response)
+                                           : stub->CheckRouting(context, request, &response);
+        absl::Status s =
+            FromPeer(status, record.members(o), commit ? "CommitRouting" : "CheckRouting");
+        if (s.ok()) {
+          results[o] = CommitResultFrom(response);
+        } else {
+          results[o] = s;
+        }
+      });
   RoutingCommitResult total;
   absl::Status first;
   for (size_t o = 0; o < results.size(); ++o) {

@@ -16,6 +16,7 @@
 #include "server/cluster/cluster_steps.h"
 #include "server/cluster/group_census.h"
 #include "server/cluster/peer_calls.h"
+#include "server/cluster/step_owners.h"
 #include "server/store/names.h"
 #include "spdlog/spdlog.h"
 
@@ -44,36 +45,37 @@ absl::StatusOr<ReleaseResult> ClusterSteps::ReleaseStep(const std::string& step_
     cache_.erase(step_id);
   }
   std::vector<absl::StatusOr<ReleaseResult>> results(record.members_size(), ReleaseResult{});
-  ForEachParallel(owns.size(), [&](size_t i) {
-    if (!owns[i]) return;
+  // Released, or not held there (released already): the pending release
+  // is done. Otherwise the owner finishes it when it is back.
+  auto settle = [&](int i) {
     const std::string& member = record.members(i);
-    if (member == cluster->self().id) {
-      results[i] = store_->ReleaseStep(step_id);
-    } else {
-      v1::StepHoldRequest request;
-      request.set_step_id(step_id);
-      v1::DropHoldResponse response;
-      grpc::ClientContext context;
-      SetDeadline(&context, options_.member_timeout);
-      absl::Status s = FromPeer(
-          cluster->MemberStub({member, member})->ReleaseHold(&context, request, &response),
-          member, "ReleaseHold");
-      if (s.ok()) {
-        results[i] = ReleaseResult{response.released_samples(), response.freed_bytes(),
-                                   response.returned_samples()};
-      } else {
-        results[i] = s;
-      }
-    }
-    // Released, or not held there (released already): the pending release
-    // is done. Otherwise the owner finishes it when it is back.
     if (results[i].ok() || absl::IsNotFound(results[i].status())) {
       cluster->etcd()->Delete(ReleaseKey(cluster, member, step_id)).IgnoreError();
     } else {
       spdlog::warn("rollpackd: step \"{}\": member {} will release its samples when it is back: {}",
                    step_id, member, results[i].status().ToString());
     }
-  });
+  };
+  ForEachOwner(
+      cluster, record, options_.member_timeout,
+      [&](int i) {
+        results[i] = store_->ReleaseStep(step_id);
+        settle(i);
+      },
+      [&](int i, v1::Member::Stub* stub, grpc::ClientContext* context) {
+        v1::StepHoldRequest request;
+        request.set_step_id(step_id);
+        v1::DropHoldResponse response;
+        absl::Status s = FromPeer(stub->ReleaseHold(context, request, &response),
+                                  record.members(i), "ReleaseHold");
+        if (s.ok()) {
+          results[i] = ReleaseResult{response.released_samples(), response.freed_bytes(),
+                                     response.returned_samples()};
+        } else {
+          results[i] = s;
+        }
+        settle(i);
+      });
   uploads_.DropStale();  // this member's R2 stage of the step gives its memory back
   ReleaseResult total;
   for (const auto& r : results) {

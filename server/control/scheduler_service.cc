@@ -55,7 +55,7 @@ grpc::ServerUnaryReactor* SchedulerService::CreateStep(grpc::CallbackServerConte
   step_request.selection.max_samples = max_samples_per_step_;
   step_request.topology = *topology;
   step_request.reuse_samples = request->reuse_samples();
-  step_request.advantage = AdvantageFromProto(*request);  // checked by ValidateCreateStep
+  step_request.advantage = AdvantageFromProto(*request);  // checked by ValidateStepRequest
   switch (request->replay_source()) {
     case v1::REPLAY_SOURCE_ROLLOUT:
       break;

@@ -9,7 +9,6 @@
 #include "scheduler/pipeline_layers.h"
 #include "scheduler/plan.h"
 #include "scheduler/planner.h"
-#include "server/store/names.h"
 
 namespace rollpack {
 namespace {
@@ -60,29 +59,6 @@ absl::StatusOr<std::shared_ptr<const Step>> Build(
 }
 
 }  // namespace
-
-absl::Status ValidateCreateStep(const StepRequest& request) {
-  RETURN_IF_ERROR(ValidateName("step_id", request.step_id, kMaxStepIdBytes));
-  RETURN_IF_ERROR(ValidateName("pool name", request.pool, kMaxPoolNameBytes));
-  const SelectionRequest& s = request.selection;
-  const int given = !request.sample_ids.empty() + (s.num_samples > 0) + (s.num_groups > 0) +
-                    (s.num_tokens > 0);
-  if (given != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step \"", request.step_id,
-        "\": give exactly one of sample_ids, num_samples, num_groups, num_tokens (> 0); got ",
-        request.sample_ids.size(), " sample_ids, num_samples ", s.num_samples, ", num_groups ",
-        s.num_groups, ", num_tokens ", s.num_tokens));
-  }
-  if (s.num_samples < 0 || s.num_groups < 0 || s.num_tokens < 0 ||
-      (s.max_staleness.has_value() && *s.max_staleness < 0) || s.policy_version < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step \"", request.step_id, "\": amounts, policy_version and max_staleness must be >= 0"));
-  }
-  RETURN_IF_ERROR(ValidateTopologySizes(request.topology));
-  return ValidateAdvantageRequest(request.advantage,
-                                  absl::StrCat("step \"", request.step_id, "\""));
-}
 
 absl::StatusOr<std::shared_ptr<const Step>> BuildStep(
     const std::string& step_id, const std::string& pool, const ModelSpec& model,

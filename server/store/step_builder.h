@@ -36,12 +36,6 @@ struct StepRequest {
   bool replay = false;
 };
 
-// INVALID_ARGUMENT for a CreateStep's names (names.h), not exactly one of
-// sample_ids / num_samples / num_groups / num_tokens, topology sizes the
-// scheduler refuses, or an advantage request ValidateAdvantageRequest
-// refuses.
-absl::Status ValidateCreateStep(const StepRequest& request);
-
 // The plan and per-rank layout of `samples` (in the step's order) on
 // `topology`. INVALID_ARGUMENT when the model's layers do not split over the
 // pipeline stages, or naming the first sample that fits on no allowed CP
