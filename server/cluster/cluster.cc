@@ -110,7 +110,10 @@ class Cluster::Peers {
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
 };
 
-absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& options) {
+namespace {
+
+// The name and address, before anything reaches etcd.
+absl::Status CheckJoinOptions(const ClusterOptions& options) {
   if (options.name.empty() || absl::StrContains(options.name, '/')) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--cluster-name \"", options.name, "\" must be non-empty and hold no '/'"));
@@ -121,7 +124,20 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& opt
         "--cluster-advertise \"", options.advertise,
         "\" must be the host:port other members reach this one at"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& options) {
+  RETURN_IF_ERROR(CheckJoinOptions(options));
   ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Create(options.etcd));
+  return Join(options, std::move(etcd));
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& options,
+                                                       std::unique_ptr<KeyValueStore> etcd) {
+  RETURN_IF_ERROR(CheckJoinOptions(options));
   std::unique_ptr<Cluster> cluster(new Cluster(options, std::move(etcd)));
   RETURN_IF_ERROR(cluster->Register());
   // Joined once the roster tells the others too (Members(), after an etcd
@@ -141,7 +157,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Join(const ClusterOptions& opt
   return cluster;
 }
 
-Cluster::Cluster(ClusterOptions options, std::unique_ptr<EtcdClient> etcd)
+Cluster::Cluster(ClusterOptions options, std::unique_ptr<KeyValueStore> etcd)
     : options_(std::move(options)),
       self_{options_.advertise, options_.advertise},
       // The address, and what tells this process from another with the

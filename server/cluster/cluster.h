@@ -31,6 +31,7 @@
 #include "rollpack/v1/rollouts.pb.h"
 #include "scheduler/model_spec.h"
 #include "server/cluster/etcd_client.h"
+#include "server/cluster/key_value_store.h"
 #include "server/cluster/member_health.h"
 #include "server/cluster/pool_facts.h"
 #include "server/store/sample_store.h"
@@ -75,6 +76,10 @@ class Cluster {
   // on a thread of its own, re-joining when etcd lost it (etcd was away
   // longer than the TTL). UNAVAILABLE when etcd cannot be reached.
   static absl::StatusOr<std::unique_ptr<Cluster>> Join(const ClusterOptions& options);
+  // The same over `store` in place of an etcd client of options.etcd (the
+  // cluster's unit tests: testing/in_memory_key_value_store.h).
+  static absl::StatusOr<std::unique_ptr<Cluster>> Join(const ClusterOptions& options,
+                                                       std::unique_ptr<KeyValueStore> store);
   // Leaves: revokes the lease, so the others see this member go at once.
   ~Cluster();
   Cluster(const Cluster&) = delete;
@@ -104,11 +109,11 @@ class Cluster {
   // Every member that had joined, as the keep-alive thread last saw the
   // list: true while etcd lists it, false once it is lost (member_health.h).
   std::map<std::string, bool> MemberUp() const;
-  // Whether etcd answers this member now (EtcdClient::reachable), and
+  // Whether etcd answers this member now (KeyValueStore::reachable), and
   // since when it does not.
   bool etcd_reachable() const { return etcd_->reachable(); }
   const EtcdReachability& etcd_reachability() const { return etcd_->reachability(); }
-  // EtcdClient::SetReachabilityListener.
+  // KeyValueStore::SetReachabilityListener.
   void SetEtcdListener(std::function<void(bool reachable)> listener) {
     etcd_->SetReachabilityListener(std::move(listener));
   }
@@ -151,7 +156,7 @@ class Cluster {
 
   // etcd keys of this cluster: /<name>/<kind>/<rest>.
   std::string Key(absl::string_view kind, absl::string_view rest) const;
-  EtcdClient* etcd() { return etcd_.get(); }
+  KeyValueStore* etcd() { return etcd_.get(); }
   // The Member service (member.proto) of `member`, over its kept channel.
   v1::Member::Stub* MemberStub(const ClusterMember& member);
   // The Rollouts service of `member` (its local_only calls), likewise.
@@ -188,7 +193,7 @@ class Cluster {
                                                   int64_t policy_version);
 
  private:
-  explicit Cluster(ClusterOptions options, std::unique_ptr<EtcdClient> etcd);
+  explicit Cluster(ClusterOptions options, std::unique_ptr<KeyValueStore> etcd);
   absl::Status Register();
   // Puts this member's key back when it is not its registration on `lease`.
   absl::Status Reassert(int64_t lease);
@@ -224,7 +229,7 @@ class Cluster {
   const ClusterOptions options_;
   const ClusterMember self_;
   const std::string registration_;  // the value of this member's key
-  std::unique_ptr<EtcdClient> etcd_;
+  std::unique_ptr<KeyValueStore> etcd_;
 
   mutable absl::Mutex mu_;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;

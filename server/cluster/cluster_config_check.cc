@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "server/cluster/etcd_client.h"
+#include "server/cluster/key_value_store.h"
 #include "spdlog/spdlog.h"
 
 namespace rollpack {
@@ -108,7 +108,7 @@ std::optional<std::string> MisnamedClusterWarning(const std::map<std::string, in
                       "of a new cluster.)");
 }
 
-void WarnIfClusterLooksMisnamed(EtcdClient& etcd, const std::string& name,
+void WarnIfClusterLooksMisnamed(KeyValueStore& etcd, const std::string& name,
                                 const std::string& self_id) {
   // Once at join: every cluster's keys sit under "/", and they are small
   // (memberships, pools, step records).

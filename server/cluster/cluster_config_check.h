@@ -25,7 +25,7 @@
 
 namespace rollpack {
 
-class EtcdClient;
+class KeyValueStore;
 
 // Whether `host` (of a host:port, brackets kept) listens on every address.
 bool IsWildcardHost(const std::string& host);
@@ -56,7 +56,7 @@ std::optional<std::string> MisnamedClusterWarning(const std::map<std::string, in
 // Reads the member keys etcd holds and logs MisnamedClusterWarning's
 // warning. Quiet when etcd denies reading outside the cluster's prefix
 // (etcd auth) or fails: it is advice, never a reason not to join.
-void WarnIfClusterLooksMisnamed(EtcdClient& etcd, const std::string& name,
+void WarnIfClusterLooksMisnamed(KeyValueStore& etcd, const std::string& name,
                                 const std::string& self_id);
 
 }  // namespace rollpack

@@ -253,13 +253,7 @@ absl::Status EtcdClient::Error(const grpc::Status& status, absl::string_view wha
                                              status.error_message()));
 }
 
-absl::StatusOr<std::optional<std::string>> EtcdClient::Get(const std::string& key) {
-  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> entry, GetEntry(key));
-  if (!entry.has_value()) return std::optional<std::string>();
-  return std::optional<std::string>(std::move(entry->value));
-}
-
-absl::StatusOr<EtcdClient::KeyRevisions> EtcdClient::Revisions(const std::string& key) {
+absl::StatusOr<KeyRevisions> EtcdClient::Revisions(const std::string& key) {
   etcdserverpb::RangeRequest request;
   request.set_key(key);
   request.set_keys_only(true);
@@ -270,16 +264,6 @@ absl::StatusOr<EtcdClient::KeyRevisions> EtcdClient::Revisions(const std::string
   if (!s.ok()) return Error(s, absl::StrCat("get ", key));
   if (response.kvs_size() == 0) return KeyRevisions{};
   return KeyRevisions{response.kvs(0).create_revision(), response.kvs(0).mod_revision()};
-}
-
-absl::StatusOr<int64_t> EtcdClient::CreateRevision(const std::string& key) {
-  ASSIGN_OR_RETURN(KeyRevisions revisions, Revisions(key));
-  return revisions.create;
-}
-
-absl::StatusOr<int64_t> EtcdClient::ModRevision(const std::string& key) {
-  ASSIGN_OR_RETURN(KeyRevisions revisions, Revisions(key));
-  return revisions.mod;
 }
 
 absl::StatusOr<std::vector<EtcdKeyValue>> EtcdClient::ListPrefix(const std::string& prefix,
@@ -319,15 +303,6 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> EtcdClient::ListPre
   std::vector<std::pair<std::string, int64_t>> out;
   out.reserve(response.kvs_size());
   for (const auto& kv : response.kvs()) out.emplace_back(kv.key(), kv.mod_revision());
-  return out;
-}
-
-absl::StatusOr<std::vector<std::pair<std::string, std::string>>> EtcdClient::GetPrefix(
-    const std::string& prefix) {
-  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs, ListPrefix(prefix));
-  std::vector<std::pair<std::string, std::string>> out;
-  out.reserve(kvs.size());
-  for (EtcdKeyValue& kv : kvs) out.emplace_back(std::move(kv.key), std::move(kv.value));
   return out;
 }
 

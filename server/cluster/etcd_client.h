@@ -1,5 +1,6 @@
 // A small client of etcd v3's gRPC API (KV, Lease), the cluster's store of
-// membership and cluster-wide facts (docs/cluster.md). Every call has a
+// membership and cluster-wide facts (docs/cluster.md): the KeyValueStore
+// (key_value_store.h) of a cluster in production. Every call has a
 // deadline and transient failures are retried within a total budget; an
 // unreachable etcd is UNAVAILABLE naming the endpoints, a request past
 // etcd's --max-request-bytes RESOURCE_EXHAUSTED naming the limit when etcd
@@ -26,6 +27,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
 #include "server/cluster/etcd_reachability.h"
+#include "server/cluster/key_value_store.h"
 
 namespace rollpack {
 
@@ -50,106 +52,59 @@ struct EtcdOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr;
 };
 
-// One key as etcd holds it.
-struct EtcdKeyValue {
-  std::string key;
-  std::string value;
-  int64_t lease = 0;  // 0: none, the key lives until deleted
-  int64_t mod_revision = 0;
-};
-
-class EtcdClient {
+class EtcdClient final : public KeyValueStore {
  public:
   // INVALID_ARGUMENT for no endpoint, https:// endpoints without a CA (or
   // mixed with http:// ones), or a certificate without its key. Connects
   // lazily: no call is made here.
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const EtcdOptions& options);
 
-  // The value of `key`, or nullopt when it does not exist.
-  absl::StatusOr<std::optional<std::string>> Get(const std::string& key);
-  // The revision that created `key` (it tells a key from one deleted and
-  // created again), 0 when it does not exist; the value is not read.
-  absl::StatusOr<int64_t> CreateRevision(const std::string& key);
-  // The revision of `key`'s last modification (it tells a value from any
-  // other the key held: a put over it, or the key deleted and created
-  // again), 0 when it does not exist; the value is not read.
-  absl::StatusOr<int64_t> ModRevision(const std::string& key);
-  // Every key starting with `prefix` and its value, in key order.
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> GetPrefix(
-      const std::string& prefix);
-  // The same with each key's lease and modification revision; *revision,
-  // when given, is set to the store revision etcd read them at.
+  // KeyValueStore, over etcd's KV and Lease services.
+  absl::StatusOr<std::optional<EtcdKeyValue>> GetEntry(const std::string& key) override;
+  // A keys-only read: the value is not sent.
+  absl::StatusOr<KeyRevisions> Revisions(const std::string& key) override;
   absl::StatusOr<std::vector<EtcdKeyValue>> ListPrefix(const std::string& prefix,
-                                                       int64_t* revision = nullptr);
-  // The keys starting with `prefix` and their modification revisions, in
-  // key order, without their values (what changed since a listing is read
-  // alone).
+                                                       int64_t* revision = nullptr) override;
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> ListPrefixKeys(
-      const std::string& prefix);
-  // `key` with its lease and revision, or nullopt when it does not exist.
-  absl::StatusOr<std::optional<EtcdKeyValue>> GetEntry(const std::string& key);
-  // lease 0 = none.
-  absl::Status Put(const std::string& key, const std::string& value, int64_t lease = 0);
-  // Puts `key` = `value` only if the key is still at `mod_revision` (what a
-  // GetEntry saw); false when another writer changed it meanwhile.
+      const std::string& prefix) override;
+  absl::Status Put(const std::string& key, const std::string& value,
+                   int64_t lease = 0) override;
   absl::StatusOr<bool> ReplaceIfUnchanged(const std::string& key, int64_t mod_revision,
-                                          const std::string& value, int64_t lease = 0);
-  // Creates `key` = `value` unless the key exists, atomically; returns the
-  // value the key holds afterwards (`value`, or what another writer put
-  // first) and sets *created. Two racing creators: exactly one wins, both
-  // see its value. `mod_revision`, when given, is set to the modification
-  // revision of the value returned.
+                                          const std::string& value, int64_t lease = 0) override;
   absl::StatusOr<std::string> CreateIfAbsent(const std::string& key, const std::string& value,
                                              bool* created, int64_t lease = 0,
-                                             int64_t* mod_revision = nullptr);
-  absl::Status Delete(const std::string& key);
-  // Deletes every key of `keys` in one transaction (all or none); returns
-  // how many existed.
-  absl::StatusOr<int64_t> DeleteAll(const std::vector<std::string>& keys);
+                                             int64_t* mod_revision = nullptr) override;
+  absl::Status Delete(const std::string& key) override;
+  absl::StatusOr<int64_t> DeleteAll(const std::vector<std::string>& keys) override;
+  absl::StatusOr<int64_t> GrantLease(absl::Duration ttl) override;
+  absl::Status KeepAlive(int64_t lease) override;
+  absl::Status RevokeLease(int64_t lease) override;
+  // Instead of spending each call's total budget.
+  void StopRetrying(absl::Duration deadline = absl::Seconds(1)) override;
 
-  // A lease that expires `ttl` after its last keep-alive; returns its id.
-  absl::StatusOr<int64_t> GrantLease(absl::Duration ttl);
-  // Renews the lease; NOT_FOUND when it has expired (etcd forgot it and
-  // every key attached to it).
-  absl::Status KeepAlive(int64_t lease);
-  absl::Status RevokeLease(int64_t lease);
-  // Leaving: from now on every call is one attempt of at most `deadline`,
-  // not retried, so that a member whose etcd is gone stops within seconds
-  // (its leases run out on their own) instead of spending each call's
-  // total budget.
-  void StopRetrying(absl::Duration deadline = absl::Seconds(1));
-
-  const std::string& endpoints() const { return endpoints_; }
+  const std::string& endpoints() const override { return endpoints_; }
 
   // When etcd last gave trouble: an attempt that failed or took over a
   // second, or the first answer after failed ones (the end of an outage,
   // when etcd revokes the leases that ran out meanwhile). InfinitePast
   // when never.
-  absl::Time last_trouble() const;
+  absl::Time last_trouble() const override;
 
   // Whether etcd answers this member (etcd_reachability.h: unreachable once
   // no attempt has succeeded for one attempt's deadline). Each change is
   // logged once ("etcd unreachable ...", "etcd reachable again after ...").
-  const EtcdReachability& reachability() const { return reachability_; }
-  bool reachable() const { return reachability_.reachable(); }
+  const EtcdReachability& reachability() const override { return reachability_; }
   // Called with the new state after each change, on the thread whose etcd
   // call saw it (outside any lock of this client). Replaces the previous one;
   // nullptr: none.
-  void SetReachabilityListener(std::function<void(bool reachable)> listener);
+  void SetReachabilityListener(std::function<void(bool reachable)> listener) override;
   // One read of no key with `deadline`, no retries: whether etcd answers
   // now (what reachable() follows, updated by it). For callers that answer
   // differently while etcd is away, so as not to answer so a moment after it
   // returned, before another call has seen it.
-  bool Probe(absl::Duration deadline) const;
+  bool Probe(absl::Duration deadline) const override;
 
  private:
-  struct KeyRevisions {
-    int64_t create = 0;  // 0: the key does not exist
-    int64_t mod = 0;
-  };
-  // `key`'s revisions from a keys-only read.
-  absl::StatusOr<KeyRevisions> Revisions(const std::string& key);
-
   EtcdClient(std::shared_ptr<grpc::Channel> channel, std::string endpoints,
              absl::Duration timeout, absl::Duration total_timeout);
   grpc::Status Call(const std::function<grpc::Status(grpc::ClientContext*)>& rpc) const;
