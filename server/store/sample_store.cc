@@ -14,6 +14,7 @@
 #include "server/store/ndarray.h"
 #include "server/store/step_builder.h"
 #include "server/store/step_metadata.h"
+#include "server/store/step_request_validation.h"
 
 namespace rollpack {
 SampleStore::SampleStore(int64_t max_memory_bytes) : max_memory_bytes_(max_memory_bytes) {}
@@ -388,12 +389,9 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(
 }
 
 absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRequest& request) {
-  RETURN_IF_ERROR(ValidateCreateStep(request));
   // What the request states outright is refused before any sample is read.
+  RETURN_IF_ERROR(ValidateStepRequest(request));
   const std::string step_name = absl::StrCat("step \"", request.step_id, "\"");
-  RETURN_IF_ERROR(CheckStepSize(static_cast<int64_t>(request.sample_ids.size()),
-                                request.selection, step_name));
-  RETURN_IF_ERROR(CheckStepSize(request.selection.num_samples, request.selection, step_name));
   const std::string& step_id = request.step_id;
   const std::string& pool_name = request.pool;
   // Reserve the samples under the lock, plan without it (step_builder.h).
@@ -476,15 +474,15 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
       // replaces the store's, never this step's).
       replay.recompute_routing.reserve(samples.size());
       for (const auto& sample : samples) {
-        auto it = pool.recompute_routing.find(sample->sample_id);
-        if (it == pool.recompute_routing.end()) {
+        std::shared_ptr<const std::string> routing = pool.recompute_routing.Find(sample->sample_id);
+        if (routing == nullptr) {
           replay_status = absl::FailedPreconditionError(absl::StrCat(
               "replay_source RECOMPUTE: sample \"", sample->sample_id,
               "\" holds no recompute routing (upload and commit it from a step that contains "
               "it first: Trainer.UploadRouting, Trainer.CommitRouting)"));
           break;
         }
-        replay.recompute_routing.push_back(it->second.ids);
+        replay.recompute_routing.push_back(std::move(routing));
       }
     }
   }
@@ -592,10 +590,12 @@ ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string
     auto it = pool.samples.find(id);
     ForgetAnnotations(pool, *it->second);
     int64_t bytes = MemoryBytes(*it->second);
-    if (auto routing = pool.recompute_routing.find(id); routing != pool.recompute_routing.end()) {
-      bytes += static_cast<int64_t>(routing->second.ids->size());
-      if (log_ != nullptr) log_->AddDeadBytes(routing->second.logged_bytes);
-      pool.recompute_routing.erase(routing);
+    if (!pool.recompute_routing.empty()) {
+      const RecomputeBook::Change routing = pool.recompute_routing.Erase(id);
+      bytes -= routing.bytes;
+      if (log_ != nullptr && routing.dead_log_bytes > 0) {
+        log_->AddDeadBytes(routing.dead_log_bytes);
+      }
     }
     if (it->second->grouped()) {
       auto group = pool.groups.find(it->second->group_id);

@@ -25,9 +25,11 @@
 #include "scheduler/topology.h"
 #include "server/store/field_schema.h"
 #include "server/store/pool_options.h"
+#include "server/store/recompute_book.h"
 #include "server/store/scalar_annotation.h"
 #include "server/store/step.h"
 #include "server/store/step_builder.h"
+#include "server/store/step_holds.h"
 #include "server/store/stored_sample.h"
 
 namespace rollpack {
@@ -463,13 +465,8 @@ class SampleStore {
     std::optional<std::set<std::string>> ragged_schema;
     absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
     absl::flat_hash_map<std::string, OpenSample> open;
-    // R2: samples' committed recompute routing (counted in stored_bytes),
-    // and the log bytes that hold it (dead once it is replaced or erased).
-    struct RecomputeRouting {
-      std::shared_ptr<const std::string> ids;
-      int64_t logged_bytes = 0;
-    };
-    absl::flat_hash_map<std::string, RecomputeRouting> recompute_routing;
+    // R2: samples' committed recompute routing (counted in stored_bytes).
+    RecomputeBook recompute_routing;
     // Free samples by arrival sequence number: the oldest first. The map
     // holds the sample itself, so that CreateStep takes what it selects
     // through the map's iterators, with no lookup by id per sample: each
@@ -652,10 +649,6 @@ class SampleStore {
       ABSL_GUARDED_BY(mu_);
   absl::Status ApplyRoutingRecord(const v1::RecomputeRoutingRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The pool's recompute routing as compaction's records, by sample id.
-  std::vector<std::string> EncodeRecomputeRouting(const std::string& name,
-                                                  const Pool& pool) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const int64_t max_memory_bytes_;
   DurableLog* log_ = nullptr;
@@ -666,19 +659,8 @@ class SampleStore {
   std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Step>> steps_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> step_created_unix_nanos_ ABSL_GUARDED_BY(mu_);
-  struct SampleHold {
-    std::string pool;
-    std::vector<std::string> sample_ids;
-    std::string coordinator;
-    int64_t attempt = 0;
-    absl::Time held_at;
-    bool confirmed = false;
-    bool reuse_samples = false;
-    // RECOMPUTE holds: each sample's recompute routing when it was taken.
-    bool recompute = false;
-    std::vector<std::shared_ptr<const std::string>> recompute_routing;
-  };
-  absl::flat_hash_map<std::string, SampleHold> holds_ ABSL_GUARDED_BY(mu_);
+  // This member's holds of cluster steps (step_holds.h).
+  StepHolds holds_ ABSL_GUARDED_BY(mu_);
   // Step ids being planned (and their pools), reserved so two creates
   // cannot race and their pool is not deleted under them.
   absl::flat_hash_map<std::string, std::string> pending_steps_ ABSL_GUARDED_BY(mu_);

@@ -186,12 +186,7 @@ absl::Status SampleStore::CheckAnnotations(const std::string& pool_name, const P
       const auto& ids = step->sample_ids;
       if (std::find(ids.begin(), ids.end(), id) != ids.end()) return step_id;
     }
-    for (const auto& [step_id, hold] : holds_) {
-      if (hold.pool != pool_name) continue;
-      const auto& ids = hold.sample_ids;
-      if (std::find(ids.begin(), ids.end(), id) != ids.end()) return step_id;
-    }
-    return "";
+    return holds_.HolderOf(pool_name, id);
   };
   *new_bytes = 0;
   for (const ScalarAnnotation& a : annotations) {

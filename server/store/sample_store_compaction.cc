@@ -170,7 +170,7 @@ absl::Status SampleStore::CompactLog() {
     }
     // R2: samples' recompute routing, before the steps that replay it.
     for (const auto& [name, pool] : pools_) {
-      for (const std::string& record : EncodeRecomputeRouting(name, pool)) {
+      for (const std::string& record : pool.recompute_routing.EncodeRecords(name)) {
         RETURN_IF_ERROR(out->Add(RecordType::kRecomputeRouting, record));
       }
     }
@@ -178,10 +178,7 @@ absl::Status SampleStore::CompactLog() {
       RETURN_IF_ERROR(out->Add(RecordType::kCreateStep, EncodeCreateStep(*step)));
     }
     for (const auto& [id, hold] : holds_) {
-      RETURN_IF_ERROR(out->Add(RecordType::kHoldSamples,
-                               EncodeHoldSamples(id, hold.pool, hold.sample_ids, hold.coordinator,
-                                                 hold.attempt, hold.reuse_samples,
-                                                 hold.recompute)));
+      RETURN_IF_ERROR(out->Add(RecordType::kHoldSamples, StepHolds::Record(id, hold)));
     }
     return absl::OkStatus();
   });

@@ -121,14 +121,14 @@ absl::Status SampleStore::Hold(const std::string& step_id, const std::string& po
       // replaces the store's, never this hold's).
       routing.reserve(sample_ids.size());
       for (const std::string& id : sample_ids) {
-        auto it = pool.recompute_routing.find(id);
-        if (it == pool.recompute_routing.end()) {
+        std::shared_ptr<const std::string> ids = pool.recompute_routing.Find(id);
+        if (ids == nullptr) {
           return absl::FailedPreconditionError(absl::StrCat(
               "replay_source RECOMPUTE: sample \"", id,
               "\" holds no recompute routing (upload and commit it from a step that contains "
               "it first: Trainer.UploadRouting, Trainer.CommitRouting)"));
         }
-        routing.push_back(it->second.ids);
+        routing.push_back(std::move(ids));
       }
     }
     if (log_ != nullptr) {
@@ -139,7 +139,7 @@ absl::Status SampleStore::Hold(const std::string& step_id, const std::string& po
     }
     for (const std::string& id : sample_ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
     pool.live_steps++;
-    SampleHold& hold = holds_[step_id];
+    StepHolds::Hold hold;
     hold.pool = pool_name;
     hold.sample_ids.assign(sample_ids.begin(), sample_ids.end());
     hold.coordinator = coordinator;
@@ -148,6 +148,7 @@ absl::Status SampleStore::Hold(const std::string& step_id, const std::string& po
     hold.reuse_samples = reuse_samples;
     hold.recompute = recompute;
     hold.recompute_routing = std::move(routing);
+    holds_.Add(step_id, std::move(hold));
   }
   if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
   return absl::OkStatus();
@@ -155,18 +156,12 @@ absl::Status SampleStore::Hold(const std::string& step_id, const std::string& po
 
 absl::Status SampleStore::ConfirmHold(const std::string& step_id) {
   absl::MutexLock lock(&mu_);
-  auto it = holds_.find(step_id);
-  if (it == holds_.end()) {
-    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here"));
-  }
-  it->second.confirmed = true;
-  return absl::OkStatus();
+  return holds_.Confirm(step_id);
 }
 
 int64_t SampleStore::HoldAttempt(const std::string& step_id) const {
   absl::ReaderMutexLock lock(&mu_);
-  auto it = holds_.find(step_id);
-  return it == holds_.end() ? 0 : it->second.attempt;
+  return holds_.Attempt(step_id);
 }
 
 absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id,
@@ -175,28 +170,20 @@ absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id,
   ReleaseResult result;
   {
     absl::MutexLock lock(&mu_);
-    auto it = holds_.find(step_id);
-    if (it == holds_.end() || (attempt != 0 && it->second.attempt != attempt)) {
-      return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here",
-                                              attempt != 0 ? " for this attempt" : ""));
-    }
+    ASSIGN_OR_RETURN(const StepHolds::Hold* hold, holds_.Get(step_id, attempt));
     if (log_ != nullptr) {
       const std::string record = EncodeDropHold(step_id);
       ASSIGN_OR_RETURN(ticket, log_->Append(RecordType::kDropHold, record));
-      const SampleHold& hold = it->second;
       log_->AddDeadBytes(LogRecordBytes(record.size()) +
-                         LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
-                                                          hold.coordinator, hold.attempt,
-                                                          hold.reuse_samples, hold.recompute)
-                                            .size()));
+                         LogRecordBytes(StepHolds::Record(step_id, *hold).size()));
     }
-    Pool& pool = pools_.at(it->second.pool);
+    Pool& pool = pools_.at(hold->pool);
     // The drop-hold record replays the deletion of closed groups' samples.
     absl::StatusOr<ReleaseResult> back =
-        ReturnToFree(it->second.pool, pool, it->second.sample_ids, /*log_drop=*/false);
+        ReturnToFree(hold->pool, pool, hold->sample_ids, /*log_drop=*/false);
     result.released_samples = back->returned_samples;
     pool.live_steps--;
-    holds_.erase(it);
+    holds_.Erase(step_id);
   }
   if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
   return result;
@@ -204,17 +191,13 @@ absl::StatusOr<ReleaseResult> SampleStore::DropHold(const std::string& step_id,
 
 absl::StatusOr<ReleaseResult> SampleStore::ReleaseHoldLocked(const std::string& step_id,
                                                              int64_t* ticket) {
-  auto it = holds_.find(step_id);
-  const SampleHold& hold = it->second;
+  const StepHolds::Hold& hold = *holds_.Find(step_id);
   if (log_ != nullptr) {
     const std::string record = EncodeReleaseStep(step_id);
     ASSIGN_OR_RETURN(int64_t written, log_->Append(RecordType::kReleaseStep, record));
     *ticket = written;
     int64_t dead = LogRecordBytes(record.size()) +
-                   LogRecordBytes(EncodeHoldSamples(step_id, hold.pool, hold.sample_ids,
-                                                    hold.coordinator, hold.attempt,
-                                                    hold.reuse_samples, hold.recompute)
-                                      .size());
+                   LogRecordBytes(StepHolds::Record(step_id, hold).size());
     const Pool& pool = pools_.at(hold.pool);
     if (!hold.reuse_samples) {
       for (const std::string& id : hold.sample_ids) {
@@ -226,30 +209,19 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseHoldLocked(const std::string& 
   Pool& pool = pools_.at(hold.pool);
   pool.live_steps--;
   ReleaseResult result = ReleaseSamples(pool, hold.sample_ids, hold.reuse_samples);
-  holds_.erase(it);
+  holds_.Erase(step_id);
   return result;
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const StoredSample>>> SampleStore::HeldSamples(
     const std::string& step_id, absl::Span<const std::string> sample_ids) const {
   absl::ReaderMutexLock lock(&mu_);
-  auto it = holds_.find(step_id);
-  if (it == holds_.end()) {
-    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here"));
-  }
-  const SampleHold& hold = it->second;
+  ASSIGN_OR_RETURN(std::vector<size_t> positions, holds_.Positions(step_id, sample_ids));
+  const StepHolds::Hold& hold = *holds_.Find(step_id);
   const Pool& pool = pools_.at(hold.pool);
-  const absl::flat_hash_set<absl::string_view> held(hold.sample_ids.begin(),
-                                                    hold.sample_ids.end());
   std::vector<std::shared_ptr<const StoredSample>> samples;
-  samples.reserve(sample_ids.size());
-  for (const std::string& id : sample_ids) {
-    if (!held.contains(id)) {
-      return absl::NotFoundError(
-          absl::StrCat("sample \"", id, "\" is not held here for step \"", step_id, "\""));
-    }
-    samples.push_back(pool.samples.at(id));
-  }
+  samples.reserve(positions.size());
+  for (size_t at : positions) samples.push_back(pool.samples.at(hold.sample_ids[at]));
   return samples;
 }
 
@@ -257,49 +229,18 @@ absl::StatusOr<std::vector<std::shared_ptr<const std::string>>>
 SampleStore::HeldRecomputeRouting(const std::string& step_id,
                                   absl::Span<const std::string> sample_ids) const {
   absl::ReaderMutexLock lock(&mu_);
-  auto it = holds_.find(step_id);
-  if (it == holds_.end()) {
-    return absl::NotFoundError(absl::StrCat("step \"", step_id, "\" holds no samples here"));
-  }
-  const SampleHold& hold = it->second;
-  if (!hold.recompute) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step \"", step_id, "\" replays rollout routing, not recompute routing"));
-  }
-  absl::flat_hash_map<absl::string_view, size_t> index;
-  index.reserve(hold.sample_ids.size());
-  for (size_t i = 0; i < hold.sample_ids.size(); ++i) index[hold.sample_ids[i]] = i;
-  std::vector<std::shared_ptr<const std::string>> routing;
-  routing.reserve(sample_ids.size());
-  for (const std::string& id : sample_ids) {
-    auto at = index.find(id);
-    if (at == index.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("sample \"", id, "\" is not held here for step \"", step_id, "\""));
-    }
-    routing.push_back(hold.recompute_routing[at->second]);
-  }
-  return routing;
+  return holds_.RecomputeRouting(step_id, sample_ids);
 }
 
 std::vector<std::string> SampleStore::UnconfirmedHolds(absl::Duration age) const {
   const absl::Time cutoff = absl::Now() - age;
   absl::ReaderMutexLock lock(&mu_);
-  std::vector<std::string> ids;
-  for (const auto& [id, hold] : holds_) {
-    if (!hold.confirmed && hold.held_at <= cutoff) ids.push_back(id);
-  }
-  std::sort(ids.begin(), ids.end());
-  return ids;
+  return holds_.Unconfirmed(cutoff);
 }
 
 std::vector<std::string> SampleStore::HoldIds() const {
   absl::ReaderMutexLock lock(&mu_);
-  std::vector<std::string> ids;
-  ids.reserve(holds_.size());
-  for (const auto& [id, hold] : holds_) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  return ids;
+  return holds_.Ids();
 }
 
 absl::StatusOr<ReleaseResult> SampleStore::ReleaseHold(const std::string& step_id) {

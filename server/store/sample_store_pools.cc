@@ -48,13 +48,11 @@ absl::StatusOr<SampleStore::PoolDeletion> SampleStore::DeletePool(const std::str
                                                "\" is being created from it; retry"));
       }
     }
-    std::vector<std::string> steps, holds;
+    std::vector<std::string> steps;
     for (const auto& [id, step] : steps_) {
       if (step->pool == pool_name) steps.push_back(id);
     }
-    for (const auto& [id, hold] : holds_) {
-      if (hold.pool == pool_name) holds.push_back(id);
-    }
+    const std::vector<std::string> holds = holds_.Ids(pool_name);
     deletion.ended_steps = steps;
     deletion.ended_steps.insert(deletion.ended_steps.end(), holds.begin(), holds.end());
     std::sort(deletion.ended_steps.begin(), deletion.ended_steps.end());
@@ -75,7 +73,7 @@ absl::StatusOr<SampleStore::PoolDeletion> SampleStore::DeletePool(const std::str
                      LogRecordBytes(EncodeRegisterModel(pool_name, pool.model, pool.options).size());
       for (const auto& [id, sample] : pool.samples) dead += LoggedSampleBytes(*sample);
       for (const auto& [id, open] : pool.open) dead += LoggedSampleBytes(open.sample);
-      for (const auto& [id, routing] : pool.recompute_routing) dead += routing.logged_bytes;
+      dead += pool.recompute_routing.LoggedBytes();
       for (const std::string& id : steps) {
         dead += LogRecordBytes(EncodeCreateStep(*steps_.at(id)).size());
       }
@@ -87,7 +85,7 @@ absl::StatusOr<SampleStore::PoolDeletion> SampleStore::DeletePool(const std::str
       steps_.erase(id);
       step_created_unix_nanos_.erase(id);
     }
-    for (const std::string& id : holds) holds_.erase(id);
+    for (const std::string& id : holds) holds_.Erase(id);
     for (auto ticket_it = annotation_tickets_.begin(); ticket_it != annotation_tickets_.end();) {
       if (ticket_it->second.pool == pool_name) {
         annotation_tickets_.erase(ticket_it++);

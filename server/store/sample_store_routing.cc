@@ -14,50 +14,6 @@
 #include "server/store/sample_store.h"
 
 namespace rollpack {
-namespace {
-
-// Records stay far below the log's 2 GiB limit and protobuf's.
-constexpr int64_t kMaxRoutingRecordBytes = int64_t{256} << 20;
-
-// `ids[i]`'s routing as records of at most kMaxRoutingRecordBytes (one
-// sample larger than that gets a record of its own). With `step_id` set (a
-// commit), the records are numbered parts of one commit.
-std::vector<std::string> EncodeRoutingRecords(const std::string& pool, const std::string& step_id,
-                                              absl::Span<const std::string> ids,
-                                              absl::Span<const std::string* const> routing) {
-  std::vector<v1::RecomputeRoutingRecord> records(1);
-  int64_t bytes = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (bytes > 0 && bytes + static_cast<int64_t>(routing[i]->size()) > kMaxRoutingRecordBytes) {
-      records.emplace_back();
-      bytes = 0;
-    }
-    records.back().add_sample_ids(ids[i]);
-    records.back().add_experts(*routing[i]);
-    bytes += static_cast<int64_t>(routing[i]->size() + ids[i].size());
-  }
-  std::vector<std::string> out;
-  for (size_t part = 0; part < records.size(); ++part) {
-    v1::RecomputeRoutingRecord& record = records[part];
-    if (record.sample_ids().empty()) continue;
-    record.set_pool(pool);
-    record.set_step_id(step_id);
-    if (!step_id.empty() && records.size() > 1) {
-      record.set_part(static_cast<int32_t>(part));
-      record.set_parts(static_cast<int32_t>(records.size()));
-    }
-    out.push_back(record.SerializeAsString());
-  }
-  return out;
-}
-
-// The log bytes one sample's routing takes in a record: its ids, its id and
-// a share of the framing (what replacing or erasing it makes dead).
-int64_t LoggedRoutingBytes(const std::string& sample_id, const std::string& routing) {
-  return static_cast<int64_t>(routing.size() + sample_id.size()) + 16;
-}
-
-}  // namespace
 
 absl::Status SampleStore::ReserveMemory(int64_t bytes, const std::string& what) {
   absl::MutexLock lock(&mu_);
@@ -78,19 +34,11 @@ void SampleStore::ReleaseMemory(int64_t bytes) {
 void SampleStore::StoreRecomputeRouting(Pool& pool, absl::Span<const std::string> sample_ids,
                                         std::vector<std::string> routing) {
   for (size_t i = 0; i < sample_ids.size(); ++i) {
-    Pool::RecomputeRouting entry;
-    entry.logged_bytes = LoggedRoutingBytes(sample_ids[i], routing[i]);
-    entry.ids = std::make_shared<const std::string>(std::move(routing[i]));
-    const int64_t added = static_cast<int64_t>(entry.ids->size());
-    auto [it, inserted] = pool.recompute_routing.try_emplace(sample_ids[i]);
-    int64_t removed = 0;
-    if (!inserted) {
-      removed = static_cast<int64_t>(it->second.ids->size());
-      if (log_ != nullptr) log_->AddDeadBytes(it->second.logged_bytes);
-    }
-    it->second = std::move(entry);
-    pool.stored_bytes += added - removed;
-    stored_bytes_ += added - removed;
+    const RecomputeBook::Change change =
+        pool.recompute_routing.Store(sample_ids[i], std::move(routing[i]));
+    if (log_ != nullptr && change.dead_log_bytes > 0) log_->AddDeadBytes(change.dead_log_bytes);
+    pool.stored_bytes += change.bytes;
+    stored_bytes_ += change.bytes;
   }
 }
 
@@ -121,21 +69,21 @@ absl::StatusOr<int64_t> SampleStore::SetHeldRecomputeRouting(
   int64_t total = 0;
   {
     absl::MutexLock lock(&mu_);
-    auto hold = holds_.find(step_id);
-    if (hold == holds_.end() || hold->second.attempt != attempt) {
+    const StepHolds::Hold* hold = holds_.Find(step_id);
+    if (hold == nullptr || hold->attempt != attempt) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step \"", step_id, "\" was released (or released and created again) before its "
           "recorded routing was committed"));
     }
-    const absl::flat_hash_set<absl::string_view> held(hold->second.sample_ids.begin(),
-                                                      hold->second.sample_ids.end());
+    const absl::flat_hash_set<absl::string_view> held(hold->sample_ids.begin(),
+                                                      hold->sample_ids.end());
     for (const std::string& id : sample_ids) {
       if (!held.contains(id)) {
         return absl::InvalidArgumentError(
             absl::StrCat("step \"", step_id, "\" holds no sample \"", id, "\" here"));
       }
     }
-    ASSIGN_OR_RETURN(total, CommitRoutingLocked(hold->second.pool, step_id, sample_ids,
+    ASSIGN_OR_RETURN(total, CommitRoutingLocked(hold->pool, step_id, sample_ids,
                                                 std::move(routing), &ticket));
   }
   if (log_ != nullptr) RETURN_IF_ERROR(log_->Sync(ticket));
@@ -166,10 +114,7 @@ absl::StatusOr<int64_t> SampleStore::CommitRoutingLocked(const std::string& pool
           " bytes; ", n, " tokens x ", model.stored_layers(), " layers x topk ", model.topk,
           " need ", expected));
     }
-    growth += expected;
-    if (auto it = pool.recompute_routing.find(sample_ids[i]); it != pool.recompute_routing.end()) {
-      growth -= static_cast<int64_t>(it->second.ids->size());
-    }
+    growth += expected - pool.recompute_routing.BytesOf(sample_ids[i]);
     total += expected;
   }
   if (growth > 0 && stored_bytes_ + growth > max_memory_bytes_) {
@@ -190,7 +135,8 @@ absl::StatusOr<int64_t> SampleStore::CommitRoutingLocked(const std::string& pool
     // so a failure between two appends leaves the log as if nothing was
     // committed (the parts written are dead).
     int64_t appended = 0;
-    for (const std::string& record : EncodeRoutingRecords(pool_name, step_id, sample_ids, parts)) {
+    for (const std::string& record :
+         RecomputeBook::EncodeCommit(pool_name, step_id, sample_ids, parts)) {
       absl::StatusOr<int64_t> written = log_->Append(RecordType::kRecomputeRouting, record);
       if (!written.ok()) {
         log_->AddDeadBytes(appended);
@@ -264,19 +210,6 @@ absl::Status SampleStore::ApplyRoutingRecord(const v1::RecomputeRoutingRecord& r
   }
   StoreRecomputeRouting(pool, ids, std::move(routing));
   return absl::OkStatus();
-}
-
-std::vector<std::string> SampleStore::EncodeRecomputeRouting(const std::string& name,
-                                                             const Pool& pool) const {
-  std::vector<std::string> ids;
-  ids.reserve(pool.recompute_routing.size());
-  for (const auto& [id, routing] : pool.recompute_routing) ids.push_back(id);
-  // By id, so the same state compacts to the same bytes.
-  std::sort(ids.begin(), ids.end());
-  std::vector<const std::string*> parts;
-  parts.reserve(ids.size());
-  for (const std::string& id : ids) parts.push_back(pool.recompute_routing.at(id).ids.get());
-  return EncodeRoutingRecords(name, "", ids, parts);
 }
 
 }  // namespace rollpack
