@@ -61,12 +61,6 @@ int TrainerStream::resumes() const {
   return resumes_;
 }
 
-absl::StatusOr<std::optional<v1::Microbatch>> TrainerStream::Next() {
-  ASSIGN_OR_RETURN(std::optional<ReceivedMicrobatch> next, NextReceived());
-  if (!next.has_value()) return std::optional<v1::Microbatch>();
-  return std::optional<v1::Microbatch>(next->ToMessage());
-}
-
 absl::StatusOr<std::optional<ReceivedMicrobatch>> TrainerStream::NextReceived() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(

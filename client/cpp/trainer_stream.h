@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "client/cpp/connect_failure.h"
 #include "client/cpp/delivery_mode.h"
+#include "client/cpp/microbatch_source.h"
 #include "client/cpp/received_microbatch.h"
 #include "client/cpp/stream_resume.h"
 #include "grpcpp/channel.h"
@@ -89,28 +90,26 @@ struct TrainerStreamOptions {
 
 class PieceReader;
 
-class TrainerStream {
+// The MicrobatchSource that reads rollpackd's stream of one rank.
+class TrainerStream final : public MicrobatchSource {
  public:
   TrainerStream(std::shared_ptr<grpc::Channel> channel, std::string step_id,
                 v1::RankCoords rank, TrainerStreamOptions options = {});
   // Cancels the stream and joins the reader.
-  ~TrainerStream();
+  ~TrainerStream() override;
   TrainerStream(const TrainerStream&) = delete;
   TrainerStream& operator=(const TrainerStream&) = delete;
 
   // The next micro-batch, std::nullopt after the last one, or the error that
   // ended the stream, which carries the index to resume from (ResumeFrom():
-  // the first micro-batch this stream did not hand out).
-  absl::StatusOr<std::optional<v1::Microbatch>> Next();
-
-  // The same, its arrays still in the received buffers: for a consumer that
-  // copies them straight to their destination (DeviceStream's pinned
-  // staging) instead of through a message.
-  absl::StatusOr<std::optional<ReceivedMicrobatch>> NextReceived();
+  // the first micro-batch this stream did not hand out). Its arrays are
+  // still in the received buffers: a consumer copies them straight to their
+  // destination (DeviceStream's pinned staging), or takes a message (Next).
+  absl::StatusOr<std::optional<ReceivedMicrobatch>> NextReceived() override;
 
   // Ends the stream: a blocked or later Next() returns CANCELLED (or what
   // was already queued). Safe from any thread.
-  void Cancel();
+  void Cancel() override;
 
   // Times the stream was resumed after a transport error.
   int resumes() const;

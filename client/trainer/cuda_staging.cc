@@ -6,8 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/cpp/trainer_stream.h"
+#include "client/cpp/microbatch_source.h"
 #include "client/trainer/cuda_check.h"
+#include "kernels/replay_kernels_absl.h"
 #include "kernels/replay_kernels_cuda.h"
 
 namespace rollpack::trainer_internal {
@@ -181,7 +182,7 @@ absl::Status CudaSource::Unpack(BatchState* b, const Layout& l) {
   if (l.ids_bytes == 0) return absl::OkStatus();
   kernels::UnpackArgs a = MakeUnpack(l, b->replay_experts, b->replay_mask, b->replay_ids.data,
                                      options_.ids_int32, options_.masked_fill_minus_one);
-  return FromKernel(kernels::cuda::Unpack(a, state_->copy));
+  return kernels::ToAbslStatus(kernels::cuda::Unpack(a, state_->copy));
 }
 
 absl::StatusOr<cudaEvent_t> CudaSource::RecordReady() {
@@ -206,9 +207,8 @@ namespace {
 
 class LocalCudaSource final : public CudaSource {
  public:
-  LocalCudaSource(std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
-                  const v1::RankCoords& rank, const DeviceStreamOptions& o)
-      : CudaSource(o), stream_(std::move(channel), step_id, rank, NetworkOptions(o)) {}
+  LocalCudaSource(std::unique_ptr<MicrobatchSource> stream, const DeviceStreamOptions& o)
+      : CudaSource(o), stream_(std::move(stream)) {}
 
   absl::Status Start() {
     if (absl::Status s = InitCuda(); !s.ok()) return s;
@@ -218,7 +218,7 @@ class LocalCudaSource final : public CudaSource {
 
   ~LocalCudaSource() override {
     Stop();
-    stream_.Cancel();
+    stream_->Cancel();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -226,7 +226,7 @@ class LocalCudaSource final : public CudaSource {
   void Loop() {
     DeviceGuard g(state_->device);
     while (!stopping()) {
-      absl::StatusOr<std::optional<ReceivedMicrobatch>> next = stream_.NextReceived();
+      absl::StatusOr<std::optional<ReceivedMicrobatch>> next = stream_->NextReceived();
       if (!next.ok() || !next->has_value()) {
         PushEnd(next.ok() ? absl::OkStatus() : next.status());
         return;
@@ -256,16 +256,18 @@ class LocalCudaSource final : public CudaSource {
     return UnpackAndPublish(std::move(b), *l, item);
   }
 
-  TrainerStream stream_;
+  const std::unique_ptr<MicrobatchSource> stream_;
   std::thread thread_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BatchSource>> OpenCudaSource(
-    std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
-    const v1::RankCoords& rank, const DeviceStreamOptions& options) {
-  auto source = std::make_unique<LocalCudaSource>(std::move(channel), step_id, rank, options);
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenCudaSource(MicrobatchSourceOpener sources,
+                                                            const v1::RankCoords& rank,
+                                                            const DeviceStreamOptions& options) {
+  absl::StatusOr<std::unique_ptr<MicrobatchSource>> stream = sources(rank);
+  if (!stream.ok()) return stream.status();
+  auto source = std::make_unique<LocalCudaSource>(*std::move(stream), options);
   if (absl::Status s = source->Start(); !s.ok()) return s;
   return std::unique_ptr<BatchSource>(std::move(source));
 }

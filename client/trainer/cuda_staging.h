@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/cpp/microbatch_source.h"
 #include "client/cpp/received_microbatch.h"
 #include "client/trainer/batch_layout.h"
 #include "client/trainer/batch_source.h"
@@ -96,10 +97,10 @@ class CudaSource : public BatchSource {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// One rank fetching its own stream onto options.device.
-absl::StatusOr<std::unique_ptr<BatchSource>> OpenCudaSource(
-    std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
-    const v1::RankCoords& rank, const DeviceStreamOptions& options);
+// One rank reading its own micro-batches (sources(rank)) onto options.device.
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenCudaSource(MicrobatchSourceOpener sources,
+                                                            const v1::RankCoords& rank,
+                                                            const DeviceStreamOptions& options);
 
 }  // namespace rollpack::trainer_internal
 

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/cpp/microbatch_source.h"
 #include "client/cpp/ragged_field.h"
 #include "client/cpp/stream_resume.h"
 #include "client/cpp/trainer_stream.h"
@@ -12,6 +13,7 @@
 #include "client/trainer/batch_source.h"
 #include "client/trainer/batch_state.h"
 #include "kernels/replay_kernels.h"
+#include "kernels/replay_kernels_absl.h"
 
 #ifdef ROLLPACK_WITH_CUDA
 #include "client/trainer/cuda_staging.h"
@@ -28,7 +30,6 @@ using trainer_internal::CheckBytes;
 using trainer_internal::ComputeLayout;
 using trainer_internal::CopySlot;
 using trainer_internal::FindSlot;
-using trainer_internal::FromKernel;
 using trainer_internal::Layout;
 using trainer_internal::MakeUnpack;
 
@@ -52,13 +53,11 @@ namespace {
 // runs, and every build without CUDA.
 class HostSource final : public BatchSource {
  public:
-  HostSource(std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
-             const v1::RankCoords& rank, const DeviceStreamOptions& o)
-      : options_(o),
-        stream_(std::move(channel), step_id, rank, trainer_internal::NetworkOptions(o)) {}
+  HostSource(std::unique_ptr<MicrobatchSource> stream, const DeviceStreamOptions& o)
+      : options_(o), stream_(std::move(stream)) {}
 
   absl::StatusOr<std::shared_ptr<DeviceBatch>> Next(void*) override {
-    absl::StatusOr<std::optional<v1::Microbatch>> next = stream_.Next();
+    absl::StatusOr<std::optional<v1::Microbatch>> next = stream_->Next();
     if (!next.ok()) return next.status();
     if (!next->has_value()) return std::shared_ptr<DeviceBatch>();
     auto b = std::make_unique<BatchState>();
@@ -95,15 +94,25 @@ class HostSource final : public BatchSource {
     if (l->ids_bytes > 0) {
       kernels::UnpackArgs a = MakeUnpack(*l, b->replay_experts, b->replay_mask, b->host_ids.data(),
                                          options_.ids_int32, options_.masked_fill_minus_one);
-      if (absl::Status s = FromKernel(kernels::cpu::Unpack(a)); !s.ok()) return s;
+      if (absl::Status s = kernels::ToAbslStatus(kernels::cpu::Unpack(a)); !s.ok()) return s;
     }
     return std::make_shared<DeviceBatch>(std::move(b));
   }
 
  private:
   const DeviceStreamOptions options_;
-  TrainerStream stream_;
+  const std::unique_ptr<MicrobatchSource> stream_;
 };
+
+// The one place the device paths' micro-batches come from rollpackd: a
+// TrainerStream per rank asked for.
+MicrobatchSourceOpener NetworkSources(std::shared_ptr<grpc::Channel> channel,
+                                      const std::string& step_id, const DeviceStreamOptions& o) {
+  return [channel = std::move(channel), step_id, network = trainer_internal::NetworkOptions(o)](
+             const v1::RankCoords& rank) -> absl::StatusOr<std::unique_ptr<MicrobatchSource>> {
+    return std::make_unique<TrainerStream>(channel, step_id, rank, network);
+  };
+}
 
 }  // namespace
 
@@ -127,19 +136,28 @@ absl::StatusOr<std::shared_ptr<DeviceBatch>> DeviceStream::Next(void* consumer_s
 absl::StatusOr<std::unique_ptr<DeviceStream>> DeviceStream::Open(
     std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
     const v1::RankCoords& rank, const DeviceStreamOptions& options) {
+  MicrobatchSourceOpener sources = NetworkSources(channel, step_id, options);
+  return OpenFrom(std::move(sources), std::move(channel), step_id, rank, options);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceStream>> DeviceStream::OpenFrom(
+    MicrobatchSourceOpener sources, std::shared_ptr<grpc::Channel> channel,
+    const std::string& step_id, const v1::RankCoords& rank, const DeviceStreamOptions& options) {
   if (options.tp_leader_size > 1 && options.device < 0) {
     return absl::InvalidArgumentError("TP-leader mode needs a CUDA device (NCCL)");
   }
   if (options.device < 0) {
+    absl::StatusOr<std::unique_ptr<MicrobatchSource>> stream = sources(rank);
+    if (!stream.ok()) return WithResumeFrom(stream.status(), options.start_index);
     return std::unique_ptr<DeviceStream>(new DeviceStream(
-        std::make_unique<HostSource>(std::move(channel), step_id, rank, options),
-        options.start_index));
+        std::make_unique<HostSource>(*std::move(stream), options), options.start_index));
   }
 #ifdef ROLLPACK_WITH_CUDA
   absl::StatusOr<std::unique_ptr<BatchSource>> source =
       options.tp_leader_size > 1
-          ? trainer_internal::OpenTpLeaderSource(std::move(channel), step_id, rank, options)
-          : trainer_internal::OpenCudaSource(std::move(channel), step_id, rank, options);
+          ? trainer_internal::OpenTpLeaderSource(std::move(sources), std::move(channel), step_id,
+                                                 rank, options)
+          : trainer_internal::OpenCudaSource(std::move(sources), rank, options);
   // Opening failed past the options (CUDA, NCCL, the rendezvous): opening
   // again later starts where this one would have.
   if (!source.ok()) return WithResumeFrom(source.status(), options.start_index);

@@ -1,8 +1,8 @@
 // Trainer-side delivery of one rank's micro-batches as ready-to-use arrays
 // (docs/trainer.md).
 //
-// DeviceStream reads the rank's stream (TrainerStream, read ahead on its own
-// thread) and, for a CUDA device, stages every micro-batch on a second
+// DeviceStream reads the rank's stream (a MicrobatchSource: TrainerStream,
+// read ahead on its own thread) and, for a CUDA device, stages every micro-batch on a second
 // thread (cuda_staging.h): its arrays are copied into a pinned host buffer,
 // copied to the device on the stream's own CUDA stream, and the replay ids
 // are unpacked there by the unpack kernel into [layers, rows, K] int64/int32
@@ -24,6 +24,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "client/cpp/microbatch_source.h"
 #include "client/trainer/array_ref.h"
 #include "client/trainer/device_batch.h"
 #include "client/trainer/device_stream_options.h"
@@ -45,6 +46,13 @@ class DeviceStream {
   static absl::StatusOr<std::unique_ptr<DeviceStream>> Open(
       std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
       const v1::RankCoords& rank, const DeviceStreamOptions& options);
+  // The same with the micro-batches read from `sources` (one opened per rank
+  // read: the TP leader opens its group's) instead of rollpackd's streams;
+  // `channel` then serves only the TP group's rendezvous (may be null
+  // outside TP-leader mode). Open is this with a TrainerStream per rank.
+  static absl::StatusOr<std::unique_ptr<DeviceStream>> OpenFrom(
+      MicrobatchSourceOpener sources, std::shared_ptr<grpc::Channel> channel,
+      const std::string& step_id, const v1::RankCoords& rank, const DeviceStreamOptions& options);
   ~DeviceStream();
   DeviceStream(const DeviceStream&) = delete;
   DeviceStream& operator=(const DeviceStream&) = delete;

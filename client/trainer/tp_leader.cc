@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/cpp/trainer_stream.h"
+#include "client/cpp/microbatch_source.h"
 #include "client/trainer/batch_layout.h"
 #include "client/trainer/cuda_check.h"
 #include "client/trainer/cuda_staging.h"
@@ -24,9 +24,13 @@ namespace {
 
 class TpLeaderSource final : public CudaSource {
  public:
-  TpLeaderSource(std::shared_ptr<grpc::Channel> channel, std::string step_id,
-                 v1::RankCoords rank, const DeviceStreamOptions& o)
-      : CudaSource(o), channel_(std::move(channel)), step_id_(std::move(step_id)), rank_(rank) {}
+  TpLeaderSource(MicrobatchSourceOpener sources, std::shared_ptr<grpc::Channel> channel,
+                 std::string step_id, v1::RankCoords rank, const DeviceStreamOptions& o)
+      : CudaSource(o),
+        sources_(std::move(sources)),
+        channel_(std::move(channel)),
+        step_id_(std::move(step_id)),
+        rank_(rank) {}
 
   absl::Status Start() {
     absl::StatusOr<const Nccl*> nccl = LoadNccl();
@@ -43,8 +47,9 @@ class TpLeaderSource final : public CudaSource {
       for (int t = 0; t < size; ++t) {
         v1::RankCoords c = rank_;
         c.set_tp(t);
-        streams_.push_back(
-            std::make_unique<TrainerStream>(channel_, step_id_, c, NetworkOptions(options_)));
+        absl::StatusOr<std::unique_ptr<MicrobatchSource>> stream = sources_(c);
+        if (!stream.ok()) return stream.status();
+        streams_.push_back(*std::move(stream));
       }
     }
     {
@@ -357,11 +362,12 @@ class TpLeaderSource final : public CudaSource {
   }
 
   const Nccl* nccl_ = nullptr;
+  const MicrobatchSourceOpener sources_;
   std::shared_ptr<grpc::Channel> channel_;
   const std::string step_id_;
   const v1::RankCoords rank_;
   bool leader_ = false;
-  std::vector<std::unique_ptr<TrainerStream>> streams_;
+  std::vector<std::unique_ptr<MicrobatchSource>> streams_;
   TpGroupComm comm_;
   void* scratch_dev_ = nullptr;
   void* scratch_host_ = nullptr;
@@ -377,9 +383,10 @@ class TpLeaderSource final : public CudaSource {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenTpLeaderSource(
-    std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
-    const v1::RankCoords& rank, const DeviceStreamOptions& options) {
-  auto source = std::make_unique<TpLeaderSource>(std::move(channel), step_id, rank, options);
+    MicrobatchSourceOpener sources, std::shared_ptr<grpc::Channel> channel,
+    const std::string& step_id, const v1::RankCoords& rank, const DeviceStreamOptions& options) {
+  auto source = std::make_unique<TpLeaderSource>(std::move(sources), std::move(channel), step_id,
+                                                 rank, options);
   if (absl::Status s = source->Start(); !s.ok()) return s;
   return std::unique_ptr<BatchSource>(std::move(source));
 }

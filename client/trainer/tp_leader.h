@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "client/cpp/microbatch_source.h"
 #include "client/trainer/batch_source.h"
 #include "client/trainer/device_stream_options.h"
 #include "grpcpp/channel.h"
@@ -18,10 +19,12 @@
 namespace rollpack::trainer_internal {
 
 // Every rank of the TP group opens one with the same options; returns once
-// the group's communicator is set up (all ranks have opened).
+// the group's communicator is set up (all ranks have opened). The leader
+// reads its group's micro-batches from sources(rank of each TP rank);
+// `channel` carries the communicator's rendezvous.
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenTpLeaderSource(
-    std::shared_ptr<grpc::Channel> channel, const std::string& step_id,
-    const v1::RankCoords& rank, const DeviceStreamOptions& options);
+    MicrobatchSourceOpener sources, std::shared_ptr<grpc::Channel> channel,
+    const std::string& step_id, const v1::RankCoords& rank, const DeviceStreamOptions& options);
 
 }  // namespace rollpack::trainer_internal
 

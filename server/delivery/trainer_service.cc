@@ -15,6 +15,7 @@
 #include "proto/wire/byte_buffer.h"
 #include "server/delivery/client_stream_quota.h"
 #include "server/delivery/microbatch_encoder.h"
+#include "server/delivery/rank_stream_loop.h"
 #include "server/ops/call_log.h"
 #include "server/ops/guarded_peers.h"
 #include "server/store/convert.h"
@@ -29,11 +30,32 @@ constexpr absl::Duration kMaxPrefetchHold = absl::Milliseconds(100);
 // The Hold whose mutex the write timer of this thread holds (see ArmWriteTimer).
 thread_local const void* held_by_this_thread = nullptr;
 
-// One stream (FetchMicrobatches, or FetchPieces with a PieceSelection).
-// Encodes the next micro-batch while the previous one is on the wire and no
-// further (StartWriteAndEncodeAhead), so a slow trainer holds at most two
-// messages, not a step.
-class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+// A micro-batch encoded straight into the slice gRPC sends.
+class SliceBuffer final : public MicrobatchWriter::Buffer {
+ public:
+  // Fresh memory, but not fresh pages: rollpackd keeps freed memory in the
+  // heap (KeepFreedMemory), so this does not fault and zero-fill; a pool of
+  // send buffers measured no better (docs/performance.md).
+  explicit SliceBuffer(size_t size) : slice_(grpc_slice_malloc(size), grpc::Slice::STEAL_REF) {}
+  absl::Span<char> bytes() override {
+    return absl::MakeSpan(reinterpret_cast<char*>(const_cast<uint8_t*>(slice_.begin())),
+                          slice_.size());
+  }
+  // The slice is gRPC's from here on: it is freed when the transport is
+  // done with it, which may be after OnWriteDone.
+  grpc::ByteBuffer Release() { return grpc::ByteBuffer(&slice_, 1); }
+
+ private:
+  grpc::Slice slice_;
+};
+
+// One stream (FetchMicrobatches, or FetchPieces with a PieceSelection): the
+// gRPC writer of its RankStreamLoop, with the send budget, the
+// first-delivery gate and the write timer. Without a send budget the loop
+// encodes the next micro-batch while the previous one is on the wire and no
+// further, so a slow trainer holds at most two messages, not a step.
+class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                           private MicrobatchWriter {
  public:
   // `active` was already incremented for this stream; OnDone decrements it.
   // `active` was counted and `quota` acquired for `client`: OnDone gives
@@ -56,8 +78,6 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         gate_(gate),
         budget_(budget),
         id_(id),
-        next_(request.start_index()),
-        all_fields_(request.all_fields()),
         metrics_(metrics),
         active_(active),
         hold_(std::make_shared<Hold>()) {
@@ -72,16 +92,20 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       End(ToGrpcStatus(step.status()));
       return;
     }
-    const int num = step->step->layout.num_microbatches();
-    if (request_.start_index() < 0 || request_.start_index() > num) {
-      End(ToGrpcStatus(absl::OutOfRangeError(
-          absl::StrCat("start_index ", request_.start_index(), " is outside [0, ", num,
-                       "] for step \"", request_.step_id(), "\""))));
+    RankStreamSource source;
+    source.step = std::move(step->step);
+    source.samples = std::move(step->samples);
+    source.recompute_routing = std::move(step->recompute_routing);
+    source.rank = coords_;
+    source.start_index = request_.start_index();
+    source.all_fields = request_.all_fields();
+    source.piece = piece_ ? &*piece_ : nullptr;
+    // With a send budget, bytes are taken per write, when the write is due.
+    source.encode_ahead = budget_->capacity() <= 0;
+    if (absl::Status s = loop_.Start(std::move(source)); !s.ok()) {
+      End(ToGrpcStatus(s));
       return;
     }
-    step_ = std::move(step->step);
-    samples_ = std::move(step->samples);
-    recompute_routing_ = std::move(step->recompute_routing);
     started_ = true;
     if (metrics_ != nullptr) metrics_->OnStreamStart(request_.start_index() > 0);
     {
@@ -92,18 +116,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       gate_->FirstWriteStarted();
       first_write_pending_ = true;
     }
-    WriteNext();
-  }
-
-  // What the encoder prepares next.
-  MicrobatchRequest Request() const {
-    MicrobatchRequest request;
-    request.rank = coords_;
-    request.index = next_;
-    request.all_fields = all_fields_;
-    request.piece = piece_ ? &*piece_ : nullptr;
-    if (recompute_routing_ != nullptr) request.recompute_routing = *recompute_routing_;
-    return request;
+    loop_.WriteNext();
   }
 
   // FetchPieces: this member's pieces of the rank's micro-batches.
@@ -122,23 +135,52 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Begin(std::move(pieces->rank));
   }
 
-  void OnWriteDone(bool ok) override {
-    {
-      // The thread that started this write may still be encoding the next
-      // micro-batch (EncodeAhead): it carries on from here when done.
-      absl::MutexLock lock(&ahead_mu_);
-      if (ahead_ == Ahead::kEncoding) {
-        write_done_while_encoding_ = ok ? 1 : 0;
-        return;
-      }
+  void OnWriteDone(bool ok) override { loop_.OnWriteDone(ok); }
+
+ private:
+  // MicrobatchWriter: the loop's transport is this call.
+  std::unique_ptr<Buffer> NewBuffer(size_t size) override {
+    return std::make_unique<SliceBuffer>(size);
+  }
+
+  // Once queued, the resume may end the stream on another thread at any
+  // moment. A stream cancelled before it could queue (OnCancel found
+  // nothing to withdraw) is refused instead of left waiting.
+  Admission Admit(int64_t size, absl::AnyInvocable<void()> resume) override {
+    auto granted = std::make_shared<absl::AnyInvocable<void()>>(std::move(resume));
+    switch (budget_->Acquire(id_, size, &cancelled_, [this, size, granted] {
+      budget_held_ = size;
+      (*granted)();
+    })) {
+      case SendBudget::Acquired::kNow:
+        budget_held_ = size;
+        return Admission::kNow;
+      case SendBudget::Acquired::kLater:
+        return Admission::kLater;
+      case SendBudget::Acquired::kNever:
+        return Admission::kNever;
     }
-    if (AfterWrite(ok)) WriteNext();
+    return Admission::kNever;
+  }
+
+  void Send(std::unique_ptr<Buffer> buffer) override {
+    auto* slice = static_cast<SliceBuffer*>(buffer.get());
+    written_bytes_ = slice->bytes().size();
+    buffer_ = slice->Release();
+    ArmWriteTimer();
+    StartWrite(&buffer_);
+  }
+
+  void EndStream(const absl::Status& status) override {
+    // Bytes admitted for a micro-batch that failed to encode.
+    budget_->Release(std::exchange(budget_held_, 0));
+    End(status.ok() ? grpc::Status::OK : ToGrpcStatus(status));
   }
 
   // The bookkeeping of a completed write. True: the caller starts the next
   // write now. False: the stream ended (and may be gone) or waits for the
   // first-delivery gate, which resumes it.
-  bool AfterWrite(bool ok) {
+  bool AfterWrite(bool ok) override {
     {
       // The write timer stands down (a timer that fired already finds a
       // newer sequence number and does nothing).
@@ -159,15 +201,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     ++delivered_;
     if (metrics_ != nullptr) metrics_->OnMicrobatchSent(static_cast<int64_t>(written_bytes_));
     // A micro-batch encoded ahead is still a prefetch (the gate holds it).
-    if (next_ >= step_->layout.num_microbatches() && !AheadReady()) return true;
+    if (!loop_.more_to_write()) return true;
     return MayPrefetch();
   }
 
-  bool AheadReady() {
-    absl::MutexLock lock(&ahead_mu_);
-    return ahead_ == Ahead::kReady;
-  }
-
+ public:
   // Only reached while waiting at the gate or for the send budget
   // (otherwise a write is in flight and fails instead): end the stream
   // unless a resume got there first.
@@ -296,9 +334,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const int written_end = first + delivered_;
     std::string note = absl::StrCat("step \"", request_.step_id(), "\" rank dp", coords_.dp, " cp",
                                     coords_.cp, " tp", coords_.tp, " pp", coords_.pp);
-    if (step_ != nullptr) {
+    if (started_) {
       absl::StrAppend(&note, ": micro-batches [", first, ", ", written_end, ") of ",
-                      step_->layout.num_microbatches(), " written, ", sent_bytes_, " bytes");
+                      loop_.num_microbatches(), " written, ", sent_bytes_, " bytes");
     }
     // A write that completed just as the timer fired may still end the
     // stream well: only a stream the timer did end counts as stalled.
@@ -311,142 +349,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Finish(status);
   }
 
-  void WriteNext() {
-    if (TakeAhead()) {
-      StartWriteAndEncodeAhead();
-      return;
-    }
-    for (;;) {
-      if (next_ >= step_->layout.num_microbatches()) {
-        End(grpc::Status::OK);
-        return;
-      }
-      absl::Status s =
-          encoder_.Prepare(*step_, Request(), samples_ != nullptr ? absl::MakeConstSpan(*samples_)
-                                               : absl::MakeConstSpan(step_->samples));
-      if (!s.ok()) {
-        End(ToGrpcStatus(s));
-        return;
-      }
-      if (!encoder_.empty_piece()) break;
-      ++next_;  // a piece stream skips micro-batches without rows of this member
-    }
-    // The bytes are taken from the send budget before they exist; a stream
-    // that finds it spent waits, holding nothing, and is resumed by the
-    // write that gives bytes back (or withdrawn by OnCancel).
-    const int64_t size = static_cast<int64_t>(encoder_.encoded_size());
-    // Once queued, the resume may end the stream on another thread at any
-    // moment: this thread touches nothing of it after a kLater. A stream
-    // cancelled before it could queue (OnCancel found nothing to withdraw)
-    // is refused instead of left waiting.
-    switch (budget_->Acquire(id_, size, &cancelled_, [this, size] { EncodeAndWrite(size); })) {
-      case SendBudget::Acquired::kNow:
-        EncodeAndWrite(size);
-        return;
-      case SendBudget::Acquired::kLater:
-        return;
-      case SendBudget::Acquired::kNever:
-        End(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
-        return;
-    }
-  }
-
-  // With `size` bytes of the send budget taken for this write.
-  void EncodeAndWrite(int64_t size) {
-    budget_held_ = size;
-    // The slice is gRPC's from here on: it is freed when the transport is
-    // done with it, which may be after OnWriteDone.
-    written_bytes_ = encoder_.encoded_size();
-    // Fresh memory, but not fresh pages: rollpackd keeps freed memory in
-    // the heap (KeepFreedMemory), so this does not fault and zero-fill; a
-    // pool of send buffers measured no better (docs/performance.md).
-    grpc::Slice slice(grpc_slice_malloc(written_bytes_), grpc::Slice::STEAL_REF);
-    absl::Status s = encoder_.Encode(absl::MakeSpan(
-        reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin())), written_bytes_));
-    if (!s.ok()) {
-      budget_->Release(std::exchange(budget_held_, 0));
-      End(ToGrpcStatus(s));
-      return;
-    }
-    ++next_;
-    buffer_ = grpc::ByteBuffer(&slice, 1);
-    StartWriteAndEncodeAhead();
-  }
-
-  // Starts the write of buffer_ and, while the transport sends it, encodes
-  // the next micro-batch, so a single stream is not idle for the encoding
-  // between two writes (docs/performance.md). Only without a send budget:
-  // with one, bytes are taken per write, when the write is due. A write
-  // that completes during the encoding is carried on here, in a loop rather
-  // than by recursion.
-  void StartWriteAndEncodeAhead() {
-    for (;;) {
-      const bool ahead = budget_->capacity() <= 0 && next_ < step_->layout.num_microbatches();
-      if (ahead) {
-        absl::MutexLock lock(&ahead_mu_);
-        ahead_ = Ahead::kEncoding;
-        write_done_while_encoding_ = -1;
-      }
-      ArmWriteTimer();
-      StartWrite(&buffer_);
-      if (!ahead) return;
-      const bool encoded = EncodeAhead();
-      int write_done;
-      {
-        absl::MutexLock lock(&ahead_mu_);
-        ahead_ = encoded ? Ahead::kReady : Ahead::kNone;
-        write_done = write_done_while_encoding_;
-      }
-      if (write_done < 0) return;  // OnWriteDone carries on
-      if (!AfterWrite(write_done == 1)) return;
-      if (!TakeAhead()) {
-        WriteNext();  // the end, or the encoding's error in order
-        return;
-      }
-    }
-  }
-
-  // Moves the micro-batch encoded ahead, if any, into buffer_.
-  bool TakeAhead() {
-    {
-      absl::MutexLock lock(&ahead_mu_);
-      if (ahead_ != Ahead::kReady) return false;
-      ahead_ = Ahead::kNone;
-    }
-    written_bytes_ = ahead_bytes_;
-    buffer_ = std::move(ahead_buffer_);
-    return true;
-  }
-
-  // Encodes the next micro-batch into ahead_buffer_. False when there is
-  // none or it fails: WriteNext then prepares it again and reports the
-  // error in order.
-  bool EncodeAhead() {
-    const int first = next_;
-    for (;;) {
-      if (next_ >= step_->layout.num_microbatches()) return false;
-      absl::Status s =
-          encoder_.Prepare(*step_, Request(), samples_ != nullptr ? absl::MakeConstSpan(*samples_)
-                                               : absl::MakeConstSpan(step_->samples));
-      if (!s.ok()) {
-        next_ = first;
-        return false;
-      }
-      if (!encoder_.empty_piece()) break;
-      ++next_;
-    }
-    ahead_bytes_ = encoder_.encoded_size();
-    grpc::Slice slice(grpc_slice_malloc(ahead_bytes_), grpc::Slice::STEAL_REF);
-    if (!encoder_.Encode(absl::MakeSpan(reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin())),
-                                        ahead_bytes_))
-             .ok()) {
-      next_ = first;
-      return false;
-    }
-    ++next_;
-    ahead_buffer_ = grpc::ByteBuffer(&slice, 1);
-    return true;
-  }
+  // The gate and the hold timer resume a stream here.
+  void WriteNext() { loop_.WriteNext(); }
 
   const v1::FetchRequest request_;
   grpc::CallbackServerContext* const context_;
@@ -458,11 +362,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::atomic<bool> cancelled_{false};
   StepActivity* const activity_;
   const uint64_t activity_token_;
-  // Set by Begin, before the first write.
-  std::shared_ptr<const Step> step_;
-  // The rank's samples when the step holds none itself (a cluster step).
-  std::shared_ptr<const std::vector<std::shared_ptr<const StoredSample>>> samples_;
-  std::shared_ptr<const std::vector<std::shared_ptr<const std::string>>> recompute_routing_;
+  // Set by Begin, before the first write: the loop holds the step.
   bool started_ = false;  // counted in the stream metrics
   FirstDeliveryGate* const gate_;
   SendBudget* const budget_;
@@ -472,8 +372,6 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool first_write_pending_ = false;
   uint64_t waited_generation_ = 0;
   RankCoords coords_;
-  int next_;
-  const bool all_fields_;
   ServerMetrics* const metrics_;
   std::atomic<int>* const active_;
   const std::shared_ptr<Hold> hold_;
@@ -482,16 +380,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Of the writes that completed.
   int delivered_ = 0;
   int64_t sent_bytes_ = 0;
-  MicrobatchEncoder encoder_;
+  // The micro-batch in flight.
   grpc::ByteBuffer buffer_;
-  // The micro-batch encoded while the previous one is written.
-  enum class Ahead { kNone, kEncoding, kReady };
-  absl::Mutex ahead_mu_;
-  Ahead ahead_ ABSL_GUARDED_BY(ahead_mu_) = Ahead::kNone;
-  // OnWriteDone's `ok` (1 or 0) when it came during kEncoding; -1: not yet.
-  int write_done_while_encoding_ ABSL_GUARDED_BY(ahead_mu_) = -1;
-  grpc::ByteBuffer ahead_buffer_;
-  size_t ahead_bytes_ = 0;
+  RankStreamLoop loop_{this};
   // FetchPieces only (piece_ set): who holds what, kept alive for piece_.
   std::shared_ptr<const std::vector<int32_t>> owner_;
   std::vector<std::string> members_;
