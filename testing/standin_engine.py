@@ -76,6 +76,8 @@ Error injection (request JSON fields, never part of normal behaviour):
   "standin_corrupt_routing": K  (vLLM) a broken payload: "base64" (not base64), "dtype" (a
                                 float32 .npy), "shape" (one row short)
   "standin_close_after_events": N   (streams) close the connection after N events
+  "standin_chunked": N        answer with Transfer-Encoding: chunked, N bytes a chunk (no
+                              Content-Length)
 """
 
 import argparse
@@ -1026,6 +1028,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def send_json(self, status: int, obj: Any) -> None:
         self.send_bytes(status, dumps(obj).encode("utf-8"), "application/json")
 
+    def send_json_chunked(self, obj: Any, piece: int) -> None:
+        data = dumps(obj).encode("utf-8")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for at in range(0, len(data), piece):
+            part = data[at:at + piece]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
     def send_stream(self, stream: Stream, close_after: Optional[int]) -> None:
         chunked = self.request_version != "HTTP/1.0"
         self.send_response(200)
@@ -1146,6 +1160,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.send_stream(result, None if close_after is None else int(close_after))
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
+        elif body.get("standin_chunked"):
+            self.send_json_chunked(result, max(1, int(body["standin_chunked"])))
         else:
             self.send_json(200, result)
 

@@ -19,9 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
@@ -810,6 +812,86 @@ TEST_F(CaptureTest, AStreamedVllmSamplingMaskIsGatheredFromItsEvents) {
   std::vector<v1::Microbatch> mbs;
   ExpectStored({expected}, &mbs);
   ExpectDeliveredMask(mbs, expected.ragged_token_fields().at("sampling_mask"));
+}
+
+// The value of `series` (name and labels as exposed) in a /metrics text.
+double MetricValue(const std::string& exposition, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (!absl::ConsumePrefix(&line, series + " ")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line, &value)) return value;
+  }
+  ADD_FAILURE() << series << " is not in the scrape";
+  return -1;
+}
+
+// A captured stream's own time is what rollpackd held its final event for
+// (its parse, strip and store), counted apart from answers read whole, and
+// not the engine's 100 ms between events.
+TEST_F(CaptureTest, AStreamsOwnTimeIsCountedApartFromWholeAnswers) {
+  Start("vllm", {"--stream-interval-ms", "100"},
+        {"--metrics-listen=127.0.0.1:0", "--metrics-port-file=" + dir_ + "/mport"});
+  const std::string streamed = RawExchange(
+      capture_port_, "/inference/v1/generate",
+      R"({"model": "standin-moe", "token_ids": [4, 5, 6], "sampling_params": {"max_tokens": 4},
+          "stream": true})");
+  EXPECT_THAT(streamed, HasSubstr("X-Rollpack-Capture: stored\r\n"));
+  httplib::Result whole =
+      Post("/v1/completions", R"({"model": "standin-moe", "prompt": [4, 5, 6], "max_tokens": 4})");
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(whole->get_header_value("X-Rollpack-Capture"), "stored");
+
+  int metrics_port = 0;
+  std::ifstream(dir_ + "/mport") >> metrics_port;
+  httplib::Client scrape("127.0.0.1", metrics_port);
+  httplib::Result metrics = scrape.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  const std::string& m = metrics->body;
+  EXPECT_EQ(MetricValue(m, "rollpack_capture_overhead_seconds_count{mode=\"stream\"}"), 1);
+  EXPECT_EQ(MetricValue(m, "rollpack_capture_overhead_seconds_count{mode=\"body\"}"), 1);
+  EXPECT_EQ(MetricValue(m, "rollpack_capture_upstream_seconds_count"), 2);
+  // The stream's events came 100 ms apart (5 of them, [DONE] included).
+  EXPECT_GE(MetricValue(m, "rollpack_capture_upstream_seconds_sum"), 0.3);
+  const double stream_own =
+      MetricValue(m, "rollpack_capture_overhead_seconds_sum{mode=\"stream\"}");
+  EXPECT_GT(stream_own, 0);
+  EXPECT_LT(stream_own, 0.25);
+}
+
+// Answers without a Content-Length are charged to --capture-record-memory
+// as they arrive: six at once, each larger than the whole budget, all come
+// whole and are stored (answers growing at once never wait on each other).
+TEST_F(CaptureTest, ChunkedAnswersLargerThanTheRecordBudgetAreAllStored) {
+  Start("vllm", {}, {"--capture-record-memory=1000"});
+  constexpr int kRequests = 6;
+  std::vector<std::string> outcomes(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([this, i, &outcomes] {
+      httplib::Result r = Post(
+          "/v1/completions",
+          absl::StrCat(R"({"model": "standin-moe", "prompt": [1, 2, )", i,
+                       R"(], "max_tokens": 24, "standin_chunked": 300})"),
+          {{"X-Rollpack-Sample-Id", absl::StrCat("chunked-", i)}});
+      if (!r) return;
+      outcomes[i] = absl::StrCat(r->status, " ", r->get_header_value("X-Rollpack-Capture"));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<v1::Sample> expected;
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(outcomes[i], "200 stored") << i;
+    expected.push_back(StandinChoiceSample(absl::StrCat("chunked-", i), {1, 2, i}, 0, 24));
+  }
+  ExpectStored(expected);
+  // Each as the engine answered it to the request as forwarded: larger
+  // than the budget.
+  httplib::Result engine_answer = PostToEngine(
+      "/v1/completions", R"({"model": "standin-moe", "prompt": [1, 2, 0], "max_tokens": 24,
+                             "return_token_ids": true, "logprobs": 0, "standin_chunked": 300})");
+  ASSERT_TRUE(engine_answer);
+  EXPECT_EQ(engine_answer->get_header_value("Transfer-Encoding"), "chunked");
+  EXPECT_GT(engine_answer->body.size(), 1000u);
 }
 
 }  // namespace

@@ -6,11 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "server/capture/base64.h"
-#include "server/capture/npy_header.h"
+#include "server/capture/routing_decode.h"
 #include "server/capture/routing_rows.h"
 #include "server/capture/sampling_mask_json.h"
-#include "server/capture/sglang_routing.h"
 
 namespace rollpack {
 namespace {
@@ -37,20 +35,16 @@ absl::StatusOr<std::pair<v1::NDArray, int64_t>> Routing(Engine engine,
                                                         const EngineChoice& choice,
                                                         const ModelSpec& model,
                                                         int64_t num_tokens, int64_t start) {
-  std::string decoded(Base64DecodedSize(choice.routing_base64), '\0');
-  ASSIGN_OR_RETURN(size_t size,
-                   DecodeBase64(choice.routing_base64, absl::MakeSpan(decoded)));
-  decoded.resize(size);
   if (engine == Engine::kVllm) {
-    ASSIGN_OR_RETURN(NpyArray npy, ParseNpy(decoded));
-    ASSIGN_OR_RETURN(int64_t offset, PlaceRoutingRows(npy.shape, num_tokens, model, start));
-    ASSIGN_OR_RETURN(v1::NDArray array, RoutingNdArray(npy));
+    ASSIGN_OR_RETURN(v1::NDArray array, DecodeNpyRouting(choice.routing_base64));
+    ASSIGN_OR_RETURN(int64_t offset,
+                     PlaceRoutingRows(array.shape(), num_tokens, model, start));
     return std::make_pair(std::move(array), offset);
   }
-  ASSIGN_OR_RETURN(PlacedRouting placed,
-                   PlaceSglangRouting(decoded, choice.routing_dtype, num_tokens, model, start));
-  ASSIGN_OR_RETURN(v1::NDArray array, RoutingNdArray(placed.array));
-  return std::make_pair(std::move(array), placed.row_offset);
+  ASSIGN_OR_RETURN(DecodedRouting decoded,
+                   DecodeSglangRouting(choice.routing_base64, choice.routing_dtype, num_tokens,
+                                       model, start));
+  return std::make_pair(std::move(decoded.array), decoded.row_offset);
 }
 
 // The sampling mask's lists of tokens [from, total) of a choice of `prompt`

@@ -129,26 +129,29 @@ absl::Status ReadDtype(NpyArray& array) {
 
 }  // namespace
 
-absl::StatusOr<NpyArray> ParseNpy(absl::string_view file) {
-  if (file.size() < 10 || file.substr(0, 6) != kMagic) return Bad("no \\x93NUMPY magic");
-  const auto byte = [&](size_t i) { return static_cast<uint8_t>(file[i]); };
-  const int major = byte(6);
-  size_t header_bytes = 0;
-  size_t header_at = 0;
-  if (major == 1) {
-    header_bytes = byte(8) | (size_t{byte(9)} << 8);
-    header_at = 10;
-  } else if (major == 2 || major == 3) {
-    if (file.size() < 12) return Bad("the header is cut short");
-    header_bytes = byte(8) | (size_t{byte(9)} << 8) | (size_t{byte(10)} << 16) |
-                   (size_t{byte(11)} << 24);
-    header_at = 12;
-  } else {
-    return Bad(absl::StrCat("version ", major, " (1, 2 or 3 are known)"));
+absl::StatusOr<size_t> NpyHeaderBytes(absl::string_view file_start) {
+  if (file_start.size() < 10 || file_start.substr(0, 6) != kMagic) {
+    return Bad("no \\x93NUMPY magic");
   }
-  if (file.size() - header_at < header_bytes) return Bad("the header is cut short");
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(file_start[i]); };
+  const int major = byte(6);
+  if (major == 1) return 10 + (byte(8) | (size_t{byte(9)} << 8));
+  if (major == 2 || major == 3) {
+    if (file_start.size() < 12) return Bad("the header is cut short");
+    return 12 + (byte(8) | (size_t{byte(9)} << 8) | (size_t{byte(10)} << 16) |
+                 (size_t{byte(11)} << 24));
+  }
+  return Bad(absl::StrCat("version ", major, " (1, 2 or 3 are known)"));
+}
+
+absl::StatusOr<NpyArray> ParseNpyHeader(absl::string_view header) {
+  absl::StatusOr<size_t> end = NpyHeaderBytes(header);
+  if (!end.ok()) return end.status();
+  if (header.size() < *end) return Bad("the header is cut short");
+  const size_t header_at = header[6] == 1 ? 10 : 12;
   NpyArray array;
-  if (absl::Status s = HeaderReader(file.substr(header_at, header_bytes)).Read(array); !s.ok()) {
+  if (absl::Status s = HeaderReader(header.substr(header_at, *end - header_at)).Read(array);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = ReadDtype(array); !s.ok()) return s;
@@ -159,11 +162,27 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view file) {
     }
     elements *= dim;
   }
-  array.data = file.substr(header_at + header_bytes);
-  const int64_t want = elements * array.item_bytes;
-  if (static_cast<int64_t>(array.data.size()) != want) {
-    return Bad(absl::StrCat("shape (", absl::StrJoin(array.shape, ", "), ") of ", array.descr,
-                            " is ", want, " bytes, the file holds ", array.data.size()));
+  return array;
+}
+
+int64_t NpyDataBytes(const NpyArray& array) {
+  int64_t bytes = array.item_bytes;
+  for (int64_t dim : array.shape) bytes *= dim;
+  return bytes;
+}
+
+absl::StatusOr<NpyArray> ParseNpy(absl::string_view file) {
+  absl::StatusOr<size_t> header_bytes = NpyHeaderBytes(file);
+  if (!header_bytes.ok()) return header_bytes.status();
+  if (file.size() < *header_bytes) return Bad("the header is cut short");
+  absl::StatusOr<NpyArray> array = ParseNpyHeader(file.substr(0, *header_bytes));
+  if (!array.ok()) return array.status();
+  array->data = file.substr(*header_bytes);
+  const int64_t want = NpyDataBytes(*array);
+  if (static_cast<int64_t>(array->data.size()) != want) {
+    return Bad(absl::StrCat("shape (", absl::StrJoin(array->shape, ", "), ") of ",
+                            array->descr, " is ", want, " bytes, the file holds ",
+                            array->data.size()));
   }
   return array;
 }

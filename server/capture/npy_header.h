@@ -32,6 +32,17 @@ struct NpyArray {
 // length is not the shape's.
 absl::StatusOr<NpyArray> ParseNpy(absl::string_view file);
 
+// ParseNpy in two steps, for a file decoded piece by piece: the bytes before
+// the data (magic, version, header length and header) from the file's
+// first 12 bytes (or all of a shorter file), then the array those bytes
+// describe (`data` left empty: the caller checks the data's length against
+// NpyDataBytes). The same errors as ParseNpy.
+absl::StatusOr<size_t> NpyHeaderBytes(absl::string_view file_start);
+absl::StatusOr<NpyArray> ParseNpyHeader(absl::string_view header);
+// The data bytes `array`'s shape and dtype take (ParseNpyHeader has checked
+// that they fit an int64).
+int64_t NpyDataBytes(const NpyArray& array);
+
 }  // namespace rollpack
 
 #endif  // ROLLPACK_SERVER_CAPTURE_NPY_HEADER_H_

@@ -15,6 +15,7 @@
 #include "boost/asio/post.hpp"
 #include "boost/asio/read.hpp"
 #include "boost/beast/http.hpp"
+#include "server/capture/chunked_answer.h"
 #include "server/capture/http_fields.h"
 #include "server/capture/response_relay.h"
 #include "server/capture/rollpack_endpoints.h"
@@ -434,16 +435,16 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
     string_parser_.emplace(std::move(*header_parser_));
     header_parser_.reset();
     string_parser_->body_limit(kNoBodyLimit);
-    upstream_->stream.expires_after(ToChrono(context_->options.timeout));
-    http::async_read(upstream_->stream, upstream_->buffer, *string_parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       if (ec) return self->UpstreamFailed(ec, "reading from");
-                       self->upstream_keep_alive_ = self->string_parser_->get().keep_alive();
-                       self->body_ = std::move(self->string_parser_->get().body());
-                       self->body_size_ = self->body_.size();
-                       self->body_.append(simdjson::SIMDJSON_PADDING, '\0');
-                       self->OnBodyRead();
-                     });
+    ReadChunkedAnswer({upstream_->stream, upstream_->buffer, *string_parser_,
+                       *context_->record_budget, record_bytes_, context_->options.timeout},
+                      [self = shared_from_this()](beast::error_code ec) {
+                        if (ec) return self->UpstreamFailed(ec, "reading from");
+                        self->upstream_keep_alive_ = self->string_parser_->get().keep_alive();
+                        self->body_ = std::move(self->string_parser_->get().body());
+                        self->body_size_ = self->body_.size();
+                        self->body_.append(simdjson::SIMDJSON_PADDING, '\0');
+                        self->OnBodyRead();
+                      });
   }
 
   void OnBodyRead() {
@@ -508,16 +509,20 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
   }
 
   // Metrics and the log line of a captured request. A stream's engine
-  // time runs to its last event: its overhead is only what the store
-  // added on top, which the histogram does not separate.
-  void Report(const CaptureOutcome& outcome) {
+  // time runs to its last event: its own time is the rewrite before
+  // forwarding and what the relay counted (RelayEnd::own_seconds).
+  void Report(const CaptureOutcome& outcome, std::optional<double> stream_own = std::nullopt) {
     const bool stored = outcome.status.ok();
     const double upstream_seconds = Seconds(upstream_end_ - upstream_start_);
-    const double overhead_seconds = Seconds(Clock::now() - start_) - upstream_seconds;
+    const double overhead_seconds =
+        stream_own.has_value() ? Seconds(upstream_start_ - start_) + *stream_own
+                               : Seconds(Clock::now() - start_) - upstream_seconds;
     Count(stored ? CaptureResult::kStored : CaptureResult::kNotStored);
     if (context_->metrics != nullptr) {
       context_->metrics->OnStored(outcome.samples_stored, outcome.stripped_bytes);
-      context_->metrics->OnTimes(upstream_seconds, overhead_seconds);
+      context_->metrics->OnTimes(stream_own.has_value() ? CaptureMode::kStream
+                                                        : CaptureMode::kBody,
+                                 upstream_seconds, overhead_seconds);
     }
     Log(!stored, absl::StatusCodeToString(outcome.status.code()),
         absl::StrFormat("capture %s %s peer=%s pool=%s samples=[%s] result=%s engine=%.1fms "
@@ -581,7 +586,7 @@ class ProxyConnection : public std::enable_shared_from_this<ProxyConnection> {
         context_->options.keep_routing,
         [self = shared_from_this()](RelayEnd end) {
           self->upstream_end_ = Clock::now();
-          self->Report(end.outcome);
+          self->Report(end.outcome, end.own_seconds);
           self->EndRelay(std::move(end));
         });
     header_parser_.reset();

@@ -1,5 +1,7 @@
 #include "server/capture/response_relay.h"
 
+#include <algorithm>
+#include <chrono>
 #include <deque>
 #include <optional>
 #include <string>
@@ -18,6 +20,8 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+
+using Clock = std::chrono::steady_clock;
 
 constexpr size_t kChunk = 64 * 1024;
 
@@ -178,6 +182,7 @@ class CapturedStreamRelay : public std::enable_shared_from_this<CapturedStreamRe
     if (reader_.done()) return WriteRest();
     reader_.Read([self = shared_from_this()](beast::error_code ec, size_t n) {
       if (ec) return self->End(false);
+      self->read_at_ = Clock::now();
       for (StreamEvent& event : self->capture_.Feed(absl::string_view(self->reader_.data(), n))) {
         self->events_.push_back(std::move(event));
       }
@@ -201,9 +206,18 @@ class CapturedStreamRelay : public std::enable_shared_from_this<CapturedStreamRe
       asio::post(self->streams_.client.get_executor(),
                  [self, event, stored = std::move(stored)]() mutable {
                    self->Merge(std::move(stored));
+                   self->CountOwnTime();
                    self->WriteChunk(std::move(event->text));
                  });
     });
+  }
+
+  // Up to now since this read's bytes came, less what an earlier final
+  // event of the same read counted.
+  void CountOwnTime() {
+    const Clock::time_point now = Clock::now();
+    own_ += now - std::max(read_at_, counted_until_);
+    counted_until_ = now;
   }
 
   void Merge(CaptureOutcome stored) {
@@ -266,6 +280,7 @@ class CapturedStreamRelay : public std::enable_shared_from_this<CapturedStreamRe
     }
     outcome_.status = problem_;
     end.outcome = std::move(outcome_);
+    end.own_seconds = std::chrono::duration<double>(own_).count();
     RelayDone done = std::move(done_);
     done(std::move(end));
   }
@@ -285,6 +300,8 @@ class CapturedStreamRelay : public std::enable_shared_from_this<CapturedStreamRe
   CaptureOutcome outcome_;
   absl::Status problem_;
   int64_t finals_ = 0;
+  Clock::time_point read_at_, counted_until_;
+  Clock::duration own_{};
   http::fields trailer_;
   std::optional<http::chunk_last<http::fields>> last_;
 };

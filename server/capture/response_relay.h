@@ -38,6 +38,10 @@ struct RelayEnd {
   bool upstream_reusable = false;
   // A captured stream's outcome (sample ids, why some were not stored).
   CaptureOutcome outcome;
+  // A captured stream's own time: from each read that completed final
+  // events to the last of them going on (their parse, strip and store),
+  // the reads' spans summed. The engine's time between events is not in it.
+  double own_seconds = 0;
 };
 
 using RelayDone = std::function<void(RelayEnd)>;

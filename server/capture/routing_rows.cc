@@ -78,6 +78,21 @@ absl::StatusOr<int64_t> PlaceRoutingRows(absl::Span<const int64_t> shape, int64_
       " they must end at token ", num_tokens - 1, " or ", num_tokens));
 }
 
+std::optional<v1::DType> KeptRoutingDtype(const NpyArray& array) {
+  switch (array.item_bytes * (array.is_signed ? -1 : 1)) {
+    case 1:
+      return v1::UINT8;
+    case 2:
+      return v1::UINT16;
+    case -2:
+      return v1::INT16;
+    case -4:
+      return v1::INT32;
+    default:
+      return std::nullopt;
+  }
+}
+
 absl::StatusOr<v1::NDArray> RoutingNdArray(const NpyArray& array) {
   v1::NDArray out;
   int64_t count = 1;
@@ -86,23 +101,12 @@ absl::StatusOr<v1::NDArray> RoutingNdArray(const NpyArray& array) {
     count *= dim;
   }
   std::string& data = *out.mutable_data();
+  if (const std::optional<v1::DType> kept = KeptRoutingDtype(array); kept.has_value()) {
+    out.set_dtype(*kept);
+    data.assign(array.data.data(), array.data.size());
+    return out;
+  }
   switch (array.item_bytes * (array.is_signed ? -1 : 1)) {
-    case 1:
-      out.set_dtype(v1::UINT8);
-      data.assign(array.data.data(), array.data.size());
-      return out;
-    case 2:
-      out.set_dtype(v1::UINT16);
-      data.assign(array.data.data(), array.data.size());
-      return out;
-    case -2:
-      out.set_dtype(v1::INT16);
-      data.assign(array.data.data(), array.data.size());
-      return out;
-    case -4:
-      out.set_dtype(v1::INT32);
-      data.assign(array.data.data(), array.data.size());
-      return out;
     case -1:
       out.set_dtype(v1::INT16);
       if (absl::Status s = Convert<int8_t, int16_t>(array.data, count, data); !s.ok()) return s;

@@ -7,6 +7,7 @@
 #define ROLLPACK_SERVER_CAPTURE_ROUTING_ROWS_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,10 @@ absl::StatusOr<int64_t> PlaceRoutingRows(absl::Span<const int64_t> shape, int64_
 // narrowed to int32 when every id fits (INVALID_ARGUMENT naming the first
 // that does not).
 absl::StatusOr<v1::NDArray> RoutingNdArray(const NpyArray& array);
+
+// The dtype routed_experts keeps ids of `array`'s dtype in as they come
+// (uint8, uint16, int16, int32), or none when RoutingNdArray converts them.
+std::optional<v1::DType> KeptRoutingDtype(const NpyArray& array);
 
 }  // namespace rollpack
 

@@ -19,8 +19,15 @@ bool Uint8ExpertIdsValid(const uint8_t* ids, int64_t num_groups, int k, int num_
 
 // The same for uint16 ids (what producers send when E > 256, and int16 ids
 // without a negative one): groups of k = 2, 4, 8 checked 16 bytes at a
-// time on x86-64, other k one group at a time.
+// time on x86-64 (32 with AVX2, picked at run time), other k one group at a
+// time.
 bool Uint16ExpertIdsValid(const uint16_t* ids, int64_t num_groups, int k, int num_experts);
+
+namespace expert_id_check_internal {
+// Uint16ExpertIdsValid without its AVX2 steps, for tests on CPUs that have them.
+bool Uint16ExpertIdsValidWithoutAvx2(const uint16_t* ids, int64_t num_groups, int k,
+                                     int num_experts);
+}  // namespace expert_id_check_internal
 
 // True when, for every layer m < num_layers, some row of `rows` rows of
 // [num_layers, k] ids holds a nonzero id in layer m. Real captures pass

@@ -1,12 +1,22 @@
 // Uint16ExpertIdsValid (expert_id_check.h): the uint16 ids of models with
 // more than 256 experts (Kimi K2's 384, ...), which took the per-id check at
-// about 1 ns an id (3 ms for an 8k-token choice of a 48-layer top-8 model).
+// about 1 ns an id (3 ms for an 8k-token choice of a 48-layer top-8 model),
+// then 0.6 ms with SSE2 (16 bytes a step, three instructions a rotation),
+// 0.28 ms with AVX2 (32 bytes a step, one shuffle a rotation; measured
+// alone on the 2-core VM; docs/performance.md, "Capture port").
+#include <array>
 #include <cstring>
 
 #include "server/ingest/expert_id_check.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+// Compiled for AVX2 only and chosen at run time: the binary runs on any
+// x86-64 (as expert_id_check.cc's uint8 path).
+#define ROLLPACK_AVX2_DISPATCH16 1
 #endif
 
 namespace rollpack {
@@ -79,7 +89,103 @@ bool VectorValid16(const uint16_t* ids, int64_t num_groups, int num_experts) {
 
 #endif  // __SSE2__
 
+#if defined(ROLLPACK_AVX2_DISPATCH16)
+
+bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+// pshufb control rotating each group of K 16-bit lanes by J lanes (AVX2
+// shuffles within 16-byte halves, which a group never crosses).
+template <int K, int J>
+struct Rotation16 {
+  static constexpr std::array<uint8_t, 32> Make() {
+    std::array<uint8_t, 32> control{};
+    for (int i = 0; i < 32; ++i) {
+      const int lane = (i % 16) / 2;
+      const int to = lane - lane % K + (lane % K + J) % K;
+      control[i] = static_cast<uint8_t>(2 * to + i % 2);
+    }
+    return control;
+  }
+  static constexpr std::array<uint8_t, 32> kControl = Make();
+};
+
+template <int K, int J>
+__attribute__((target("avx2"))) inline __m256i Rotation16Control() {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Rotation16<K, J>::kControl.data()));
+}
+
+// 16 ids (32 bytes) a step: one shuffle per rotation, and "id < E" as the
+// unsigned saturating id - (E - 1), zero exactly for ids in range. Returns
+// the ids scanned (a multiple of 16) if all of them are valid, else -1.
+template <int K>
+__attribute__((target("avx2"))) int64_t Avx2Valid16(const uint16_t* ids, int64_t count,
+                                                    int num_experts) {
+  const __m256i r1 = Rotation16Control<K, 1>();
+  const __m256i r2 = Rotation16Control<K, K >= 4 ? 2 : 1>();
+  const __m256i r3 = Rotation16Control<K, K == 8 ? 3 : 1>();
+  const __m256i r4 = Rotation16Control<K, K == 8 ? 4 : 1>();
+  const __m256i largest = _mm256_set1_epi16(static_cast<int16_t>(num_experts - 1));
+  __m256i bad = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids + i));
+    bad = _mm256_or_si256(bad, _mm256_subs_epu16(x, largest));
+    __m256i eq = _mm256_cmpeq_epi16(x, _mm256_shuffle_epi8(x, r1));
+    if constexpr (K >= 4) eq = _mm256_or_si256(eq, _mm256_cmpeq_epi16(x, _mm256_shuffle_epi8(x, r2)));
+    if constexpr (K == 8) {
+      eq = _mm256_or_si256(eq, _mm256_cmpeq_epi16(x, _mm256_shuffle_epi8(x, r3)));
+      eq = _mm256_or_si256(eq, _mm256_cmpeq_epi16(x, _mm256_shuffle_epi8(x, r4)));
+    }
+    bad = _mm256_or_si256(bad, eq);
+  }
+  return _mm256_testz_si256(bad, bad) ? i : -1;
+}
+
+#endif  // ROLLPACK_AVX2_DISPATCH16
+
+#if defined(__SSE2__)
+// K ids a group: the AVX2 steps where the CPU has them, then SSE2 and the
+// scalar tail.
+template <int K>
+bool DispatchValid16(const uint16_t* ids, int64_t num_groups, int num_experts) {
+  int64_t done = 0;
+#if defined(ROLLPACK_AVX2_DISPATCH16)
+  if (HasAvx2() && num_experts >= 1) {
+    done = Avx2Valid16<K>(ids, num_groups * K, num_experts);
+    if (done < 0) return false;
+  }
+#endif
+  return VectorValid16<K>(ids + done, num_groups - done / K, num_experts);
+}
+#endif  // __SSE2__
+
 }  // namespace
+
+namespace expert_id_check_internal {
+
+bool Uint16ExpertIdsValidWithoutAvx2(const uint16_t* ids, int64_t num_groups, int k,
+                                     int num_experts) {
+#if defined(__SSE2__)
+  if (num_experts <= 65535) {
+    switch (k) {
+      case 2:
+        return VectorValid16<2>(ids, num_groups, num_experts);
+      case 4:
+        return VectorValid16<4>(ids, num_groups, num_experts);
+      case 8:
+        return VectorValid16<8>(ids, num_groups, num_experts);
+      default:
+        break;
+    }
+  }
+#endif
+  return ScalarValid16(ids, num_groups, k, num_experts);
+}
+
+}  // namespace expert_id_check_internal
 
 bool Uint16ExpertIdsValid(const uint16_t* ids, int64_t num_groups, int k, int num_experts) {
   // 65536 experts would make "id < E" true of every uint16; no model has them.
@@ -87,11 +193,11 @@ bool Uint16ExpertIdsValid(const uint16_t* ids, int64_t num_groups, int k, int nu
 #if defined(__SSE2__)
   switch (k) {
     case 2:
-      return VectorValid16<2>(ids, num_groups, num_experts);
+      return DispatchValid16<2>(ids, num_groups, num_experts);
     case 4:
-      return VectorValid16<4>(ids, num_groups, num_experts);
+      return DispatchValid16<4>(ids, num_groups, num_experts);
     case 8:
-      return VectorValid16<8>(ids, num_groups, num_experts);
+      return DispatchValid16<8>(ids, num_groups, num_experts);
     default:
       break;
   }

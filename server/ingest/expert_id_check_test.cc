@@ -58,9 +58,14 @@ TEST(ExpertIdCheckTest, Uint16AgreesWithTheRuleForEveryTopkAndDefect) {
       for (int64_t groups : {0, 1, 3, 4, 5, 17, 64, 1001}) {
         for (int defect = 0; defect < 3; ++defect) {
           const std::vector<uint16_t> ids = Groups<uint16_t>(rng, groups, k, num_experts, defect);
-          EXPECT_EQ(Uint16ExpertIdsValid(ids.data(), groups, k, num_experts),
-                    Reference(ids, k, num_experts))
+          const bool want = Reference(ids, k, num_experts);
+          EXPECT_EQ(Uint16ExpertIdsValid(ids.data(), groups, k, num_experts), want)
               << "E=" << num_experts << " k=" << k << " groups=" << groups
+              << " defect=" << defect;
+          EXPECT_EQ(expert_id_check_internal::Uint16ExpertIdsValidWithoutAvx2(
+                        ids.data(), groups, k, num_experts),
+                    want)
+              << "without AVX2: E=" << num_experts << " k=" << k << " groups=" << groups
               << " defect=" << defect;
         }
       }
@@ -76,6 +81,14 @@ TEST(ExpertIdCheckTest, Uint16RefusesTheTopBitSoNegativeInt16IdsNeverPass) {
   const std::vector<uint16_t> one = {1, 2, 3, 0x8000, 5, 6, 7, 8};
   EXPECT_FALSE(Uint16ExpertIdsValid(one.data(), 1, 8, 32768));
   EXPECT_TRUE(Uint16ExpertIdsValid(one.data(), 1, 8, 32769));
+  // The same past the first 32 bytes, where AVX2 steps check them.
+  std::vector<uint16_t> long_run;
+  for (int g = 0; g < 40; ++g) long_run.insert(long_run.end(), {1, 2, 3, 4, 5, 6, 7, 8});
+  long_run[8 * 33 + 5] = 0x8000;
+  EXPECT_FALSE(Uint16ExpertIdsValid(long_run.data(), 40, 8, 32768));
+  EXPECT_TRUE(Uint16ExpertIdsValid(long_run.data(), 40, 8, 32769));
+  long_run[8 * 33 + 5] = 0xFFFF;
+  EXPECT_FALSE(Uint16ExpertIdsValid(long_run.data(), 40, 8, 65535));
 }
 
 TEST(ExpertIdCheckTest, EveryLayerNonzeroOfBothWidths) {

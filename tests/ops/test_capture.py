@@ -57,7 +57,8 @@ class CaptureTest(unittest.TestCase):
                     prom.wait_for('rollpack_capture_requests_total{endpoint="vllm '
                                   '/v1/completions",result="stored"}', 4.0)
                     prom.wait_for("rollpack_capture_samples_total", 8.0)
-                    prom.wait_for("rollpack_capture_overhead_seconds_count", 5.0)
+                    prom.wait_for('rollpack_capture_overhead_seconds_count{mode="body"}', 5.0)
+                    prom.wait_for('rollpack_capture_overhead_seconds_count{mode="stream"}', 0.0)
                     prom.wait_for("rollpack_capture_stripped_bytes_total > bool 0", 1.0)
                     direct = harness.parse_exposition(rp.scrape())
                     self.assertEqual(
