@@ -135,9 +135,11 @@ ABSL_FLAG(std::string, h2_guard, "auto",
           "front a plaintext gRPC port with rollpackd's HTTP/2 guard (per-client-host "
           "stream-reset budgets against HTTP/2 rapid reset, connection limits, the token check "
           "of --auth-tokens from the headers): true, false, or auto = when the port is not on a "
-          "loopback address. TLS ports are never fronted");
+          "loopback address, or is with --auth-tokens. A TLS port without --tls-client-ca is fronted "
+          "too, the guard ending TLS itself; mutual-TLS ports never are");
 ABSL_FLAG(int64_t, stream_reset_budget, 1000,
-          "RST_STREAM frames one client host may send at once through the HTTP/2 guard; refills "
+          "RST_STREAM frames one client host may send at once through the HTTP/2 guard, of "
+          "streams the server has not ended (cancelling answered calls is free); refills "
           "in 30 s. Over it its connection is closed (GOAWAY ENHANCE_YOUR_CALM) and the host "
           "cools down; 0 = no limit");
 ABSL_FLAG(absl::Duration, abuse_cooldown, absl::Seconds(10),

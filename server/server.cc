@@ -40,6 +40,7 @@
 #include "server/ops/auth.h"
 #include "server/ops/build_info.h"
 #include "server/ops/call_log.h"
+#include "server/ops/h2_tls_context.h"
 #include "server/ops/metrics/metrics_endpoint.h"
 #include "server/ops/metrics/process_metrics.h"
 #include "server/ops/metrics/scrape_registry.h"
@@ -105,7 +106,8 @@ void AddGuardMetrics(metrics::ScrapeRegistry& registry,
   registry.AddCollectCallback(
       [guard = std::move(guard), open = &registry.AddGauge("rollpack_h2_guard_connections",
                                         "Client connections the HTTP/2 guard relays now "
-                                        "(plaintext ports; docs/operations.md, \"Hardening\")"),
+                                        "(plaintext ports and TLS ports without client "
+                                        "certificates; docs/operations.md, \"Hardening\")"),
        refused = &registry.AddCounter(
            "rollpack_h2_guard_refused_connections_total",
            "Connections closed at accept by the HTTP/2 guard: reason=\"cooling_down\" (the "
@@ -116,7 +118,8 @@ void AddGuardMetrics(metrics::ScrapeRegistry& registry,
            "Connections the HTTP/2 guard closed: reason=\"stream_resets\" (over the client "
            "host's --stream-reset-budget, HTTP/2 rapid reset), \"header_block\" (a "
            "CONTINUATION flood), \"unauthenticated\" (calls without a valid token sent more "
-           "than 1 MiB of requests), \"not_http2\""),
+           "than 1 MiB of requests), \"not_http2\", \"tls_handshake\" (a TLS port's handshake "
+           "failed or took over 10 s)"),
        resets = &registry.AddCounter(
            "rollpack_h2_guard_stream_resets_total",
            "RST_STREAM frames clients sent through the HTTP/2 guard")] {
@@ -133,6 +136,7 @@ void AddGuardMetrics(metrics::ScrapeRegistry& registry,
         catch_up(closed->Add({{"reason", "stream_resets"}}), c.closed_stream_resets.load());
         catch_up(closed->Add({{"reason", "header_block"}}), c.closed_header_block.load());
         catch_up(closed->Add({{"reason", "not_http2"}}), c.closed_not_http2.load());
+        catch_up(closed->Add({{"reason", "tls_handshake"}}), c.closed_tls_handshake.load());
         catch_up(closed->Add({{"reason", "unauthenticated"}}), c.closed_unauthenticated.load());
         catch_up(resets->Add({}), c.streams_reset.load());
       });
@@ -351,15 +355,23 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  const bool guarded =
-      options.tls_cert.empty() &&
-      (options.h2_guard == H2GuardMode::kOn ||
-       (options.h2_guard == H2GuardMode::kAuto && !IsLoopbackListen(options.listen)));
+  const H2GuardChoice guard_choice =
+      ChooseH2Guard(options.h2_guard, mutual_tls, IsLoopbackListen(options.listen),
+                    !options.auth_tokens_file.empty());
+  const bool guarded = guard_choice.fronted;
+  spdlog::info("rollpackd: gRPC port {} {} the HTTP/2 guard: {}", options.listen,
+               guarded ? "fronted by" : "not fronted by", guard_choice.why);
   if (guarded) {
     // rollpackd accepts the port's connections itself and hands each to gRPC
     // once started (server/ops/h2_guard.h); gRPC listens on nothing.
     H2GuardOptions guard_options = options.h2_guard_options;
     guard_options.auth = server->auth_.get();
+    if (!options.tls_cert.empty()) {
+      // TLS without client certificates: the guard ends it (gRPC takes
+      // only plaintext sockets), with the files watched as gRPC would.
+      ASSIGN_OR_RETURN(guard_options.tls, H2TlsContext::Create(options.tls_cert, options.tls_key,
+                                                               options.tls_refresh));
+    }
     ASSIGN_OR_RETURN(server->h2_guard_, H2Guard::Listen(options.listen, std::move(guard_options)));
     port = server->h2_guard_->port();
   } else {
@@ -376,13 +388,14 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
       TokenGate::kRefusedMetric,
       "Calls refused from their headers, before any request message was read: no or an "
       "unknown token (UNAUTHENTICATED), a role that may not call the method "
-      "(PERMISSION_DENIED); TLS ports with --auth-tokens only");
-  if (server->auth_ != nullptr && !options.tls_cert.empty()) {
+      "(PERMISSION_DENIED); TLS ports with --auth-tokens not fronted by the HTTP/2 guard only");
+  if (server->auth_ != nullptr && !options.tls_cert.empty() && !guarded) {
     // Refuses calls without a valid token from their headers, before any
     // request message is read (server/ops/token_gate.h). gRPC 1.51 runs an
     // AuthMetadataProcessor on TLS ports only (it aborts on an insecure one);
     // on plaintext, handlers check the token and the transport quota bounds
-    // what an unauthenticated client makes the server hold.
+    // what an unauthenticated client makes the server hold. A guarded TLS
+    // port reaches gRPC as plaintext: the guard's token check stands in.
     credentials->SetAuthMetadataProcessor(
         std::make_shared<TokenGate>(server->auth_.get(), &refused_at_start));
   }

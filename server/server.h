@@ -23,6 +23,7 @@
 #include "server/capture/capture_options.h"
 #include "server/capture/capture_server.h"
 #include "server/ops/h2_guard.h"
+#include "server/ops/h2_guard_mode.h"
 #include "server/store/durable_log.h"
 
 namespace rollpack {
@@ -50,8 +51,6 @@ namespace metrics {
 class MetricsEndpoint;
 class ScrapeRegistry;
 }  // namespace metrics
-
-enum class H2GuardMode { kAuto, kOn, kOff };
 
 // Whether `listen` ("host:port") is reachable from this host only
 // (127.0.0.0/8, ::1, localhost).
@@ -120,8 +119,10 @@ struct ServerOptions {
   // Whether a plaintext port is fronted by rollpackd's HTTP/2 guard
   // (server/ops/h2_guard.h): stream-reset budgets, connection limits per
   // client host and the token check that gRPC 1.51 lacks. kAuto: when the
-  // port is reachable from other hosts (not a loopback address), since every
-  // byte then crosses the relay. TLS ports are never fronted.
+  // port is reachable from other hosts (not a loopback address), or with
+  // --auth-tokens on loopback too (ChooseH2Guard says why). A TLS port
+  // without a client CA is fronted with the guard ending TLS; mutual-TLS
+  // ports never are.
   H2GuardMode h2_guard = H2GuardMode::kAuto;
   H2GuardOptions h2_guard_options;
   // Delivery (server/delivery/trainer_service.h).

@@ -18,7 +18,8 @@ namespace rollpack {
 struct ClientAbuseLimits {
   // Connections one client host may hold at once; 0 = no limit.
   int max_connections_per_client = 1024;
-  // Stream resets (RST_STREAM, either side) a client host may make at once;
+  // Stream resets (the client's RST_STREAM frames of streams the server has
+  // not ended: server/ops/h2_open_streams.h) a client host may make at once;
   // the budget refills at reset_budget / 30 per second, and a host's debt is
   // at most one budget. 0 = no limit. The figures are those nghttp2 applies
   // per connection (1000 at once, 33 per second), here per host: a gRPC

@@ -27,11 +27,12 @@ constexpr uint32_t kEnhanceYourCalm = 0xb;
 }  // namespace
 
 H2FrameWatch::H2FrameWatch(Direction direction, int64_t max_header_block_bytes,
-                           H2FrameObserver* observer)
+                           H2FrameObserver* observer, H2OpenStreams* streams)
     : direction_(direction),
       max_header_block_bytes_(max_header_block_bytes),
       preface_left_(direction == Direction::kFromClient ? kClientPreface.size() : 0),
-      observer_(observer) {}
+      observer_(observer),
+      streams_(streams) {}
 
 bool H2FrameWatch::at_frame_boundary() const {
   return !failed_ && header_have_ == 0 && payload_left_ == 0 &&
@@ -104,6 +105,7 @@ absl::Status H2FrameWatch::FrameHeaderComplete(H2FrameTally& tally) {
     if (type == kHeaders && stream_id > highest_stream_id_) {
       highest_stream_id_ = stream_id;
       ++tally.streams_opened;
+      if (from_client && streams_ != nullptr) streams_->Opened(stream_id);
     }
     in_header_block_ = (flags & kEndHeaders) == 0;
     header_block_bytes_ = length;
@@ -111,7 +113,18 @@ absl::Status H2FrameWatch::FrameHeaderComplete(H2FrameTally& tally) {
     header_block_bytes_ += length;
     in_header_block_ = (flags & kEndHeaders) == 0;
   } else if (type == kRstStream) {
-    ++tally.streams_reset;
+    // Classified before the reset ends the stream: a reset repeated is free.
+    const bool ended = from_client && streams_ != nullptr && !streams_->MayBeOpen(stream_id);
+    ++(ended ? tally.resets_of_ended_streams : tally.streams_reset);
+  }
+  // The server's END_STREAM ends a stream for it, trailers or not (a
+  // HEADERS frame's flag holds even if CONTINUATIONs follow); so does a
+  // reset either way. Recorded before the bytes go on: a client can only
+  // answer an end after the relay saw it.
+  if (streams_ != nullptr &&
+      (type == kRstStream ||
+       (!from_client && (type == kHeaders || type == kData) && (flags & kEndStream) != 0))) {
+    streams_->Ended(stream_id);
   }
   if (from_client && header_block_bytes_ > max_header_block_bytes_) {
     return absl::ResourceExhaustedError(

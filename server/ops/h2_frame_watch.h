@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/ops/h2_open_streams.h"
 
 namespace rollpack {
 
@@ -16,8 +17,12 @@ namespace rollpack {
 struct H2FrameTally {
   // HEADERS frames that open a stream (a stream id above every one before).
   int64_t streams_opened = 0;
-  // RST_STREAM frames.
+  // RST_STREAM frames of streams the server may still be working on (with
+  // no H2OpenStreams: every RST_STREAM frame).
   int64_t streams_reset = 0;
+  // RST_STREAM frames of streams the server already ended, or the client
+  // reset before (server/ops/h2_open_streams.h): not rapid reset.
+  int64_t resets_of_ended_streams = 0;
 };
 
 // What a caller that needs more than counts is told, frame by frame
@@ -57,10 +62,13 @@ class H2FrameWatch {
   static constexpr int64_t kDefaultMaxHeaderBlockBytes = int64_t{64} << 10;
 
   // With an `observer` (not owned), header blocks are kept until complete
-  // and handed to it (at most max_header_block_bytes each).
+  // and handed to it (at most max_header_block_bytes each). With `streams`
+  // (not owned; the two watches of a connection share one), the client's
+  // watch records the streams it opens and tells the resets of ended ones
+  // apart, the server's records the streams it ends.
   explicit H2FrameWatch(Direction direction,
                         int64_t max_header_block_bytes = kDefaultMaxHeaderBlockBytes,
-                        H2FrameObserver* observer = nullptr);
+                        H2FrameObserver* observer = nullptr, H2OpenStreams* streams = nullptr);
 
   // INVALID_ARGUMENT: not an HTTP/2 client preface; RESOURCE_EXHAUSTED: a
   // header block over the bound. After an error the watch stays failed.
@@ -94,6 +102,7 @@ class H2FrameWatch {
   bool failed_ = false;
 
   H2FrameObserver* observer_;
+  H2OpenStreams* streams_;
   // With an observer: the frame being read carries a header fragment.
   bool keeping_payload_ = false;
   uint8_t frame_type_ = 0;

@@ -113,5 +113,59 @@ TEST(H2FrameWatchTest, GoawayIsAWellFormedFrame) {
   EXPECT_EQ(goaway.substr(17), "too many resets");
 }
 
+// Feeds `bytes` in chunks of `chunk` bytes; the tallies added up.
+H2FrameTally FeedInChunks(H2FrameWatch& watch, const std::string& bytes, size_t chunk) {
+  H2FrameTally total;
+  for (size_t at = 0; at < bytes.size(); at += chunk) {
+    absl::StatusOr<H2FrameTally> t = watch.Feed(absl::string_view(bytes).substr(at, chunk));
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) break;
+    total.streams_opened += t->streams_opened;
+    total.streams_reset += t->streams_reset;
+    total.resets_of_ended_streams += t->resets_of_ended_streams;
+  }
+  return total;
+}
+
+TEST(H2FrameWatchTest, ResetsOfStreamsTheServerEndedAreToldApart) {
+  for (size_t chunk : {size_t{1}, size_t{5}, size_t{4096}}) {
+    H2OpenStreams streams;
+    H2FrameWatch from_client(H2FrameWatch::Direction::kFromClient,
+                             H2FrameWatch::kDefaultMaxHeaderBlockBytes, nullptr, &streams);
+    H2FrameWatch from_server(H2FrameWatch::Direction::kFromServer,
+                             H2FrameWatch::kDefaultMaxHeaderBlockBytes, nullptr, &streams);
+    const std::string settings = Frame(0x4, 0, 0, std::string(12, 's'));
+    FeedInChunks(from_client, kPreface + settings + Headers(1) + Headers(3) + Headers(5) +
+                                  Headers(7),
+                 chunk);
+    // Stream 1 answered (headers, a message, trailers with END_STREAM: 0x5),
+    // 3 only begun (headers, a message), 5 reset by the server, 7 silent.
+    FeedInChunks(from_server,
+                 settings + Headers(1) + Data(1, 40) + Frame(0x1, 0x5, 1, "trailers") +
+                     Headers(3) + Data(3, 40) + Reset(5),
+                 chunk);
+    H2FrameTally t = FeedInChunks(from_client, Reset(1) + Reset(3) + Reset(5) + Reset(7), chunk);
+    EXPECT_EQ(t.resets_of_ended_streams, 2) << "1 and 5, chunk " << chunk;
+    EXPECT_EQ(t.streams_reset, 2) << "3 and 7: the server is still at them, chunk " << chunk;
+    t = FeedInChunks(from_client, Reset(3) + Reset(9), chunk);
+    EXPECT_EQ(t.resets_of_ended_streams, 1) << "3 again: the client ended it already";
+    EXPECT_EQ(t.streams_reset, 1) << "9: never opened";
+  }
+}
+
+TEST(H2FrameWatchTest, AnEndOfStreamOnDataEndsTheStreamToo) {
+  H2OpenStreams streams;
+  H2FrameWatch from_client(H2FrameWatch::Direction::kFromClient,
+                           H2FrameWatch::kDefaultMaxHeaderBlockBytes, nullptr, &streams);
+  H2FrameWatch from_server(H2FrameWatch::Direction::kFromServer,
+                           H2FrameWatch::kDefaultMaxHeaderBlockBytes, nullptr, &streams);
+  ASSERT_TRUE(from_client.Feed(kPreface + Headers(1) + Headers(3)).ok());
+  ASSERT_TRUE(from_server.Feed(Headers(1) + Frame(0x0, 0x1, 1, "last") + Data(3, 4)).ok());
+  absl::StatusOr<H2FrameTally> t = from_client.Feed(Reset(1) + Reset(3));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->resets_of_ended_streams, 1);
+  EXPECT_EQ(t->streams_reset, 1);
+}
+
 }  // namespace
 }  // namespace rollpack

@@ -25,6 +25,7 @@
 #include "base/status_macros.h"
 #include "server/ops/guarded_peers.h"
 #include "server/ops/h2_relay_loop.h"
+#include "server/ops/h2_tls_context.h"
 #include "server/ops/log_rate_limiter.h"
 
 namespace rollpack {
@@ -264,6 +265,18 @@ void H2Guard::Admit(grpc::Server* server, int client, const sockaddr_storage& ad
   }
   const int one = 1;
   setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::unique_ptr<H2TlsStream> tls;
+  if (options_.tls != nullptr) {
+    absl::StatusOr<std::unique_ptr<H2TlsStream>> stream =
+        options_.tls->NewStream(client, absl::Now());
+    if (!stream.ok()) {
+      LogLimited("tls", stream.status().ToString());
+      ledger_.ConnectionClosed(peer.budget_key);
+      close(client);
+      return;
+    }
+    tls = *std::move(stream);
+  }
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
     LogLimited("socketpair", absl::StrCat("socketpair: ", std::strerror(errno)));
@@ -274,7 +287,7 @@ void H2Guard::Admit(grpc::Server* server, int client, const sockaddr_storage& ad
   counters_->open++;
   RecordGuardedPeer(pair[1], peer.address);
   grpc::AddInsecureChannelFromFd(server, pair[1]);  // gRPC owns pair[1] from here
-  loops_[next_loop_++ % loops_.size()]->Add(client, pair[0], std::move(peer));
+  loops_[next_loop_++ % loops_.size()]->Add(client, pair[0], std::move(peer), std::move(tls));
 }
 
 }  // namespace rollpack

@@ -4,7 +4,8 @@
 // does not bound is bounded before gRPC sees it:
 //
 //  - stream resets (HTTP/2 rapid reset, CVE-2023-44487): each client host has
-//    a budget of RST_STREAM frames (ClientAbuseLimits); a connection that
+//    a budget of RST_STREAM frames of streams the server is still working on
+//    (ClientAbuseLimits; server/ops/h2_open_streams.h); a connection that
 //    overdraws it gets GOAWAY(ENHANCE_YOUR_CALM) and is closed, which makes
 //    gRPC drop every stream of it at once, and the host is refused new
 //    connections for a cool-down;
@@ -17,9 +18,11 @@
 //
 // gRPC 1.51 has no hook for any of this (no stream-reset limit; its
 // MAX_CONCURRENT_STREAMS is announced, not enforced), and its transport only
-// learns of a reset stream after having set it up. TLS ports are not fronted:
-// gRPC takes only plaintext sockets from outside, and there mutual TLS keeps
-// unknown peers out before HTTP/2 starts (docs/operations.md, "Hardening").
+// learns of a reset stream after having set it up. gRPC takes only plaintext
+// sockets from outside: on a TLS port without client certificates the guard
+// ends TLS itself (options.tls, server/ops/h2_tls_context.h) and relays the
+// plaintext; mutual-TLS ports are not fronted, their handshake keeps unknown
+// peers out before HTTP/2 starts (docs/operations.md, "Hardening").
 //
 // The relay (server/ops/h2_relay_loop.h) copies bytes through a buffer of
 // `buffer_bytes` per direction, held only while bytes are in flight: an idle

@@ -6,11 +6,15 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
+#include "absl/time/time.h"
 #include "server/ops/auth.h"
 #include "server/ops/client_abuse_ledger.h"
 
 namespace rollpack {
+
+class H2TlsContext;
 
 struct H2GuardOptions {
   ClientAbuseLimits limits;
@@ -25,6 +29,11 @@ struct H2GuardOptions {
   // Bytes of one direction a relay holds while they are in flight (taken
   // from a pool, given back when drained).
   size_t buffer_bytes = size_t{256} << 10;
+  // A TLS port without client certificates: the guard ends TLS itself
+  // (server/ops/h2_tls_context.h). Null: plaintext.
+  std::shared_ptr<H2TlsContext> tls;
+  // How long a client may take to complete its TLS handshake.
+  absl::Duration tls_handshake_timeout = absl::Seconds(10);
 };
 
 // Why the guard refused or closed connections, counted since start.
@@ -37,6 +46,8 @@ struct H2GuardCounters {
   std::atomic<int64_t> closed_header_block{0};
   std::atomic<int64_t> closed_not_http2{0};
   std::atomic<int64_t> closed_unauthenticated{0};
+  // TLS ports: handshakes that failed or took over tls_handshake_timeout.
+  std::atomic<int64_t> closed_tls_handshake{0};
   std::atomic<int64_t> streams_reset{0};
 };
 

@@ -2,6 +2,8 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/ops/h2_frame_watch.h"
+#include "server/ops/h2_tls_stream.h"
 #include "server/ops/h2_token_check.h"
 #include "server/ops/log_rate_limiter.h"
 
@@ -57,15 +60,18 @@ struct GuardedRelay {
         token_check(auth != nullptr && auth->enabled() ? std::make_unique<H2TokenCheck>(auth)
                                                        : nullptr),
         from_client(H2FrameWatch::Direction::kFromClient,
-                    H2FrameWatch::kDefaultMaxHeaderBlockBytes, token_check.get()),
+                    H2FrameWatch::kDefaultMaxHeaderBlockBytes, token_check.get(), &open_streams),
         from_server(H2FrameWatch::Direction::kFromServer, H2FrameWatch::kDefaultMaxHeaderBlockBytes,
-                    token_check.get()) {}
+                    token_check.get(), &open_streams) {}
 
   int client_fd;
   int grpc_fd;
   RelayPeer peer;
   // Before the watches that report to it.
   std::unique_ptr<H2TokenCheck> token_check;
+  // Before the watches too: the client's resets of streams the server ended
+  // are not spent from its budget (server/ops/h2_open_streams.h).
+  H2OpenStreams open_streams;
   RelayDirection up;    // client -> gRPC
   RelayDirection down;  // gRPC -> client
   H2FrameWatch from_client;
@@ -73,7 +79,35 @@ struct GuardedRelay {
   // Finished by then whatever the client does (a lingering close).
   absl::Time finish_by = absl::InfiniteFuture();
   bool done = false;
+  // A TLS port's: the client's socket is read and written through it.
+  std::unique_ptr<H2TlsStream> tls;
+  absl::Time handshake_by = absl::InfiniteFuture();
 };
+
+namespace {
+
+// The client's side of a relay: its socket, or the TLS on it.
+ssize_t ClientRecv(GuardedRelay& relay, char* buffer, size_t size) {
+  return relay.tls != nullptr ? relay.tls->Recv(buffer, size)
+                              : recv(relay.client_fd, buffer, size, 0);
+}
+
+ssize_t ClientSend(GuardedRelay& relay, const char* buffer, size_t size) {
+  return relay.tls != nullptr ? relay.tls->Send(buffer, size)
+                              : send(relay.client_fd, buffer, size, MSG_NOSIGNAL);
+}
+
+// Scanners and clients that do not trust the certificate fail handshakes
+// all day: a line now and then, not one each.
+void LogTlsFailure(const GuardedRelay& relay, const std::string& why) {
+  int64_t dropped = 0;
+  if (RelayLogLimiter().Allow("tls handshake", absl::Now(), &dropped)) {
+    spdlog::info("h2 guard: closed the connection of {}: {}{}", relay.peer.address, why,
+                 dropped > 0 ? absl::StrCat(" (", dropped, " such lines dropped)") : "");
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<H2RelayLoop>> H2RelayLoop::Create(const H2GuardOptions& options,
                                                                  ClientAbuseLedger* ledger,
@@ -124,8 +158,10 @@ H2RelayLoop::~H2RelayLoop() {
   close(wake_fd_);
 }
 
-void H2RelayLoop::Add(int client_fd, int grpc_fd, RelayPeer peer) {
+void H2RelayLoop::Add(int client_fd, int grpc_fd, RelayPeer peer,
+                      std::unique_ptr<H2TlsStream> tls) {
   auto relay = std::make_unique<GuardedRelay>(client_fd, grpc_fd, std::move(peer), options_.auth);
+  relay->tls = std::move(tls);
   {
     absl::MutexLock lock(&mu_);
     incoming_.push_back(std::move(relay));
@@ -139,6 +175,13 @@ void H2RelayLoop::Wake() {
 }
 
 void H2RelayLoop::Run() {
+  // OpenSSL writes a TLS port's sockets with write(2), which raises SIGPIPE
+  // on a connection the client reset: blocked on this thread, the write
+  // fails with EPIPE instead of ending the process.
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   std::vector<epoll_event> events(256);
   std::vector<std::unique_ptr<GuardedRelay>> incoming;
   for (;;) {
@@ -183,6 +226,17 @@ void H2RelayLoop::Run() {
     for (GuardedRelay* relay : lingering_) {
       if (!relay->done && now >= relay->finish_by) Finish(*relay);
     }
+    for (GuardedRelay* relay : handshaking_) {
+      if (relay->done || now < relay->handshake_by || relay->tls->established()) continue;
+      counters_->closed_tls_handshake++;
+      LogTlsFailure(*relay, "no TLS handshake within the handshake timeout");
+      Finish(*relay);
+    }
+    handshaking_.erase(std::remove_if(handshaking_.begin(), handshaking_.end(),
+                                      [](GuardedRelay* relay) {
+                                        return relay->done || relay->tls->established();
+                                      }),
+                       handshaking_.end());
     const auto is_done = [](GuardedRelay* relay) { return relay->done; };
     lingering_.erase(std::remove_if(lingering_.begin(), lingering_.end(), is_done),
                      lingering_.end());
@@ -209,10 +263,35 @@ void H2RelayLoop::Register(std::unique_ptr<GuardedRelay> relay) {
     Finish(*r);
     return;
   }
+  if (r->tls != nullptr) {
+    r->handshake_by = absl::Now() + options_.tls_handshake_timeout;
+    handshaking_.push_back(r);
+  }
   Pump(*r);
 }
 
+bool H2RelayLoop::Handshake(GuardedRelay& relay) {
+  switch (relay.tls->Handshake()) {
+    case H2TlsStream::Step::kDone:
+      return true;
+    case H2TlsStream::Step::kWantRead:
+      relay.up.readable = false;  // the socket said EAGAIN: an event comes with more
+      return false;
+    case H2TlsStream::Step::kWantWrite:
+      relay.down.writable = false;
+      return false;
+    case H2TlsStream::Step::kFailed:
+      break;
+  }
+  counters_->closed_tls_handshake++;
+  LogTlsFailure(relay, absl::StrCat("TLS handshake: ", relay.tls->failure()));
+  Finish(relay);
+  return false;
+}
+
 void H2RelayLoop::Pump(GuardedRelay& relay) {
+  // gRPC's first bytes wait in the socket pair until the client is through.
+  if (relay.tls != nullptr && !relay.tls->established() && !Handshake(relay)) return;
   for (int round = 0; round < kRoundsPerTurn; ++round) {
     bool progress = false;
     if (!Move(relay, /*upward=*/true, progress)) return;
@@ -233,7 +312,8 @@ bool H2RelayLoop::Move(GuardedRelay& relay, bool upward, bool& progress) {
   const int from = upward ? relay.client_fd : relay.grpc_fd;
   const int to = upward ? relay.grpc_fd : relay.client_fd;
   if (d.end > d.begin && d.writable && !d.shut) {
-    const ssize_t n = send(to, d.buffer.get() + d.begin, d.end - d.begin, MSG_NOSIGNAL);
+    const ssize_t n = upward ? send(to, d.buffer.get() + d.begin, d.end - d.begin, MSG_NOSIGNAL)
+                             : ClientSend(relay, d.buffer.get() + d.begin, d.end - d.begin);
     if (n > 0) {
       d.begin += static_cast<size_t>(n);
       progress = true;
@@ -252,6 +332,7 @@ bool H2RelayLoop::Move(GuardedRelay& relay, bool upward, bool& progress) {
   if (d.begin == d.end) {
     d.begin = d.end = 0;
     if (d.eof && !d.shut) {
+      if (!upward && relay.tls != nullptr) relay.tls->SendCloseNotify();
       shutdown(to, SHUT_WR);
       d.shut = true;
       progress = true;
@@ -265,7 +346,9 @@ bool H2RelayLoop::Move(GuardedRelay& relay, bool upward, bool& progress) {
   }
   if (d.readable && (!d.eof || d.discard) && d.end < options_.buffer_bytes) {
     if (d.buffer == nullptr) d.buffer.reset(AcquireBuffer());
-    const ssize_t n = recv(from, d.buffer.get() + d.end, options_.buffer_bytes - d.end, 0);
+    const ssize_t n =
+        upward ? ClientRecv(relay, d.buffer.get() + d.end, options_.buffer_bytes - d.end)
+               : recv(from, d.buffer.get() + d.end, options_.buffer_bytes - d.end, 0);
     if (n > 0) {
       progress = true;
       if (!d.discard) {
@@ -319,8 +402,8 @@ bool H2RelayLoop::Watch(GuardedRelay& relay, bool from_client, const char* bytes
                   /*cooled_down=*/flood);
     return false;
   }
+  counters_->streams_reset += tally->streams_reset + tally->resets_of_ended_streams;
   if (tally->streams_reset == 0) return true;
-  counters_->streams_reset += tally->streams_reset;
   if (ledger_->SpendResets(relay.peer.budget_key, tally->streams_reset, absl::Now())) return true;
   counters_->closed_stream_resets++;
   CloseForAbuse(relay,

@@ -40,6 +40,7 @@ struct RelayPeer {
 };
 
 struct GuardedRelay;
+class H2TlsStream;
 
 class H2RelayLoop {
  public:
@@ -56,7 +57,10 @@ class H2RelayLoop {
   // Relays `client_fd` (a connected, non-blocking socket, admitted by the
   // ledger) to `grpc_fd` (the other end of the pair handed to gRPC); both
   // are owned and closed by the loop from here.
-  void Add(int client_fd, int grpc_fd, RelayPeer peer);
+  // With `tls` (on `client_fd`), the client's bytes are TLS: the handshake
+  // comes first, within options.tls_handshake_timeout, and the plaintext is
+  // relayed and watched as a plaintext port's bytes are.
+  void Add(int client_fd, int grpc_fd, RelayPeer peer, std::unique_ptr<H2TlsStream> tls = nullptr);
 
  private:
   H2RelayLoop(const H2GuardOptions& options, ClientAbuseLedger* ledger, H2GuardCounters* counters,
@@ -69,6 +73,8 @@ class H2RelayLoop {
   // one fast connection cannot hold the loop; a relay cut short is pumped
   // again in the next turn.
   void Pump(GuardedRelay& relay);
+  // Moves a TLS relay's handshake on; true once it is done.
+  bool Handshake(GuardedRelay& relay);
   bool Move(GuardedRelay& relay, bool upward, bool& progress);
   bool Watch(GuardedRelay& relay, bool from_client, const char* bytes, size_t size);
   // gRPC's end failed or ended: client bytes are dropped from now on.
@@ -90,6 +96,7 @@ class H2RelayLoop {
   std::vector<GuardedRelay*> finished_;   // erased after each turn
   std::vector<GuardedRelay*> cut_short_;  // pumped again next turn
   std::vector<GuardedRelay*> lingering_;  // with a finish_by
+  std::vector<GuardedRelay*> handshaking_;  // TLS, with a handshake_by
   std::vector<std::unique_ptr<char[]>> spare_buffers_;
 
   absl::Mutex mu_;

@@ -60,7 +60,7 @@ class Server:
     ``metrics=True`` serves /metrics on 127.0.0.1:0: ``s.metrics()``."""
 
     def __init__(self, binary, args=(), auth=False, mutual_tls=False, start_timeout=30.0,
-                 host="127.0.0.1", metrics=False):
+                 host="127.0.0.1", metrics=False, tls=False):
         self.binary = binary
         self.host = host
         self.dir = tempfile.TemporaryDirectory(prefix="rollpack-abuse-")
@@ -81,10 +81,13 @@ class Server:
             self.args += ["--auth-tokens", tokens]
         # With mutual_tls: clients need a certificate from this CA
         # (self.certs: paths, see make_certs).
-        self.certs = make_certs(self.dir.name) if mutual_tls else None
+        # With tls: TLS without client certificates (clients trust the CA).
+        self.certs = make_certs(self.dir.name) if mutual_tls or tls else None
         if self.certs:
             self.args += ["--tls-cert", self.certs["server.crt"], "--tls-key",
-                          self.certs["server.key"], "--tls-client-ca", self.certs["ca.crt"]]
+                          self.certs["server.key"]]
+        if mutual_tls:
+            self.args += ["--tls-client-ca", self.certs["ca.crt"]]
         self.start_timeout = start_timeout
         self.proc = None
         self.address = None

@@ -5,7 +5,7 @@ On loopback every client is 127.0.0.1, so --max-streams-per-client (keyed
 by the peer's IP) cannot be told apart from a global cap there. TwoHosts
 makes two network namespaces, an "attacker host" and a "trainer host", each
 with a veth pair to this (root) namespace and a /30 of 10.A.0.0/16 (A picked
-so that no route or address of this machine overlaps, as cli/bench_links.cc
+so that no route or address of this machine overlaps, as cli/bench/links.cc
 does), and an address 10.A.0.1/32 on this namespace's lo for rollpackd to
 listen on. Each namespace has one route, to 10.A.0.1 through its veth; that
 address is local here, so nothing is forwarded (ip_forward is left alone)

@@ -90,9 +90,13 @@ if transport_probes is not None:
         # server without the HTTP/2 guard.
         "unprotected": ["--h2-guard=false"],
         "mutual_tls": True,
-        "mitigation": "the HTTP/2 guard in front of plaintext ports: a stream-reset budget per "
-                      "client host, GOAWAY(ENHANCE_YOUR_CALM) and a cool-down past it; on TLS "
-                      "ports mutual TLS refuses the attacker at the handshake",
+        # Rows tls-before / tls: TLS without client certificates, where the
+        # guard ends TLS itself.
+        "server_tls": True,
+        "mitigation": "the HTTP/2 guard in front of plaintext ports and TLS ports without client "
+                      "certificates (it ends TLS itself): a stream-reset budget per client host, "
+                      "GOAWAY(ENHANCE_YOUR_CALM) and a cool-down past it; on mutual-TLS ports "
+                      "the handshake refuses the attacker",
         "run": lambda s, scale: transport_probes.rapid_reset(
             s, seconds=max(2.0, 10 * scale), connections=4, settle_seconds=max(2.0, 20 * scale),
             source="127.0.0.2", reconnect=True),
@@ -148,26 +152,32 @@ def run_one(name, spec, binary, baseline, scale):
         except host_probes.HostsUnavailable as e:
             return {"skipped": {"error": "no network namespaces here: %s" % e}}
     rows = {}
-    configs = []  # (label, binary, flags, mutual TLS)
+    configs = []  # (label, binary, flags, TLS: None, "server" or "mutual")
     if baseline:
-        configs.append(("before", baseline, spec["args"], False))
+        configs.append(("before", baseline, spec["args"], None))
     elif spec["unprotected"] is not None:
-        configs.append(("before", binary, spec["args"] + spec["unprotected"], False))
-    configs.append(("after", binary, spec["args"], False))
+        configs.append(("before", binary, spec["args"] + spec["unprotected"], None))
+    configs.append(("after", binary, spec["args"], None))
+    if spec.get("server_tls"):
+        if baseline:
+            configs.append(("tls-before", baseline, spec["args"], "server"))
+        elif spec["unprotected"] is not None:
+            configs.append(("tls-before", binary, spec["args"] + spec["unprotected"], "server"))
+        configs.append(("tls", binary, spec["args"], "server"))
     if spec.get("mutual_tls"):
-        configs.append(("mtls", binary, spec["args"], True))
-    for label, exe, args, mutual_tls in configs:
+        configs.append(("mtls", binary, spec["args"], "mutual"))
+    for label, exe, args, tls in configs:
         start = time.monotonic()
         try:
             with harness.Server(exe, args, auth=spec.get("auth", False),
-                                mutual_tls=mutual_tls) as server:
+                                mutual_tls=tls == "mutual", tls=tls == "server") as server:
                 figures = spec["run"](server, scale)
                 figures.setdefault("server_alive", server.alive())
         except Exception as e:  # an experiment that breaks the server is a result
             figures = {"error": "%s: %s" % (type(e).__name__, e)}
         figures["wall_s"] = round(time.monotonic() - start, 1)
-        figures["flags"] = args + (["--tls-cert", "--tls-key", "--tls-client-ca"]
-                                   if mutual_tls else [])
+        figures["flags"] = args + {None: [], "server": ["--tls-cert", "--tls-key"],
+                                   "mutual": ["--tls-cert", "--tls-key", "--tls-client-ca"]}[tls]
         rows[label] = figures
     return rows
 

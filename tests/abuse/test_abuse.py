@@ -141,6 +141,26 @@ class AbuseTest(unittest.TestCase):
         self.assertIsNotNone(figures["sigterm_seconds"], figures)
         self.assertLess(figures["sigterm_seconds"], 2 + 1, figures)
 
+    def test_the_guard_closes_a_rapid_reset_flood_on_a_tls_port_without_client_ca(self):
+        # The same flood over TLS from a client that trusts the server: with
+        # no client CA anyone gets past the handshake, so the guard ends TLS
+        # itself and bounds what follows as on plaintext.
+        with harness.Server(binary(), ["--shutdown-grace-seconds", "2", "--h2-guard=true"],
+                            tls=True) as server:
+            figures = transport_probes.rapid_reset(server, seconds=4, connections=4,
+                                                   settle_seconds=3, source="127.0.0.2",
+                                                   reconnect=True)
+        self.assertGreater(figures["streams_opened"], 0, figures)
+        calm = [g for g in figures["goaways"] if g["error"] == "ENHANCE_YOUR_CALM"]
+        self.assertGreater(len(calm), 0, figures)
+        self.assertGreater(figures["refused_reconnects"], 0, figures)
+        self.assertLess(figures["peak_rss_mb"], 150, figures)
+        for phase in ("normal_client_during", "normal_client_after"):
+            self.assertGreater(figures[phase]["calls"], 0, figures)
+            self.assertEqual(figures[phase]["failed"], 0, figures)
+        self.assertIsNotNone(figures["sigterm_seconds"], figures)
+        self.assertLess(figures["sigterm_seconds"], 2 + 1, figures)
+
     def test_sigterm_stops_within_the_grace_period_after_a_flood(self):
         # Without the guard gRPC 1.51 takes the flood in; the stop stays
         # bounded by --shutdown-grace-seconds + 10 s however long gRPC would

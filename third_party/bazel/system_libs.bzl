@@ -32,6 +32,9 @@ _LIBS = {
     # nghttp2's HPACK decoder: the HTTP/2 guard reads each call's method and
     # token (server/ops/h2_token_check.h).
     "nghttp2": (["libnghttp2"], []),
+    # OpenSSL (the one gRPC links): the HTTP/2 guard ends TLS on TLS ports
+    # without client certificates (server/ops/h2_tls_context.h).
+    "openssl": (["libssl", "libcrypto"], []),
     # The capture port (server/capture): simdjson for the engines' JSON;
     # Boost.Beast/Asio is header-only and needs only pthreads.
     "simdjson": (["simdjson"], []),
