@@ -5,7 +5,7 @@ namespace rollpack {
 
 // `rollpack bench capture`: what the HTTP capture port costs
 // (shared/spec/capture.md section 8, issue 37). A stand-in vLLM in this
-// process (cli/bench_capture_engine.h) answers /v1/chat/completions with
+// process (cli/bench/capture_engine.h) answers /v1/chat/completions with
 // bodies computed once, behind a rollpackd child with --capture-*. Side by
 // side in one run:
 //   - per request, one at a time, for choices of 1k / 8k / 32k tokens of a

@@ -1,4 +1,4 @@
-// The phases of `rollpack bench capture` (cli/bench_capture_command.h):
+// The phases of `rollpack bench capture` (cli/bench/capture_command.h):
 // requests one at a time per choice size, the same work in this process
 // step by step, server-sent events passed through, and many requests in
 // flight at once.
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cli/bench_capture_client.h"
-#include "cli/bench_capture_engine.h"
-#include "cli/bench_capture_probes.h"
+#include "cli/bench/capture_client.h"
+#include "cli/bench/capture_engine.h"
+#include "cli/bench/capture_probes.h"
 #include "client/cpp/client.h"
 
 namespace rollpack {

@@ -3,8 +3,8 @@
 // (`rollpack bench grpc-sink`) that drops them, and server-streaming calls
 // out of it. An ingest or fetch figure close to these is limited by gRPC's
 // transport, not by rollpack's parsing, store or encoding.
-#ifndef ROLLPACK_CLI_GRPC_CEILING_H_
-#define ROLLPACK_CLI_GRPC_CEILING_H_
+#ifndef ROLLPACK_CLI_BENCH_GRPC_CEILING_H_
+#define ROLLPACK_CLI_BENCH_GRPC_CEILING_H_
 
 #include <cstdint>
 #include <string>
@@ -39,4 +39,4 @@ int RunGrpcSinkCommand(int argc, char** argv);
 
 }  // namespace rollpack
 
-#endif  // ROLLPACK_CLI_GRPC_CEILING_H_
+#endif  // ROLLPACK_CLI_BENCH_GRPC_CEILING_H_

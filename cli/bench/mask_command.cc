@@ -1,4 +1,4 @@
-#include "cli/bench_mask_command.h"
+#include "cli/bench/mask_command.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
-#include "cli/bench_support.h"
+#include "cli/bench/support.h"
 #include "cli/flags.h"
 #include "server/delivery/microbatch_encoder.h"
 #include "server/ingest/sample_validation.h"

@@ -1,4 +1,4 @@
-#include "cli/bench_transport_command.h"
+#include "cli/bench/transport_command.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,10 +21,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "cli/bench_support.h"
+#include "cli/bench/support.h"
 #include "cli/flags.h"
-#include "cli/grpc_ceiling.h"
-#include "cli/host_measures.h"
+#include "cli/bench/grpc_ceiling.h"
+#include "cli/bench/host_measures.h"
 #include "client/cpp/client.h"
 #include "client/cpp/received_microbatch.h"
 #include "testing/synthetic_rollouts.h"
@@ -88,6 +89,10 @@ class Daemon {
     }
     return 0;
   }
+  // Starts PeakRssBytes afresh from the current RSS (a phase's own peak).
+  void ResetPeakRss() const {
+    std::ofstream(absl::StrCat("/proc/", pid_, "/clear_refs")) << "5";
+  }
 
  private:
   explicit Daemon(pid_t pid) : pid_(pid) {}
@@ -119,7 +124,12 @@ std::shared_ptr<grpc::Channel> DistinctChannel(const std::string& address, int i
                                                const ClientOptions& options) {
   grpc::ChannelArguments args = BulkChannelArguments(options);
   args.SetInt("rollpack.connection", id);  // a connection of its own
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (options.tls_root_certs_pem.empty()) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = options.tls_root_certs_pem;
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
 struct IngestResult {
@@ -340,6 +350,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::vector<std::string> phases = {"ingest", "fetch", "first"};
   std::vector<std::string> server_args;
   std::string rollpackd;  // default: next to this binary
+  std::string tls_ca;
   ClientOptions producer_options;
   ClientOptions trainer_options;
   FlagSet flags("rollpack bench transport",
@@ -357,6 +368,9 @@ int RunBenchTransportCommand(int argc, char** argv) {
                  "the gRPC sink.");
   flags.String("rollpackd", &rollpackd,
                "rollpackd binary to start; empty: the one next to this program.");
+  flags.String("tls-ca", &tls_ca,
+               "PEM CA that signed the certificate of --server-arg=--tls-cert=...: rollpackd's "
+               "clients speak TLS trusting it (the gRPC-alone limit stays plaintext).");
   flags.Int64("batch-bytes", &producer_options.batch_bytes,
               "Bytes of each PutSamples message, and of the gRPC-alone messages.")
       .Min(1);
@@ -380,6 +394,17 @@ int RunBenchTransportCommand(int argc, char** argv) {
   if (self.empty()) return 1;
   const std::string binary = rollpackd.empty() ? SelfDir() + "/rollpackd" : rollpackd;
   producer_options.put_streams = ResolvedPutStreams(producer_options);
+  ClientOptions control_options;
+  if (!tls_ca.empty()) {
+    std::ifstream in(tls_ca);
+    std::stringstream pem;
+    pem << in.rdbuf();
+    if (!in || pem.str().find("-----BEGIN") == std::string::npos) {
+      return flags.UsageError(absl::StrCat("--tls-ca ", tls_ca, " is not a readable PEM file"));
+    }
+    producer_options.tls_root_certs_pem = trainer_options.tls_root_certs_pem =
+        control_options.tls_root_certs_pem = pem.str();
+  }
   std::vector<std::string> daemon_args = {"--listen", "127.0.0.1:0", "--max-memory",
                                           absl::StrCat(int64_t{16} << 30)};
   daemon_args.insert(daemon_args.end(), server_args.begin(), server_args.end());
@@ -388,7 +413,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
     std::fprintf(stderr, "bench transport: cannot start %s\n", binary.c_str());
     return 1;
   }
-  RollpackClient control(MakeChannel(daemon->address()));
+  RollpackClient control(MakeChannel(daemon->address(), control_options), control_options);
   v1::ModelSpec model;
   model.set_name("Qwen3-30B-A3B");
   model.set_num_layers(48);
@@ -510,6 +535,17 @@ int RunBenchTransportCommand(int argc, char** argv) {
   std::printf("\n%-44s %10s %10s %12s %14s %14s\n", "fetch (all ranks concurrently)", "GB/s",
               "x TCP", "srv CPU s/GB", "ranks CPU s/GB", "first mb, ms");
   int64_t peak_payload = 0;
+  // Each phase's peak against its own payload: the fetch pools are near the
+  // size of the first-mb pool, and many slow ranks' send buffers in flight
+  // raise the fetch phase's peak, where the overall ratio does not say so.
+  struct PhasePeak {
+    const char* name;
+    int64_t rss = 0, payload = 0;
+  };
+  std::vector<PhasePeak> phase_peaks;
+  // The ingest phase's (its pools are released), for the overall peak.
+  const int64_t ingest_peak_rss = daemon->PeakRssBytes();
+  daemon->ResetPeakRss();
   struct FetchCase {
     int dp, cp, tp, pp;
   };
@@ -566,6 +602,11 @@ int RunBenchTransportCommand(int argc, char** argv) {
     }
   }
 
+  if (peak_payload > 0) {
+    phase_peaks.push_back({"fetch", daemon->PeakRssBytes(), peak_payload});
+    daemon->ResetPeakRss();
+  }
+
   // CreateStep to first micro-batch on 64 ranks for a large step. Short
   // sequences keep the payload in memory modest; planning cost is per sample.
   if (runs("first")) {
@@ -584,6 +625,7 @@ int RunBenchTransportCommand(int argc, char** argv) {
     const absl::StatusOr<v1::PoolInfo> stored = control.GetPool(pool);
     if (!Reported(stored, "GetPool")) return 1;
     peak_payload = std::max(peak_payload, stored->stored_bytes());
+    phase_peaks.push_back({"first", 0, stored->stored_bytes()});
     const FetchResult r = Fetch(*daemon, control, pool, first_mb_samples,
                                 MakeTopology(8, 2, 2, 2, 16384), /*first_only=*/true,
                                 trainer_options);
@@ -600,7 +642,12 @@ int RunBenchTransportCommand(int argc, char** argv) {
                     r.first_min_ms, ", \"first_mb_median_ms\": ", r.first_median_ms,
                     ", \"first_mb_samples\": ", first_mb_samples);
   }
-  const int64_t rss = daemon->PeakRssBytes();
+  const int64_t last_phase_rss = daemon->PeakRssBytes();
+  int64_t rss = std::max(ingest_peak_rss, last_phase_rss);
+  for (PhasePeak& phase : phase_peaks) {
+    if (phase.rss == 0) phase.rss = last_phase_rss;  // the first-mb phase's
+    rss = std::max(rss, phase.rss);
+  }
   if (peak_payload > 0) {  // a fetch phase ran
     std::printf("%-44s %10.2f   (peak RSS %.2f GB / payload held %.2f GB)\n",
                 "peak RSS / payload held", static_cast<double>(rss) / peak_payload, rss / 1e9,
@@ -608,6 +655,14 @@ int RunBenchTransportCommand(int argc, char** argv) {
     absl::StrAppend(&json, ", \"peak_rss_bytes\": ", rss, ", \"peak_payload_bytes\": ",
                     peak_payload, ", \"peak_rss_over_payload\": ",
                     static_cast<double>(rss) / peak_payload);
+    for (const PhasePeak& phase : phase_peaks) {
+      std::printf("%-44s %10.2f   (peak RSS %.2f GB / payload held %.2f GB)\n",
+                  absl::StrCat("  ", phase.name, " phase: peak RSS / its payload").c_str(),
+                  static_cast<double>(phase.rss) / phase.payload, phase.rss / 1e9,
+                  phase.payload / 1e9);
+      absl::StrAppend(&json, ", \"", phase.name, "_peak_rss_over_payload\": ",
+                      static_cast<double>(phase.rss) / phase.payload);
+    }
   }
   absl::StrAppend(&json, "}");
   std::printf("\nJSON: %s\n", json.c_str());

@@ -1,4 +1,4 @@
-#include "cli/bench_step_scaling.h"
+#include "cli/bench/step_scaling.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "cli/bench_support.h"
+#include "cli/bench/support.h"
 #include "client/cpp/client.h"
 #include "proto/wire/deterministic_bytes.h"
 #include "server/server.h"

@@ -1,4 +1,4 @@
-#include "cli/bench_cluster_command.h"
+#include "cli/bench/cluster_command.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,8 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
-#include "cli/bench_cluster_fetch.h"
-#include "cli/bench_support.h"
+#include "cli/bench/cluster_fetch.h"
+#include "cli/bench/support.h"
 #include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "client/cpp/delivery_mode.h"

@@ -2,8 +2,8 @@
 // one loopback TCP connection and of memcpy, and the CPU time processes and
 // their threads spent (from /proc and getrusage), so each figure of the bench
 // can be read against what the machine can do.
-#ifndef ROLLPACK_CLI_HOST_MEASURES_H_
-#define ROLLPACK_CLI_HOST_MEASURES_H_
+#ifndef ROLLPACK_CLI_BENCH_HOST_MEASURES_H_
+#define ROLLPACK_CLI_BENCH_HOST_MEASURES_H_
 
 #include <sys/types.h>
 
@@ -37,4 +37,4 @@ double ProcessCpuSeconds();
 
 }  // namespace rollpack
 
-#endif  // ROLLPACK_CLI_HOST_MEASURES_H_
+#endif  // ROLLPACK_CLI_BENCH_HOST_MEASURES_H_

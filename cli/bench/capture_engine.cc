@@ -1,4 +1,4 @@
-#include "cli/bench_capture_engine.h"
+#include "cli/bench/capture_engine.h"
 
 #include <array>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "cli/bench_capture_probes.h"
+#include "cli/bench/capture_probes.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "cli/bench_capture_client.h"
+#include "cli/bench/capture_client.h"
 #include "testing/child_process.h"
 
 namespace rollpack {
@@ -184,7 +184,10 @@ absl::StatusOr<MetricsScrape> Scrape(int port) {
     if (!absl::SimpleAtod(line.substr(space + 1), &value)) continue;
     const absl::string_view series = line.substr(0, space);
     const absl::string_view name = series.substr(0, series.find('{'));
-    auto histogram = [&](absl::string_view base, Histogram& h) {
+    // `only`: the series of one label value (the overhead's mode="body":
+    // the requests this benchmark times are read whole).
+    auto histogram = [&](absl::string_view base, Histogram& h, absl::string_view only = "") {
+      if (!only.empty() && !absl::StrContains(series, only)) return;
       if (name == absl::StrCat(base, "_count")) h.count = value;
       if (name == absl::StrCat(base, "_sum")) h.sum = value;
       if (name == absl::StrCat(base, "_bucket")) {
@@ -196,7 +199,7 @@ absl::StatusOr<MetricsScrape> Scrape(int port) {
         h.buckets.emplace_back(b, value);
       }
     };
-    histogram("rollpack_capture_overhead_seconds", m.overhead);
+    histogram("rollpack_capture_overhead_seconds", m.overhead, "mode=\"body\"");
     histogram("rollpack_capture_upstream_seconds", m.upstream);
     if (name == "rollpack_capture_stripped_bytes_total") m.stripped_bytes = value;
     if (name == "rollpack_capture_samples_total") m.samples = value;

@@ -1,4 +1,4 @@
-#include "cli/bench_lifecycle_command.h"
+#include "cli/bench/lifecycle_command.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -11,9 +11,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "cli/bench_annotations.h"
-#include "cli/bench_step_scaling.h"
-#include "cli/bench_support.h"
+#include "cli/bench/annotations.h"
+#include "cli/bench/step_scaling.h"
+#include "cli/bench/support.h"
 #include "cli/flags.h"
 #include "server/ingest/sample_validation.h"
 #include "server/store/convert.h"

@@ -1,4 +1,4 @@
-#include "cli/bench_cleanup.h"
+#include "cli/bench/cleanup.h"
 
 #include <fcntl.h>
 #include <signal.h>

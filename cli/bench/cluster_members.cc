@@ -1,4 +1,4 @@
-#include "cli/bench_cluster_members.h"
+#include "cli/bench/cluster_members.h"
 
 #include <signal.h>
 #include <time.h>
@@ -25,6 +25,20 @@ namespace rollpack {
 // utime + stime of `pid` in seconds: its CPU clock (nanoseconds, where
 // /proc/<pid>/stat counts 10 ms ticks, coarse next to a fetch of tenths of a
 // second), else /proc/<pid>/stat's fields 14 and 15.
+absl::StatusOr<int64_t> MinorFaults(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The command name (field 2) may hold spaces: count from its ')'.
+  const size_t paren = stat.rfind(')');
+  std::istringstream fields(paren == std::string::npos ? "" : stat.substr(paren + 1));
+  std::string field;
+  for (int k = 3; k <= 10 && fields >> field; ++k) {
+    int64_t faults = 0;
+    if (k == 10 && absl::SimpleAtoi(field, &faults)) return faults;
+  }
+  return absl::NotFoundError(absl::StrCat("/proc/", pid, "/stat: no minor fault count"));
+}
+
 absl::StatusOr<double> CpuSeconds(pid_t pid) {
   clockid_t clock;
   timespec ts{};
@@ -71,6 +85,7 @@ absl::StatusOr<MemberCounters> ReadCounters(const BenchMember& member) {
   ASSIGN_OR_RETURN(out.streamed_bytes, value("rollpack_streamed_bytes_total"));
   ASSIGN_OR_RETURN(out.pulled_bytes, value("rollpack_cluster_pulled_bytes_total"));
   ASSIGN_OR_RETURN(out.cpu_seconds, CpuSeconds(member.process->pid()));
+  ASSIGN_OR_RETURN(out.minor_faults, MinorFaults(member.process->pid()));
   return out;
 }
 

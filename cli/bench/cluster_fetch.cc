@@ -1,4 +1,4 @@
-#include "cli/bench_cluster_fetch.h"
+#include "cli/bench/cluster_fetch.h"
 
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -21,10 +21,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
-#include "cli/bench_cleanup.h"
-#include "cli/bench_cluster_members.h"
-#include "cli/bench_links.h"
-#include "cli/bench_support.h"
+#include "cli/bench/cleanup.h"
+#include "cli/bench/cluster_members.h"
+#include "cli/bench/links.h"
+#include "cli/bench/support.h"
 #include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "client/cpp/delivery_mode.h"
@@ -79,6 +79,12 @@ double SelfCpuSeconds() {
   getrusage(RUSAGE_SELF, &usage);
   auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+int64_t SelfMinorFaults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
 }
 
 // The member each sample goes to: i % M (round-robin), or the member with
@@ -154,6 +160,7 @@ uint64_t Fnv1a(uint64_t h, const std::string& bytes) {
 struct FetchResult {
   double wall_seconds = 0;
   double client_cpu_seconds = 0;
+  int64_t client_minor_faults = 0;
   int64_t bytes = 0;  // serialized micro-batches, all ranks
   // Per rank: a hash of its micro-batches' deterministic bytes, step_id
   // cleared (every fetch is of a step of its own).
@@ -197,6 +204,7 @@ absl::StatusOr<FetchResult> FetchAllRanks(Delivery delivery, const std::vector<B
   std::vector<std::vector<ReceivedMicrobatch>> received(ranks.size());
   std::vector<absl::Status> errors(ranks.size());
   const double cpu_before = SelfCpuSeconds();
+  const int64_t faults_before = SelfMinorFaults();
   const absl::Time start = absl::Now();
   std::vector<std::thread> threads;
   for (size_t r = 0; r < ranks.size(); ++r) {
@@ -227,6 +235,7 @@ absl::StatusOr<FetchResult> FetchAllRanks(Delivery delivery, const std::vector<B
   FetchResult result;
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.client_cpu_seconds = SelfCpuSeconds() - cpu_before;
+  result.client_minor_faults = SelfMinorFaults() - faults_before;
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (!errors[r].ok()) {
       return absl::Status(errors[r].code(),
@@ -263,6 +272,10 @@ struct Measurement {
   double busiest = 0;
   // Bytes all members wrote to trainer streams (pieces: their own framing).
   double served_gbytes = 0;
+  // Minor page faults per MB fetched: the members' (all of them) and the
+  // ranks' process; what the first round pays for fresh memory shows here.
+  double member_faults_per_mb = 0;
+  double client_faults_per_mb = 0;
 };
 
 struct Row {
@@ -276,6 +289,18 @@ template <typename Field>
 double MedianOf(const std::vector<Measurement>& v, Field field) {
   std::vector<double> x;
   for (const Measurement& m : v) x.push_back(m.*field);
+  return Median(x);
+}
+
+// The first round of a run against its steady state: the median GB/s of the
+// rounds from the 4th on (from the 2nd with fewer rounds; 0 with one), as
+// a training run sees it after its first steps.
+constexpr size_t kSteadyFromRound = 3;  // 0-based: the 4th
+double SteadyGbps(const std::vector<Measurement>& rounds) {
+  if (rounds.size() < 2) return 0;
+  const size_t from = rounds.size() > kSteadyFromRound ? kSteadyFromRound : 1;
+  std::vector<double> x;
+  for (size_t r = from; r < rounds.size(); ++r) x.push_back(rounds[r].gbytes_per_second);
   return Median(x);
 }
 
@@ -311,9 +336,11 @@ absl::StatusOr<Measurement> MeasureOnce(Delivery delivery, BenchCluster& cluster
                    FetchAllRanks(delivery, members, step_id, topology, read_before));
   Measurement out;
   double cpu_sum = 0, served_sum = 0, served_max = 0;
+  int64_t member_faults = 0;
   int serving = 0;
   for (size_t i = 0; i < members.size(); ++i) {
     ASSIGN_OR_RETURN(MemberCounters after, ReadCounters(members[i]));
+    member_faults += after.minor_faults - before[i].minor_faults;
     out.pulled_mbytes += (after.pulled_bytes - before[i].pulled_bytes) / 1e6;
     const double served_gb = (after.streamed_bytes - before[i].streamed_bytes) / 1e9;
     served_sum += served_gb;
@@ -331,6 +358,8 @@ absl::StatusOr<Measurement> MeasureOnce(Delivery delivery, BenchCluster& cluster
   out.gbytes = static_cast<double>(fetched.bytes) / 1e9;
   out.gbytes_per_second = out.gbytes / fetched.wall_seconds;
   out.client_cpu_per_gb = fetched.client_cpu_seconds / out.gbytes;
+  out.member_faults_per_mb = member_faults / (out.gbytes * 1e3);
+  out.client_faults_per_mb = fetched.client_minor_faults / (out.gbytes * 1e3);
   if (reference->empty()) *reference = fetched.digests;
   for (size_t r = 0; r < fetched.digests.size(); ++r) {
     if (fetched.digests[r] != (*reference)[r]) {
@@ -409,9 +438,11 @@ absl::StatusOr<std::vector<Row>> Run(const FetchBenchConfig& config,
         ASSIGN_OR_RETURN(Measurement one,
                          MeasureOnce(row.delivery, *cluster, samples, owner, topology, step_id,
                                      &reference, &row.identical));
-        std::fprintf(stderr, "  M=%d %-6s round %d: %.3f GB in %.3f s, %.3f GB/s\n", m,
-                     DeliveryName(row.delivery), round, one.gbytes, one.wall_seconds,
-                     one.gbytes_per_second);
+        std::fprintf(stderr,
+                     "  M=%d %-6s round %d: %.3f GB in %.3f s, %.3f GB/s; minor faults per MB: "
+                     "members %.1f, ranks %.1f\n",
+                     m, DeliveryName(row.delivery), round + 1, one.gbytes, one.wall_seconds,
+                     one.gbytes_per_second, one.member_faults_per_mb, one.client_faults_per_mb);
         row.rounds.push_back(one);
       }
     }
@@ -448,7 +479,9 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
   flags.Int64("max-length", &config.max_length, "Longest rollout, tokens.").Min(1);
   flags.Int64("max-tokens-per-rank", &config.max_tokens_per_rank, "Per-rank token budget.")
       .Min(1);
-  flags.Int("rounds", &config.rounds, "Rounds per M; each fetches a fresh step per delivery.")
+  flags.Int("rounds", &config.rounds,
+            "Rounds per M; each fetches a fresh step per delivery. Round 1 is reported apart "
+            "from the steady state (the median of rounds 4 on; of rounds 2 on with fewer).")
       .Min(1);
   flags.Double("link-gbps", &config.link_gbps,
                "Each member's link, GB/s (bytes) each way; 0 = no namespaces, all on "
@@ -509,16 +542,17 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
 
   const bool links = config.link_gbps > 0;
   std::printf("rollpack bench cluster --mode fetch: %d samples (median %.0f tokens) placed "
-              "%s, dp=%d cp=%d, %s, %d rounds (medians)\n\n",
+              "%s, dp=%d cp=%d, %s, %d rounds (medians; round 1 and the steady state, the "
+              "median of rounds 4 on, apart)\n\n",
               config.samples, config.median_length, config.placement.c_str(), config.ranks,
               config.cp,
               links ? absl::StrFormat("each member behind a %.3g GB/s link", config.link_gbps)
                           .c_str()
                     : "all on 127.0.0.1, no link limit",
               config.rounds);
-  std::printf("%7s  %-8s %8s %8s %8s %8s %8s %10s %12s %12s %12s %9s\n", "members",
-              "delivery", "GB", "wall s", "GB/s", "x links", "busiest", "pulled MB",
-              "CPU s/GB avg", "CPU s/GB max", "client s/GB", "identical");
+  std::printf("%7s  %-8s %8s %8s %8s %8s %8s %8s %8s %10s %12s %12s %12s %9s\n", "members",
+              "delivery", "GB", "wall s", "GB/s", "round 1", "steady", "x links", "busiest",
+              "pulled MB", "CPU s/GB avg", "CPU s/GB max", "client s/GB", "identical");
   bool ok = true;
   std::vector<std::string> json_rows;
   for (const Row& row : *rows) {
@@ -532,15 +566,28 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
     const double gbytes = MedianOf(row.rounds, &Measurement::gbytes);
     const double busiest = MedianOf(row.rounds, &Measurement::busiest);
     const double served = MedianOf(row.rounds, &Measurement::served_gbytes);
+    const double first_round = row.rounds.front().gbytes_per_second;
+    const double steady = SteadyGbps(row.rounds);
+    std::vector<std::string> each_round, member_faults, client_faults;
+    for (const Measurement& m : row.rounds) {
+      each_round.push_back(absl::StrFormat("%.4f", m.gbytes_per_second));
+      member_faults.push_back(absl::StrFormat("%.1f", m.member_faults_per_mb));
+      client_faults.push_back(absl::StrFormat("%.1f", m.client_faults_per_mb));
+    }
     double most_pulled = 0;
     for (const Measurement& m : row.rounds) most_pulled = std::max(most_pulled, m.pulled_mbytes);
     // Direct pulls must not move sample bytes between members at all.
     const bool pulled_ok = row.delivery != Delivery::kDirect || most_pulled == 0;
     ok = ok && row.identical && pulled_ok;
-    std::printf("%7d  %-8s %8.3f %8.3f %8.3f %8s %8.2f %10.1f %12.2f %12.2f %12.2f %9s\n",
-                row.members, DeliveryName(row.delivery), gbytes, wall, gbps,
+    std::printf("%7d  %-8s %8.3f %8.3f %8.3f %8.3f %8s %8s %8.2f %10.1f %12.2f %12.2f %12.2f %9s\n",
+                row.members, DeliveryName(row.delivery), gbytes, wall, gbps, first_round,
+                steady > 0 ? absl::StrFormat("%.3f", steady).c_str() : "-",
                 links ? absl::StrFormat("%.2f", of_links).c_str() : "-", busiest, pulled,
                 cpu_mean, cpu_max, client, row.identical ? "yes" : "NO");
+    if (steady > 0) {
+      std::printf("         round 1 = %.2f x steady; rounds: %s GB/s\n", first_round / steady,
+                  absl::StrJoin(each_round, ", ").c_str());
+    }
     if (!pulled_ok) {
       std::printf("         ^ direct pulls moved %.1f MB between members: expected none\n",
                   most_pulled);
@@ -550,10 +597,15 @@ int RunBenchClusterFetchCommand(int argc, char** argv) {
         "\"gbytes_per_s\": %.4f, \"of_links\": %.4f, \"busiest\": %.3f, "
         "\"served_gbytes\": %.4f, \"pulled_mbytes\": %.2f, "
         "\"member_cpu_s_per_gb_mean\": %.3f, \"member_cpu_s_per_gb_max\": %.3f, "
-        "\"client_cpu_s_per_gb\": %.3f, \"identical\": %s}",
+        "\"client_cpu_s_per_gb\": %.3f, \"identical\": %s, "
+        "\"round1_gbytes_per_s\": %.4f, \"steady_gbytes_per_s\": %.4f, "
+        "\"round1_over_steady\": %.4f, \"rounds_gbytes_per_s\": [%s], "
+        "\"rounds_member_faults_per_mb\": [%s], \"rounds_client_faults_per_mb\": [%s]}",
         row.members, DeliveryName(row.delivery), gbytes, wall, gbps, of_links, busiest, served,
         pulled,
-        cpu_mean, cpu_max, client, row.identical ? "true" : "false"));
+        cpu_mean, cpu_max, client, row.identical ? "true" : "false", first_round, steady,
+        steady > 0 ? first_round / steady : 0, absl::StrJoin(each_round, ", "),
+        absl::StrJoin(member_faults, ", "), absl::StrJoin(client_faults, ", ")));
   }
   std::printf(
       "\nJSON:\n%s\n",

@@ -1,4 +1,4 @@
-#include "cli/bench_pieces_command.h"
+#include "cli/bench/pieces_command.h"
 
 #include <stdlib.h>
 
@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
-#include "cli/bench_support.h"
+#include "cli/bench/support.h"
 #include "cli/flags.h"
 #include "server/ingest/sample_validation.h"
 #include "server/store/convert.h"

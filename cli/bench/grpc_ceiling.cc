@@ -1,4 +1,4 @@
-#include "cli/grpc_ceiling.h"
+#include "cli/bench/grpc_ceiling.h"
 
 #include <pthread.h>
 #include <signal.h>

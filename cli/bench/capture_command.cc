@@ -1,4 +1,4 @@
-#include "cli/bench_capture_command.h"
+#include "cli/bench/capture_command.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -17,11 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "cli/bench_capture_client.h"
-#include "cli/bench_capture_engine.h"
-#include "cli/bench_capture_phases.h"
-#include "cli/bench_capture_probes.h"
-#include "cli/bench_support.h"
+#include "cli/bench/capture_client.h"
+#include "cli/bench/capture_engine.h"
+#include "cli/bench/capture_phases.h"
+#include "cli/bench/capture_probes.h"
+#include "cli/bench/support.h"
 #include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "server/capture/engine_exchange.h"

@@ -1,4 +1,4 @@
-#include "cli/bench_layout_command.h"
+#include "cli/bench/layout_command.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "cli/bench_links.h"
+#include "cli/bench/links.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -23,7 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status_macros.h"
-#include "cli/bench_cleanup.h"
+#include "cli/bench/cleanup.h"
 
 namespace rollpack {
 namespace {

@@ -1,4 +1,4 @@
-#include "cli/bench_capture_phases.h"
+#include "cli/bench/capture_phases.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cli/bench_support.h"
+#include "cli/bench/support.h"
 #include "server/capture/captured_sample.h"
 #include "server/capture/engine_exchange.h"
 #include "server/ingest/sample_validation.h"

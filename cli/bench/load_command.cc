@@ -1,4 +1,4 @@
-#include "cli/bench_load_command.h"
+#include "cli/bench/load_command.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "cli/bench_support.h"
+#include "cli/bench/support.h"
 #include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "testing/synthetic_rollouts.h"

@@ -84,7 +84,7 @@ struct Histogram {
 
 // The capture port's series (shared/spec/capture.md section 7).
 struct MetricsScrape {
-  Histogram overhead;  // rollpack_capture_overhead_seconds
+  Histogram overhead;  // rollpack_capture_overhead_seconds{mode="body"}
   Histogram upstream;  // rollpack_capture_upstream_seconds
   double stripped_bytes = 0;
   double samples = 0;

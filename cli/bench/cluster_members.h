@@ -12,14 +12,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cli/bench_cleanup.h"
-#include "cli/bench_links.h"
+#include "cli/bench/cleanup.h"
+#include "cli/bench/links.h"
 #include "testing/daemon_process.h"
 
 namespace rollpack {
 
 // utime + stime of `pid` in seconds.
 absl::StatusOr<double> CpuSeconds(pid_t pid);
+// Minor page faults of `pid` so far: the first touches of fresh memory.
+absl::StatusOr<int64_t> MinorFaults(pid_t pid);
 
 // One rollpackd member, a child process (in its namespace with links).
 struct BenchMember {
@@ -36,6 +38,7 @@ struct MemberCounters {
   double streamed_bytes = 0;  // micro-batches (or pieces) written to trainer streams
   double pulled_bytes = 0;    // samples it pulled from the other members
   double cpu_seconds = 0;
+  int64_t minor_faults = 0;
 };
 
 // NOT_FOUND when a series is missing (a renamed series must fail the run,

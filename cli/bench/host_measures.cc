@@ -1,4 +1,4 @@
-#include "cli/host_measures.h"
+#include "cli/bench/host_measures.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

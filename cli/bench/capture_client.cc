@@ -1,4 +1,4 @@
-#include "cli/bench_capture_client.h"
+#include "cli/bench/capture_client.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,7 +22,7 @@
 #include "boost/asio/read_until.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/write.hpp"
-#include "cli/bench_capture_engine.h"
+#include "cli/bench/capture_engine.h"
 
 namespace rollpack {
 namespace {

@@ -1,4 +1,4 @@
-#include "cli/bench_annotations.h"
+#include "cli/bench/annotations.h"
 
 #include <stdlib.h>
 
@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "cli/bench_support.h"
+#include "cli/bench/support.h"
 #include "client/cpp/client.h"
 #include "grpcpp/grpcpp.h"
 #include "rollpack/v1/rollouts.grpc.pb.h"
