@@ -37,6 +37,7 @@
 #include "server/control/telemetry_service.h"
 #include "server/delivery/trainer_service.h"
 #include "server/ingest/rollouts_service.h"
+#include "server/guard_metrics.h"
 #include "server/ops/auth.h"
 #include "server/ops/build_info.h"
 #include "server/ops/call_log.h"
@@ -97,49 +98,6 @@ std::string WhyCannotBind(const std::string& listen) {
   close(fd);
   if (rc == 0) return "";
   return err == EADDRINUSE ? ": address in use" : absl::StrCat(": ", std::strerror(err));
-}
-
-// The guard's counters as metric families, declared on every server (a port
-// the guard does not front reports zeros): dashboards see the same series.
-void AddGuardMetrics(metrics::ScrapeRegistry& registry,
-                     std::shared_ptr<const H2GuardCounters> guard) {
-  registry.AddCollectCallback(
-      [guard = std::move(guard), open = &registry.AddGauge("rollpack_h2_guard_connections",
-                                        "Client connections the HTTP/2 guard relays now "
-                                        "(plaintext ports and TLS ports without client "
-                                        "certificates; docs/operations.md, \"Hardening\")"),
-       refused = &registry.AddCounter(
-           "rollpack_h2_guard_refused_connections_total",
-           "Connections closed at accept by the HTTP/2 guard: reason=\"cooling_down\" (the "
-           "client host overdrew its stream-reset budget lately), \"per_client\" "
-           "(--max-connections-per-client), \"total\" (--max-connections)"),
-       closed = &registry.AddCounter(
-           "rollpack_h2_guard_closed_connections_total",
-           "Connections the HTTP/2 guard closed: reason=\"stream_resets\" (over the client "
-           "host's --stream-reset-budget, HTTP/2 rapid reset), \"header_block\" (a "
-           "CONTINUATION flood), \"unauthenticated\" (calls without a valid token sent more "
-           "than 1 MiB of requests), \"not_http2\", \"tls_handshake\" (a TLS port's handshake "
-           "failed or took over 10 s)"),
-       resets = &registry.AddCounter(
-           "rollpack_h2_guard_stream_resets_total",
-           "RST_STREAM frames clients sent through the HTTP/2 guard")] {
-        // Zeros without a guard (TLS, loopback): the series exist either way.
-        static const H2GuardCounters kNone;
-        const H2GuardCounters& c = guard != nullptr ? *guard : kNone;
-        open->Add({}).Set(static_cast<double>(c.open.load()));
-        auto catch_up = [](prometheus::Counter& counter, int64_t value) {
-          counter.Increment(static_cast<double>(value) - counter.Value());
-        };
-        catch_up(refused->Add({{"reason", "cooling_down"}}), c.refused_cooling_down.load());
-        catch_up(refused->Add({{"reason", "per_client"}}), c.refused_per_client.load());
-        catch_up(refused->Add({{"reason", "total"}}), c.refused_total.load());
-        catch_up(closed->Add({{"reason", "stream_resets"}}), c.closed_stream_resets.load());
-        catch_up(closed->Add({{"reason", "header_block"}}), c.closed_header_block.load());
-        catch_up(closed->Add({{"reason", "not_http2"}}), c.closed_not_http2.load());
-        catch_up(closed->Add({{"reason", "tls_handshake"}}), c.closed_tls_handshake.load());
-        catch_up(closed->Add({{"reason", "unauthenticated"}}), c.closed_unauthenticated.load());
-        catch_up(resets->Add({}), c.streams_reset.load());
-      });
 }
 
 }  // namespace
@@ -366,6 +324,8 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     // once started (server/ops/h2_guard.h); gRPC listens on nothing.
     H2GuardOptions guard_options = options.h2_guard_options;
     guard_options.auth = server->auth_.get();
+    // What clients make the guard hold, beside what they make gRPC hold.
+    guard_options.client_buffer_memory = options.transport_memory_bytes / 4;
     if (!options.tls_cert.empty()) {
       // TLS without client certificates: the guard ends it (gRPC takes
       // only plaintext sockets), with the files watched as gRPC would.

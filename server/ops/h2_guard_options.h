@@ -29,6 +29,14 @@ struct H2GuardOptions {
   // Bytes of one direction a relay holds while they are in flight (taken
   // from a pool, given back when drained).
   size_t buffer_bytes = size_t{256} << 10;
+  // Bytes of clients' buffers all relays may hold at once (whole buffers of
+  // buffer_bytes); a connection that finds none free stops reading its
+  // socket, so the kernel's TCP window holds the client back, until one is
+  // given back. Bounds what clients, authenticated or not, make the guard
+  // hold on top of gRPC's --transport-memory, whatever the number of
+  // connections. Buffers of gRPC's bytes are not counted: gRPC produces them
+  // for calls it accepted. 0 = no bound. rollpackd: --transport-memory / 4.
+  int64_t client_buffer_memory = 0;
   // A TLS port without client certificates: the guard ends TLS itself
   // (server/ops/h2_tls_context.h). Null: plaintext.
   std::shared_ptr<H2TlsContext> tls;
@@ -49,6 +57,11 @@ struct H2GuardCounters {
   // TLS ports: handshakes that failed or took over tls_handshake_timeout.
   std::atomic<int64_t> closed_tls_handshake{0};
   std::atomic<int64_t> streams_reset{0};
+  // Clients' buffers held now (client_buffer_memory), the most held at once,
+  // and the times a connection found none free and waited.
+  std::atomic<int64_t> client_buffer_bytes{0};
+  std::atomic<int64_t> client_buffer_peak{0};
+  std::atomic<int64_t> client_buffer_waits{0};
 };
 
 }  // namespace rollpack

@@ -50,6 +50,7 @@ struct RelayDirection {
   bool eof = false;      // the source ended, or is no longer read for forwarding
   bool discard = false;  // what the source still sends is read and dropped
   bool shut = false;     // the destination was shut for writing after the last byte
+  bool charged = false;  // buffer counted in the client budget
 };
 
 struct GuardedRelay {
@@ -82,6 +83,7 @@ struct GuardedRelay {
   // A TLS port's: the client's socket is read and written through it.
   std::unique_ptr<H2TlsStream> tls;
   absl::Time handshake_by = absl::InfiniteFuture();
+  bool starved = false;  // in the loop's starved_
 };
 
 namespace {
@@ -194,12 +196,19 @@ void H2RelayLoop::Run() {
     }
     for (auto& relay : incoming) Register(std::move(relay));
     incoming.clear();
-    // A relay cut short has bytes waiting that no new event will announce.
-    const int timeout_ms = cut_short_.empty() ? 100 : 0;
+    // A relay cut short has bytes waiting that no new event will announce;
+    // a starved one waits for a buffer another loop may give back.
+    const int timeout_ms = !cut_short_.empty() ? 0 : !starved_.empty() ? 5 : 100;
     const int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout_ms);
     std::vector<GuardedRelay*> again;
     again.swap(cut_short_);
     for (GuardedRelay* relay : again) {
+      if (!relay->done) Pump(*relay);
+    }
+    again.clear();
+    again.swap(starved_);
+    for (GuardedRelay* relay : again) {
+      relay->starved = false;
       if (!relay->done) Pump(*relay);
     }
     for (int i = 0; i < n; ++i) {
@@ -242,6 +251,7 @@ void H2RelayLoop::Run() {
                      lingering_.end());
     cut_short_.erase(std::remove_if(cut_short_.begin(), cut_short_.end(), is_done),
                      cut_short_.end());
+    starved_.erase(std::remove_if(starved_.begin(), starved_.end(), is_done), starved_.end());
     for (GuardedRelay* relay : finished_) relays_.erase(relay);
     finished_.clear();
   }
@@ -344,8 +354,8 @@ bool H2RelayLoop::Move(GuardedRelay& relay, bool upward, bool& progress) {
       }
     }
   }
-  if (d.readable && (!d.eof || d.discard) && d.end < options_.buffer_bytes) {
-    if (d.buffer == nullptr) d.buffer.reset(AcquireBuffer());
+  if (d.readable && (!d.eof || d.discard) && d.end < options_.buffer_bytes &&
+      (d.buffer != nullptr || AttachBuffer(relay, d, upward))) {
     const ssize_t n =
         upward ? ClientRecv(relay, d.buffer.get() + d.end, options_.buffer_bytes - d.end)
                : recv(from, d.buffer.get() + d.end, options_.buffer_bytes - d.end, 0);
@@ -375,7 +385,7 @@ bool H2RelayLoop::Move(GuardedRelay& relay, bool upward, bool& progress) {
     }
   }
   if (d.begin == d.end && d.buffer != nullptr && (!d.readable || d.eof || d.discard)) {
-    ReleaseBuffer(d.buffer);  // a quiet connection holds no buffer
+    DetachBuffer(d);  // a quiet connection holds no buffer
   }
   return true;
 }
@@ -464,11 +474,44 @@ void H2RelayLoop::Finish(GuardedRelay& relay) {
   close(relay.client_fd);
   close(relay.grpc_fd);
   relay.client_fd = relay.grpc_fd = -1;
-  ReleaseBuffer(relay.up.buffer);
-  ReleaseBuffer(relay.down.buffer);
+  DetachBuffer(relay.up);
+  DetachBuffer(relay.down);
   ledger_->ConnectionClosed(relay.peer.budget_key);
   counters_->open--;
   finished_.push_back(&relay);
+}
+
+bool H2RelayLoop::AttachBuffer(GuardedRelay& relay, RelayDirection& direction, bool upward) {
+  const int64_t size = static_cast<int64_t>(options_.buffer_bytes);
+  if (upward) {
+    const int64_t limit = options_.client_buffer_memory;
+    int64_t held = counters_->client_buffer_bytes.load();
+    do {
+      if (limit > 0 && held + size > limit) {
+        if (!relay.starved) {
+          relay.starved = true;
+          starved_.push_back(&relay);
+          counters_->client_buffer_waits++;
+        }
+        return false;
+      }
+    } while (!counters_->client_buffer_bytes.compare_exchange_weak(held, held + size));
+    int64_t peak = counters_->client_buffer_peak.load();
+    while (peak < held + size &&
+           !counters_->client_buffer_peak.compare_exchange_weak(peak, held + size)) {
+    }
+    direction.charged = true;
+  }
+  direction.buffer.reset(AcquireBuffer());
+  return true;
+}
+
+void H2RelayLoop::DetachBuffer(RelayDirection& direction) {
+  if (direction.charged) {
+    counters_->client_buffer_bytes -= static_cast<int64_t>(options_.buffer_bytes);
+    direction.charged = false;
+  }
+  ReleaseBuffer(direction.buffer);
 }
 
 char* H2RelayLoop::AcquireBuffer() {

@@ -40,6 +40,7 @@ struct RelayPeer {
 };
 
 struct GuardedRelay;
+struct RelayDirection;
 class H2TlsStream;
 
 class H2RelayLoop {
@@ -83,6 +84,12 @@ class H2RelayLoop {
   void FinishBy(GuardedRelay& relay, absl::Time deadline);
   void CloseForAbuse(GuardedRelay& relay, const std::string& why, bool goaway, bool cooled_down);
   void Finish(GuardedRelay& relay);
+  // Gives `direction` a buffer to read into; false when it is the client's
+  // and options.client_buffer_memory is all held: the relay then waits in
+  // starved_ and is pumped again when the loop comes round.
+  bool AttachBuffer(GuardedRelay& relay, RelayDirection& direction, bool upward);
+  // Gives the direction's buffer back (and its share of the client budget).
+  void DetachBuffer(RelayDirection& direction);
   char* AcquireBuffer();
   void ReleaseBuffer(std::unique_ptr<char[]>& buffer);
 
@@ -97,6 +104,7 @@ class H2RelayLoop {
   std::vector<GuardedRelay*> cut_short_;  // pumped again next turn
   std::vector<GuardedRelay*> lingering_;  // with a finish_by
   std::vector<GuardedRelay*> handshaking_;  // TLS, with a handshake_by
+  std::vector<GuardedRelay*> starved_;      // waiting for a client buffer
   std::vector<std::unique_ptr<char[]>> spare_buffers_;
 
   absl::Mutex mu_;
