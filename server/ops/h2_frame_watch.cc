@@ -23,6 +23,7 @@ constexpr uint8_t kEndHeaders = 0x4;
 constexpr uint8_t kPadded = 0x8;
 constexpr uint8_t kPriority = 0x20;
 constexpr uint32_t kEnhanceYourCalm = 0xb;
+constexpr uint32_t kProtocolError = 0x1;
 
 }  // namespace
 
@@ -190,7 +191,9 @@ absl::Status H2FrameWatch::HeaderPayloadComplete() {
   return status;
 }
 
-std::string EnhanceYourCalmGoaway(uint32_t last_stream_id, absl::string_view debug) {
+namespace {
+
+std::string Goaway(uint32_t error_code, uint32_t last_stream_id, absl::string_view debug) {
   const uint32_t length = 8 + static_cast<uint32_t>(debug.size());
   std::string frame;
   frame.reserve(9 + length);
@@ -204,10 +207,20 @@ std::string EnhanceYourCalmGoaway(uint32_t last_stream_id, absl::string_view deb
     frame.push_back(static_cast<char>((last_stream_id & 0x7fffffffu) >> shift));
   }
   for (int shift = 24; shift >= 0; shift -= 8) {
-    frame.push_back(static_cast<char>(kEnhanceYourCalm >> shift));
+    frame.push_back(static_cast<char>(error_code >> shift));
   }
   frame.append(debug.data(), debug.size());
   return frame;
+}
+
+}  // namespace
+
+std::string EnhanceYourCalmGoaway(uint32_t last_stream_id, absl::string_view debug) {
+  return Goaway(kEnhanceYourCalm, last_stream_id, debug);
+}
+
+std::string ProtocolErrorGoaway(absl::string_view debug) {
+  return Goaway(kProtocolError, 0, debug);
 }
 
 }  // namespace rollpack

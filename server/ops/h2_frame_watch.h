@@ -118,6 +118,13 @@ class H2FrameWatch {
 // as its debug data, for a server to write at a frame boundary.
 std::string EnhanceYourCalmGoaway(uint32_t last_stream_id, absl::string_view debug);
 
+// The same with PROTOCOL_ERROR: the answer to a connection that is not
+// HTTP/2 (RFC 9113 section 3.4). It also tells a TLS client at once that
+// this port is plaintext: its bytes are no TLS record ("wrong version
+// number"), where a bare close would look like a network fault worth
+// retrying.
+std::string ProtocolErrorGoaway(absl::string_view debug);
+
 }  // namespace rollpack
 
 #endif  // ROLLPACK_SERVER_OPS_H2_FRAME_WATCH_H_

@@ -113,6 +113,17 @@ TEST(H2FrameWatchTest, GoawayIsAWellFormedFrame) {
   EXPECT_EQ(goaway.substr(17), "too many resets");
 }
 
+TEST(H2FrameWatchTest, ProtocolErrorGoawayNamesNoStream) {
+  const std::string goaway = ProtocolErrorGoaway("not HTTP/2");
+  H2FrameWatch watch(H2FrameWatch::Direction::kFromServer);
+  ASSERT_TRUE(watch.Feed(goaway).ok());
+  ASSERT_EQ(goaway.size(), 9u + 8u + 10u);
+  EXPECT_EQ(goaway[3], 0x7);                                // GOAWAY
+  EXPECT_EQ(goaway.substr(9, 4), std::string(4, '\0'));    // last stream id 0
+  EXPECT_EQ(goaway.substr(13, 4), std::string("\0\0\0\x01", 4));  // PROTOCOL_ERROR
+  EXPECT_EQ(goaway.substr(17), "not HTTP/2");
+}
+
 // Feeds `bytes` in chunks of `chunk` bytes; the tallies added up.
 H2FrameTally FeedInChunks(H2FrameWatch& watch, const std::string& bytes, size_t chunk) {
   H2FrameTally total;

@@ -1,5 +1,6 @@
 #include "server/ops/h2_guard.h"
 #include "server/ops/h2_relay_loop.h"
+#include "server/ops/h2_frame_watch.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -132,11 +133,17 @@ TEST_F(H2GuardTest, WhatIsNotHttp2IsClosedAtItsFirstBytes) {
   char byte;
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  // Whatever gRPC managed to write first (its SETTINGS), then the end.
+  // Whatever gRPC managed to write first (its SETTINGS), a GOAWAY with
+  // PROTOCOL_ERROR (so a TLS client sees at once that the port is
+  // plaintext, rather than a close it would retry), then the end.
+  std::string received;
   ssize_t n;
-  while ((n = recv(fd, &byte, 1, 0)) > 0) {
-  }
+  while ((n = recv(fd, &byte, 1, 0)) > 0) received.push_back(byte);
   EXPECT_EQ(n, 0) << "closed, not timed out";
+  const std::string goaway = ProtocolErrorGoaway(
+      "the connection does not start with the HTTP/2 client preface (RFC 9113 3.4)");
+  ASSERT_GE(received.size(), goaway.size());
+  EXPECT_EQ(received.substr(received.size() - goaway.size()), goaway);
   EXPECT_TRUE(OpenBecomes(0, absl::Seconds(5)));
   EXPECT_EQ(guard_->counters()->closed_not_http2.load(), 1);
   close(fd);

@@ -409,7 +409,7 @@ bool H2RelayLoop::Watch(GuardedRelay& relay, bool from_client, const char* bytes
            : refused ? counters_->closed_unauthenticated : counters_->closed_not_http2)++;
     if (flood) ledger_->CoolDown(relay.peer.budget_key, absl::Now());
     CloseForAbuse(relay, std::string(tally.status().message()), /*goaway=*/flood || refused,
-                  /*cooled_down=*/flood);
+                  /*cooled_down=*/flood, /*not_http2=*/!flood && !refused);
     return false;
   }
   counters_->streams_reset += tally->streams_reset + tally->resets_of_ended_streams;
@@ -430,7 +430,7 @@ void H2RelayLoop::GrpcGone(GuardedRelay& relay) {
 }
 
 void H2RelayLoop::CloseForAbuse(GuardedRelay& relay, const std::string& why, bool goaway,
-                                bool cooled_down) {
+                                bool cooled_down, bool not_http2) {
   int64_t dropped = 0;
   if (RelayLogLimiter().Allow(why.substr(0, 24), absl::Now(), &dropped)) {
     spdlog::warn("h2 guard: closed the connection of {}: {}{}{}", relay.peer.address, why,
@@ -444,8 +444,10 @@ void H2RelayLoop::CloseForAbuse(GuardedRelay& relay, const std::string& why, boo
   shutdown(relay.grpc_fd, SHUT_RDWR);
   GrpcGone(relay);
   relay.down.eof = true;
-  if (goaway && relay.from_server.at_frame_boundary()) {
-    const std::string frame = EnhanceYourCalmGoaway(relay.from_client.highest_stream_id(), why);
+  if ((goaway || not_http2) && relay.from_server.at_frame_boundary()) {
+    const std::string frame =
+        not_http2 ? ProtocolErrorGoaway(why)
+                  : EnhanceYourCalmGoaway(relay.from_client.highest_stream_id(), why);
     RelayDirection& d = relay.down;
     if (d.buffer == nullptr) d.buffer.reset(AcquireBuffer());
     if (options_.buffer_bytes - d.end >= frame.size()) {

@@ -82,7 +82,9 @@ class H2RelayLoop {
   void GrpcGone(GuardedRelay& relay);
   // The relay is finished at `deadline` at the latest.
   void FinishBy(GuardedRelay& relay, absl::Time deadline);
-  void CloseForAbuse(GuardedRelay& relay, const std::string& why, bool goaway, bool cooled_down);
+  // `goaway`: ENHANCE_YOUR_CALM; `not_http2`: PROTOCOL_ERROR instead.
+  void CloseForAbuse(GuardedRelay& relay, const std::string& why, bool goaway, bool cooled_down,
+                     bool not_http2 = false);
   void Finish(GuardedRelay& relay);
   // Gives `direction` a buffer to read into; false when it is the client's
   // and options.client_buffer_memory is all held: the relay then waits in
