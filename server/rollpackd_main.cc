@@ -26,7 +26,7 @@
 #include "server/cluster/cluster_config_check.h"
 #include "server/cluster/member_count_watch.h"
 #include "server/ops/build_info.h"
-#include "server/ops/keep_freed_memory.h"
+#include "base/keep_freed_memory.h"
 #include "server/ops/log_format.h"
 #include "server/ops/metrics/metrics_endpoint.h"
 #include "server/server.h"

@@ -25,7 +25,7 @@
 #include "cli/flags.h"
 #include "client/cpp/client.h"
 #include "server/capture/engine_exchange.h"
-#include "server/ops/keep_freed_memory.h"
+#include "base/keep_freed_memory.h"
 
 namespace rollpack {
 namespace {

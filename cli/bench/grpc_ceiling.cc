@@ -32,7 +32,7 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
-#include "server/ops/keep_freed_memory.h"
+#include "base/keep_freed_memory.h"
 #include "server/server.h"
 
 namespace rollpack {

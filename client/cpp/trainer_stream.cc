@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/keep_freed_memory.h"
 #include "base/status_macros.h"
 #include "client/cpp/client.h"
 #include "client/cpp/connect_failure.h"
@@ -41,6 +42,9 @@ TrainerStream::TrainerStream(std::shared_ptr<grpc::Channel> channel, std::string
       rank_(rank),
       options_(options),
       channel_(std::move(channel)) {
+  // Before the first micro-batch arrives: a run's first step is received
+  // into fresh memory (base/keep_freed_memory.h).
+  KeepReceivedMemory();
   reader_ = std::thread([this] { ReadLoop(); });
 }
 
