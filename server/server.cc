@@ -28,6 +28,7 @@
 #include "server/cluster/cluster.h"
 #include "server/cluster/cluster_monitor.h"
 #include "server/cluster/cluster_admin_service.h"
+#include "server/cluster/cluster_pool_directory.h"
 #include "server/cluster/incarnation.h"
 #include "server/cluster/cluster_steps.h"
 #include "server/cluster/member_service.h"
@@ -48,6 +49,7 @@
 #include "server/ops/server_metrics.h"
 #include "server/ops/token_gate.h"
 #include "server/ops/watched_tls.h"
+#include "server/store/local_pools.h"
 #include "server/store/log_replay.h"
 #include "server/store/sample_store.h"
 #include "server/store/step_activity.h"
@@ -260,9 +262,6 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     if (server->auth_ == nullptr) server->auth_ = std::make_unique<Authorizer>();
     server->auth_->set_member_identity(options.cluster_member_identity);
   }
-  server->rollouts_ = std::make_unique<RolloutsService>(server->store_.get(), server->metrics_.get(),
-                                                        server->auth_.get(), options.ingest,
-                                                        cluster_mode);
   if (cluster_mode) {
     auto cluster_steps = std::make_unique<ClusterSteps>(server->store_.get());
     server->cluster_steps_ = cluster_steps.get();
@@ -272,7 +271,27 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
   } else {
     server->steps_ = std::make_unique<LocalSteps>(server->store_.get());
   }
-  server->rollouts_->AttachSteps(server->steps_.get());
+  // A live step a forced DeletePool releases counts as ReleaseStep's would.
+  auto on_step_released = [metrics = server->metrics_.get()](const ReleaseResult& r) {
+    if (metrics != nullptr) metrics->OnStepReleased(r.released_samples, r.freed_bytes);
+  };
+  if (cluster_mode) {
+    ClusterPoolsOptions pools;
+    pools.on_step_released = on_step_released;
+    auto cluster_pools = std::make_unique<ClusterPoolDirectory>(
+        server->store_.get(), server->steps_.get(), std::move(pools));
+    server->cluster_pools_ = cluster_pools.get();
+    server->pools_ = std::move(cluster_pools);
+  } else {
+    server->pools_ = std::make_unique<LocalPools>(server->store_.get(), server->steps_.get(),
+                                                  on_step_released);
+  }
+  // Set before serving (the store reads it without a lock); a cluster's
+  // answers UNAVAILABLE, a retryable code, until the join below attaches it.
+  server->store_->AttachPoolDirectory(server->pools_.get());
+  server->rollouts_ = std::make_unique<RolloutsService>(server->store_.get(), server->pools_.get(),
+                                                        server->metrics_.get(),
+                                                        server->auth_.get(), options.ingest);
   server->step_activity_ = std::make_unique<StepActivity>();
   if (server->member_ != nullptr) server->member_->AttachActivity(server->step_activity_.get());
   server->scheduler_ = std::make_unique<SchedulerService>(
@@ -402,29 +421,6 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
       server->store_.get(), server->auth_.get(), cluster_mode,
       [s = server.get()] { return s->address(); }, server->registry_.get());
   builder.RegisterService(server->cluster_admin_.get());
-  if (cluster_mode) {
-    // Set before serving (the store reads them without a lock); until the
-    // join below completes they answer UNAVAILABLE, a retryable code.
-    RollpackServer* const s = server.get();
-    server->store_->SetPoolResolver(
-        [s](const std::string& pool)
-            -> absl::StatusOr<std::optional<SampleStore::PoolDefinition>> {
-          Cluster* cluster = s->joined_cluster_.load();
-          if (cluster == nullptr) return absl::UnavailableError("this member is not in its cluster");
-          ASSIGN_OR_RETURN(std::optional<ModelSpec> model, cluster->LookupPool(pool));
-          if (!model.has_value()) return std::optional<SampleStore::PoolDefinition>();
-          ASSIGN_OR_RETURN(PoolOptions options, cluster->LookupPoolOptions(pool));
-          return std::optional<SampleStore::PoolDefinition>(
-              SampleStore::PoolDefinition{*std::move(model), options});
-        });
-    server->store_->SetSchemaResolver(
-        [s](const std::string& pool, const std::map<std::string, FieldSchema>& proposed)
-            -> absl::StatusOr<std::map<std::string, FieldSchema>> {
-          Cluster* cluster = s->joined_cluster_.load();
-          if (cluster == nullptr) return absl::UnavailableError("this member is not in its cluster");
-          return cluster->FixSchema(pool, proposed);
-        });
-  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -550,7 +546,6 @@ absl::StatusOr<std::unique_ptr<RollpackServer>> RollpackServer::Start(
     }
     server->cluster_ = *std::move(joined);
     Cluster* const c = server->cluster_.get();
-    server->joined_cluster_.store(c);
     server->AttachClusterSteps(c);
     server->cluster_admin_->AttachCluster(c);
     server->ReportCluster();
@@ -633,8 +628,7 @@ void RollpackServer::Shutdown(absl::Duration grace) {
     // steps' upkeep, the keep-alive, the lease revokes) one short attempt,
     // not its retry budget: Cluster::~Cluster.
     cluster_->etcd()->StopRetrying();
-    joined_cluster_.store(nullptr);
-    rollouts_->AttachCluster(nullptr);
+    cluster_pools_->Attach(nullptr);
     cluster_admin_->AttachCluster(nullptr);
     cluster_steps_->Detach();
     etcd_health_.reset();

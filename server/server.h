@@ -4,7 +4,6 @@
 #ifndef ROLLPACK_SERVER_SERVER_H_
 #define ROLLPACK_SERVER_SERVER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,9 +33,11 @@ class Authorizer;
 class CallLog;
 class Cluster;
 class ClusterAdminService;
+class ClusterPoolDirectory;
 class ClusterSteps;
 class EtcdHealth;
 class MemberService;
+class PoolDirectory;
 class RendezvousService;
 class RolloutsService;
 class RoutingAgreementBook;
@@ -232,6 +233,10 @@ class RollpackServer {
   std::string auth_tokens_file_;
   // After auth_: its interceptors name the caller's role through it.
   std::unique_ptr<CallLog> call_log_;
+  // Where pools are defined and answered for: the store's own, or the
+  // cluster's (then cluster_pools_ too). Before the services: outlives them.
+  std::unique_ptr<PoolDirectory> pools_;
+  ClusterPoolDirectory* cluster_pools_ = nullptr;
   std::unique_ptr<RolloutsService> rollouts_;
   // Where steps live: the store's own, or the cluster's (then cluster_steps_
   // too, and the Member service other members call).
@@ -255,8 +260,6 @@ class RollpackServer {
   // Joined once the port is known; leaves (revokes its lease) at shutdown,
   // after the calls in flight that may use it.
   std::unique_ptr<Cluster> cluster_;
-  // cluster_ once joined, for the store's resolvers; null before and after.
-  std::atomic<Cluster*> joined_cluster_{nullptr};
   // The Scheduler's health following etcd; after cluster_: goes first.
   std::unique_ptr<EtcdHealth> etcd_health_;
   // A single server's incomplete groups past their pool's timeout (a

@@ -8,8 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "server/cluster/cluster_pool_directory.h"
 #include "server/cluster/cluster_steps.h"
-#include "server/ingest/rollouts_service.h"
 #include "server/server.h"
 #include "spdlog/spdlog.h"
 
@@ -18,7 +18,7 @@ namespace rollpack {
 void RollpackServer::AttachClusterSteps(Cluster* cluster) {
   ClusterSteps* const steps = cluster_steps_;
   // Before the cluster is attached: GetPool reads it from then on.
-  rollouts_->CountLiveStepsWith([steps](const std::string& pool) -> absl::StatusOr<int64_t> {
+  cluster_pools_->CountLiveStepsWith([steps](const std::string& pool) -> absl::StatusOr<int64_t> {
     absl::StatusOr<std::map<std::string, int64_t>> by_pool = steps->RefreshCensus();
     if (!by_pool.ok()) {
       // etcd away: the count the upkeep read last, as GetPool's
@@ -30,7 +30,7 @@ void RollpackServer::AttachClusterSteps(Cluster* cluster) {
     auto it = by_pool->find(pool);
     return it == by_pool->end() ? 0 : it->second;
   });
-  rollouts_->AttachCluster(cluster);
+  cluster_pools_->Attach(cluster);
   steps->Attach(cluster);
   metrics_->SetClusterLiveSteps([steps] { return steps->LiveStepsByPool(); });
   registry_->AddCollectCallback(

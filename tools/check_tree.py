@@ -28,8 +28,9 @@ MAX_CLASS_FILES = 2
 # (issue 42 "The house in order"): the most files each may use. Lower a
 # ceiling as a class sheds files; remove the entry once it fits.
 SPREAD_ALLOWED = {
-    # The store's facade, its parts moving out (step_holds.h first).
-    "SampleStore": 10,
+    # The store's facade, its parts moving out (step_holds.h,
+    # recompute_book.h, open_samples.h so far).
+    "SampleStore": 9,
     "ClusterSteps": 9,
     "RollpackServer": 4,
     "Cluster": 4,

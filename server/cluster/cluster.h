@@ -150,7 +150,7 @@ class Cluster {
   absl::StatusOr<PoolOptions> LookupPoolOptions(const std::string& pool);
 
   // Fixes the pool's token-field schema for the whole cluster unless one is
-  // fixed; returns the schema that holds (SampleStore::SchemaResolver).
+  // fixed; returns the schema that holds (PoolDirectory::FixSchema).
   absl::StatusOr<std::map<std::string, FieldSchema>> FixSchema(
       const std::string& pool, const std::map<std::string, FieldSchema>& proposed);
 

@@ -6,15 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "base/status_macros.h"
-#include "scheduler/model_spec.h"
-#include "server/cluster/cluster_annotations.h"
-#include "server/cluster/group_census.h"
-#include "server/cluster/peer_calls.h"
 #include "server/ops/call_log.h"
 #include "server/store/convert.h"
-#include "server/store/names.h"
 #include "server/store/pool_info.h"
 
 namespace rollpack {
@@ -29,9 +23,10 @@ class RefusedPut final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-RolloutsService::RolloutsService(SampleStore* store, ServerMetrics* metrics,
-                                 const Authorizer* auth, IngestOptions ingest, bool cluster_mode)
-    : store_(store), metrics_(metrics), cluster_mode_(cluster_mode), auth_(auth), ingest_(ingest) {
+RolloutsService::RolloutsService(SampleStore* store, PoolDirectory* pools,
+                                 ServerMetrics* metrics, const Authorizer* auth,
+                                 IngestOptions ingest)
+    : store_(store), pools_(pools), metrics_(metrics), auth_(auth), ingest_(ingest) {
   if (ingest_.messages_in_flight > 1) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     workers_ = std::make_unique<WorkerPool>(
@@ -70,40 +65,6 @@ grpc::ServerUnaryReactor* RolloutsService::RegisterModel(grpc::CallbackServerCon
   return reactor;
 }
 
-absl::StatusOr<bool> RolloutsService::Register(const std::string& pool,
-                                                   const ModelSpec& model,
-                                                   const std::optional<PoolOptions>& options) {
-  Cluster* const cluster = cluster_.load();
-  if (!cluster_mode_) return store_->RegisterModel(pool, model, options);
-  if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
-  // Checked before anything is fixed for the whole cluster.
-  RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
-  RETURN_IF_ERROR(ValidateModelSpec(model));
-  // A pool this member would refuse is not fixed for the whole cluster.
-  RETURN_IF_ERROR(store_->CheckPoolRoom(pool));
-  // Options before the model: a member that adopts the pool once its model
-  // is in etcd finds its options there too.
-  ASSIGN_OR_RETURN(PoolOptions held_options,
-                   cluster->FixPoolOptions(pool, options.value_or(PoolOptions{})));
-  bool created = false;
-  ASSIGN_OR_RETURN(ModelSpec held, cluster->RegisterPool(pool, model, &created));
-  if (!(held == model)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool \"", pool, "\" already holds model \"", held.name,
-        "\" with another spec in cluster \"", cluster->options().name,
-        "\"; a pool holds one model"));
-  }
-  // The first registration fixed the options for the whole cluster.
-  if (options.has_value() && held_options != *options) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool \"", pool, "\" was registered with other options (",
-        ToProto(held_options).ShortDebugString(), ") in cluster \"", cluster->options().name,
-        "\"; a pool's options are fixed"));
-  }
-  RETURN_IF_ERROR(store_->RegisterModel(pool, model, held_options));
-  return created;
-}
-
 grpc::ServerReadReactor<grpc::ByteBuffer>* RolloutsService::PutSamples(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   if (auth_ != nullptr) {
@@ -131,14 +92,6 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RolloutsService::PutSamples(
                               stripe, response, [this] { return AcceptsNewSamples(); });
 }
 
-absl::Status RolloutsService::AcceptsNewSamples() const {
-  if (!cluster_mode_) return absl::OkStatus();
-  // Until the join has read this member's drain key, it may be drained.
-  Cluster* const cluster = cluster_.load();
-  if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
-  return cluster->AcceptsNewSamples();
-}
-
 grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* context,
                                                    const v1::GetPoolRequest* request,
                                                    v1::PoolInfo* response) {
@@ -149,12 +102,15 @@ grpc::ServerUnaryReactor* RolloutsService::GetPool(grpc::CallbackServerContext* 
       return reactor;
     }
   }
-  if (cluster_mode_ && !request->local_only()) {
-    reactor->Finish(ToGrpcStatus(ClusterPool(request->pool(), response)));
+  if (!request->local_only()) {
+    absl::StatusOr<v1::PoolInfo> whole = pools_->GetPool(request->pool());
+    if (whole.ok()) *response = *std::move(whole);
+    reactor->Finish(ToGrpcStatus(whole.status()));
     return reactor;
   }
-  absl::StatusOr<v1::PoolInfo> local = LocalPool(request->pool());
-  if (local.ok() && request->local_only() && request->complete_group_ids_size() > 0) {
+  // local_only: this member's share, for a peer summing the cluster's pool.
+  absl::StatusOr<v1::PoolInfo> local = pools_->GetPoolHere(request->pool());
+  if (local.ok() && request->complete_group_ids_size() > 0) {
     // A peer summing the cluster's pool asks which of its listed groups
     // are complete here (group_census.h).
     absl::StatusOr<std::vector<GroupShareStats>> complete = store_->CompleteGroups(
@@ -181,27 +137,12 @@ grpc::ServerUnaryReactor* RolloutsService::ListPools(grpc::CallbackServerContext
     }
   }
   reactor->Finish(ToGrpcStatus([&]() -> absl::Status {
-    std::vector<std::string> names;
-    if (cluster_mode_) {
-      Cluster* const cluster = cluster_.load();
-      if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
-      ASSIGN_OR_RETURN(names, cluster->PoolNames());
-    } else {
-      names = store_->PoolNames();
-    }
+    ASSIGN_OR_RETURN(std::vector<std::string> names, pools_->PoolNames());
     for (const std::string& name : names) {
-      v1::PoolInfo info;
-      absl::Status s = absl::OkStatus();
-      if (cluster_mode_) {
-        s = ClusterPool(name, &info);
-      } else {
-        absl::StatusOr<v1::PoolInfo> local = LocalPool(name);
-        s = local.status();
-        if (local.ok()) info = *std::move(local);
-      }
-      if (absl::IsNotFound(s)) continue;
-      RETURN_IF_ERROR(s);
-      *response->add_pools() = std::move(info);
+      absl::StatusOr<v1::PoolInfo> info = pools_->GetPool(name);
+      if (absl::IsNotFound(info.status())) continue;
+      RETURN_IF_ERROR(info.status());
+      *response->add_pools() = *std::move(info);
     }
     return absl::OkStatus();
   }()));
@@ -215,11 +156,7 @@ absl::StatusOr<int32_t> RolloutsService::Annotate(const v1::AnnotateSamplesReque
     annotations.push_back(ScalarAnnotation{
         a.sample_id(), std::map<std::string, double>(a.scalars().begin(), a.scalars().end())});
   }
-  if (!cluster_mode_) return store_->AnnotateSamples(request.pool(), annotations);
-  // Any member takes it for samples on any member (cluster_annotations.h).
-  Cluster* const cluster = cluster_.load();
-  if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
-  return AnnotateOverCluster(cluster, store_, request.pool(), std::move(annotations));
+  return pools_->Annotate(request.pool(), std::move(annotations));
 }
 
 grpc::ServerUnaryReactor* RolloutsService::AnnotateSamples(
@@ -241,84 +178,6 @@ grpc::ServerUnaryReactor* RolloutsService::AnnotateSamples(
   }
   reactor->Finish(ToGrpcStatus(annotated.status()));
   return reactor;
-}
-
-absl::StatusOr<v1::PoolInfo> RolloutsService::LocalPool(const std::string& pool) const {
-  ASSIGN_OR_RETURN(PoolStats stats, store_->GetPool(pool));
-  // A member's answer carries its incomplete groups for the one summing.
-  return PoolInfoToProto(stats, store_->Stats(), /*group_shares=*/cluster_mode_);
-}
-
-absl::Status RolloutsService::ClusterPool(const std::string& pool, v1::PoolInfo* response) {
-  RETURN_IF_ERROR(ValidateName("pool name", pool, kMaxPoolNameBytes));
-  Cluster* const cluster = cluster_.load();
-  if (cluster == nullptr) return absl::UnavailableError("this member is still joining its cluster");
-  ASSIGN_OR_RETURN(std::optional<ModelSpec> model, cluster->LookupPool(pool));
-  if (!model.has_value()) {
-    return absl::NotFoundError(absl::StrCat("pool \"", pool, "\" has no registered model in cluster \"",
-                                            cluster->options().name, "\""));
-  }
-  // While etcd is unreachable the pool's model is the one this member knew
-  // (LookupPool) and the members those it listed while etcd was well
-  // (Cluster::LastMembers), said so in
-  // stale_membership: an answer within the etcd client's budget at most,
-  // never a wait for etcd.
-  std::vector<ClusterMember> members;
-  // A quick look first: right after etcd returned, before another call has
-  // seen it, the member list is etcd's (Members waits for the members
-  // rejoining), not this member's view from before.
-  bool stale = !cluster->etcd_reachable() &&
-               !cluster->etcd()->Probe(absl::Milliseconds(200));
-  if (!stale) {
-    // Its options and schema too, so that this member knows them while
-    // etcd is away (a producer that read the model here then puts here).
-    // Best effort: the answer does not need them.
-    cluster->LookupPoolOptions(pool).IgnoreError();
-    cluster->LearnSchema(pool).IgnoreError();
-    absl::StatusOr<std::vector<ClusterMember>> listed = cluster->Members();
-    if (listed.ok()) {
-      members = *std::move(listed);
-    } else if (absl::IsUnavailable(listed.status()) && !cluster->etcd_reachable()) {
-      stale = true;
-    } else {
-      return listed.status();
-    }
-  }
-  if (stale) {
-    members = cluster->LastMembers();
-    const absl::Duration away = cluster->etcd_reachability().UnreachableFor(absl::Now());
-    response->set_stale_membership(absl::StrCat(
-        "etcd (", cluster->etcd()->endpoints(), ") unreachable for ",
-        absl::FormatDuration(absl::Trunc(away, absl::Milliseconds(100))),
-        ": the members this member listed while etcd was well, and the model it knew"));
-  }
-  response->set_pool(pool);
-  *response->mutable_model() = ToProto(*model);
-  std::vector<absl::StatusOr<v1::PoolInfo>> shares(members.size(),
-                                                   absl::UnknownError("not asked"));
-  ForEachParallel(members.size(), [&](size_t i) {
-    shares[i] = members[i].id == cluster->self().id ? LocalPool(pool)
-                                                    : cluster->GetPoolOf(members[i], pool);
-  });
-  std::vector<bool> hold_complete_groups(members.size());
-  for (size_t i = 0; i < members.size(); ++i) {
-    AddPoolShare(members[i].id, shares[i], response);
-    hold_complete_groups[i] = shares[i].ok() && shares[i]->num_complete_groups() > 0;
-  }
-  // A member that does not answer this second round leaves its complete
-  // groups uncounted against the others' lists, as the first round's
-  // counts stand: the view of one moment, not a decision.
-  absl::StatusOr<absl::flat_hash_map<std::string, int>> complete_holders =
-      CountCompleteHolders(*cluster, *store_, members, hold_complete_groups, pool,
-                           GroupsToCheckForComplete(*response));
-  FinishPoolShares(response, complete_holders.ok() ? *complete_holders
-                                                   : absl::flat_hash_map<std::string, int>{});
-  // A step over k members is held on each: the cluster has it once.
-  if (live_steps_of_pool_) {
-    absl::StatusOr<int64_t> live_steps = live_steps_of_pool_(pool);
-    if (live_steps.ok()) response->set_num_live_steps(*live_steps);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace rollpack

@@ -2,18 +2,15 @@
 #ifndef ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
 #define ROLLPACK_SERVER_INGEST_ROLLOUTS_SERVICE_H_
 
-#include <functional>
-#include <optional>
-#include <atomic>
 #include <memory>
+#include <optional>
 
 #include "rollpack/v1/rollouts.grpc.pb.h"
-#include "server/cluster/cluster.h"
 #include "server/ops/auth.h"
 #include "server/ingest/commit_sequencer.h"
 #include "server/ingest/put_samples_reactor.h"
+#include "server/store/pool_directory.h"
 #include "server/store/sample_store.h"
-#include "server/store/step_directory.h"
 #include "server/ops/server_metrics.h"
 #include "base/worker_pool.h"
 
@@ -24,31 +21,21 @@ namespace rollpack {
 class RolloutsService final
     : public v1::Rollouts::WithRawCallbackMethod_PutSamples<v1::Rollouts::CallbackService> {
  public:
-  // `metrics` and `auth` may be null (no metrics, no auth).
-  // `metrics` and `auth` may be null (no metrics, no auth). With
-  // `cluster_mode`, control calls answer UNAVAILABLE until AttachCluster.
-  explicit RolloutsService(SampleStore* store, ServerMetrics* metrics = nullptr,
-                           const Authorizer* auth = nullptr, IngestOptions ingest = {},
-                           bool cluster_mode = false);
+  // `pools`: where pools are registered and whole-pool calls answered (the
+  // store's own, or a cluster's: pool_directory.h). `metrics` and `auth`
+  // may be null (no metrics, no auth).
+  RolloutsService(SampleStore* store, PoolDirectory* pools, ServerMetrics* metrics = nullptr,
+                  const Authorizer* auth = nullptr, IngestOptions ingest = {});
 
-  // The cluster this member joined once its port was known.
-  void AttachCluster(Cluster* cluster) { cluster_.store(cluster); }
-  // Cluster mode (docs/cluster.md, "Counting steps"): the cluster's live
-  // steps of a pool, each once, which GetPool's total reports instead of the
-  // sum of the members' holds. Set before serving.
-  void CountLiveStepsWith(std::function<absl::StatusOr<int64_t>(const std::string& pool)> count) {
-    live_steps_of_pool_ = std::move(count);
-  }
-  // Whether this member takes new samples (intake_check.h): UNAVAILABLE
-  // naming it while it is drained for maintenance.
-  absl::Status AcceptsNewSamples() const;
+  // Whether this member takes new samples (PoolDirectory::AcceptsNewSamples).
+  absl::Status AcceptsNewSamples() const { return pools_->AcceptsNewSamples(); }
 
-  // RegisterModel without a call (rollpackd --capture-model): in cluster
-  // mode the pool's model and options are fixed cluster-wide first (etcd),
-  // then here. True when the pool was created. `options`: nullopt leaves
-  // them as they are.
+  // RegisterModel without a call (rollpackd --capture-model):
+  // PoolDirectory::Register.
   absl::StatusOr<bool> Register(const std::string& pool, const ModelSpec& model,
-                                const std::optional<PoolOptions>& options);
+                                const std::optional<PoolOptions>& options) {
+    return pools_->Register(pool, model, options);
+  }
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
                                           const v1::RegisterModelRequest* request,
@@ -70,9 +57,6 @@ class RolloutsService final
                                             const v1::AnnotateSamplesRequest* request,
                                             v1::AnnotateSamplesResponse* response) override;
 
-  // Where the pool's live steps are (the store's, or the cluster's), for
-  // DeletePool; set before serving.
-  void AttachSteps(StepDirectory* steps) { steps_ = steps; }
   // Whole pools (rollouts_pools.cc): deleting one (admin token; members ask
   // each other with local_only) and listing its samples' metadata.
   grpc::ServerUnaryReactor* DeletePool(grpc::CallbackServerContext* context,
@@ -83,19 +67,9 @@ class RolloutsService final
                                         v1::ListSamplesResponse* response) override;
 
  private:
-  // This server's share of a pool (a single server's whole GetPool).
-  absl::StatusOr<v1::PoolInfo> LocalPool(const std::string& pool) const;
-  // The whole cluster's share of a pool (GetPool without local_only).
-  absl::Status ClusterPool(const std::string& pool, v1::PoolInfo* response);
-  absl::StatusOr<v1::DeletePoolResponse> DeletePoolHere(const v1::DeletePoolRequest& request);
-  absl::StatusOr<v1::ListSamplesResponse> ListSamplesHere(const v1::ListSamplesRequest& request);
-
   SampleStore* const store_;
+  PoolDirectory* const pools_;
   ServerMetrics* const metrics_;
-  const bool cluster_mode_;
-  std::atomic<Cluster*> cluster_{nullptr};
-  std::function<absl::StatusOr<int64_t>(const std::string& pool)> live_steps_of_pool_;
-  StepDirectory* steps_ = nullptr;
   const Authorizer* const auth_;
   const IngestOptions ingest_;
   // Null when messages_in_flight is 1.

@@ -18,7 +18,7 @@ struct FieldSchema {
   std::vector<int64_t> trailing_shape;
   // A ragged per-token field (layout.md section 13): its name is what the
   // pool fixes (dtype: the stored one, no trailing shape). Only in the
-  // schema a SchemaResolver proposes and fixes.
+  // schema a PoolDirectory proposes and fixes (pool_directory.h).
   bool ragged = false;
 };
 

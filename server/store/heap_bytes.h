@@ -1,6 +1,6 @@
 // Bytes a buffer takes from glibc's malloc, for counting what the store
 // holds (sample_store_memory.cc) and what storing a piece will add
-// (sample_store_pieces.cc). Internal to server/store.
+// (open_samples.cc). Internal to server/store.
 #ifndef ROLLPACK_SERVER_STORE_HEAP_BYTES_H_
 #define ROLLPACK_SERVER_STORE_HEAP_BYTES_H_
 
@@ -57,7 +57,7 @@ int64_t VectorHeapBytes(const std::vector<T>& v) {
 // that appending piece after piece stays linear: what libstdc++ gives a
 // string assigned, resized or appended to), and for the `last` append
 // `needed` exactly. The store grows an open sample's buffers so
-// (sample_store_pieces.cc), so that what a piece will add is known before it
+// (open_samples.cc), so that what a piece will add is known before it
 // is stored.
 inline int64_t GrownCapacity(int64_t capacity, int64_t needed, bool last) {
   if (needed <= capacity) return capacity;

@@ -121,22 +121,16 @@ void SampleStore::set_max_pools(int64_t pools) {
   max_pools_ = pools;
 }
 
-void SampleStore::SetPoolResolver(PoolResolver resolver) {
-  pool_resolver_ = std::move(resolver);
-}
-
 absl::StatusOr<ModelSpec> SampleStore::GetOrAdoptModel(const std::string& pool) {
   absl::StatusOr<ModelSpec> model = GetModel(pool);
-  if (model.ok() || !absl::IsNotFound(model.status()) || !pool_resolver_) return model;
-  ASSIGN_OR_RETURN(std::optional<PoolDefinition> resolved, pool_resolver_(pool));
+  if (model.ok() || !absl::IsNotFound(model.status()) || pool_directory_ == nullptr) {
+    return model;
+  }
+  ASSIGN_OR_RETURN(std::optional<PoolDefinition> resolved, pool_directory_->Resolve(pool));
   if (!resolved.has_value()) return model;
   // Another caller may adopt it at the same time: the same model is a no-op.
   RETURN_IF_ERROR(RegisterModel(pool, resolved->model, resolved->options));
   return std::move(resolved->model);
-}
-
-void SampleStore::SetSchemaResolver(SchemaResolver resolver) {
-  schema_resolver_ = std::move(resolver);
 }
 
 absl::StatusOr<PutResult> SampleStore::Put(const std::string& pool_name,
@@ -183,7 +177,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
 
   PutResult result;
   std::vector<bool> is_new(samples.size(), false);
-  std::vector<std::optional<PiecePlan>> piece_plans(samples.size());
+  std::vector<std::optional<OpenSamples::Plan>> piece_plans(samples.size());
   absl::flat_hash_map<std::string, size_t> batch_index;
   absl::flat_hash_map<std::string, int32_t> batch_group_counts;
   int64_t new_bytes = 0;
@@ -205,7 +199,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     }
     const StoredSample& sample = samples[i];
     if (!later_piece) RETURN_IF_ERROR(CheckSchema(pool, sample, batch_schema));
-    if (IsPieceOrOpen(sample)) {
+    if (OpenSamples::IsPieceOrOpen(sample)) {
       // Each piece is planned against the store as it is: two messages for
       // one sample in a request would need the first applied first.
       if (!batch_index.try_emplace(sample.sample_id, i).second) {
@@ -213,28 +207,27 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
             "sample \"", sample.sample_id, "\" appears twice in one request; send the pieces of "
             "a sample in separate requests"));
       }
-      ASSIGN_OR_RETURN(PiecePlan plan, PlanPiece(pool_name, pool, sample));
-      if (plan.action == PieceAction::kDuplicate) {
+      ASSIGN_OR_RETURN(OpenSamples::Plan plan, PlanPiece(pool_name, pool, sample));
+      if (plan.action == OpenSamples::Action::kDuplicate) {
         ++result.duplicates;
         continue;
       }
-      if (plan.action != PieceAction::kExtend) {
+      if (plan.action != OpenSamples::Action::kExtend) {
         RETURN_IF_ERROR(CheckGroup(pool, sample, batch_group_counts));
         if (sample.grouped()) ++batch_group_counts[sample.group_id];
       }
       is_new[i] = true;
       new_bytes += plan.new_bytes;
-      auto open = pool.open.find(sample.sample_id);
-      note_largest(sample.sample_id,
-                   plan.new_bytes + (open == pool.open.end() ? 0 : MemoryBytes(open->second.sample)));
+      const StoredSample* open = pool.open.Find(sample.sample_id);
+      note_largest(sample.sample_id, plan.new_bytes + (open == nullptr ? 0 : MemoryBytes(*open)));
       piece_plans[i] = plan;
       continue;
     }
-    if (auto open = pool.open.find(sample.sample_id); open != pool.open.end()) {
+    if (const StoredSample* open = pool.open.Find(sample.sample_id); open != nullptr) {
       return absl::AlreadyExistsError(absl::StrCat(
           "sample \"", sample.sample_id, "\" already exists in pool \"", pool_name,
-          "\" as an open sample (", open->second.sample.pieces.size(),
-          " pieces stored); extend it with piece ", open->second.sample.pieces.size()));
+          "\" as an open sample (", open->pieces.size(), " pieces stored); extend it with piece ",
+          open->pieces.size()));
     }
     auto stored = pool.samples.find(sample.sample_id);
     if (stored != pool.samples.end()) {

@@ -24,6 +24,8 @@
 #include "scheduler/sample_selection.h"
 #include "scheduler/topology.h"
 #include "server/store/field_schema.h"
+#include "server/store/open_samples.h"
+#include "server/store/pool_directory.h"
 #include "server/store/pool_options.h"
 #include "server/store/recompute_book.h"
 #include "server/store/scalar_annotation.h"
@@ -139,26 +141,16 @@ class SampleStore {
   // NOT_FOUND when the pool has no registered model.
   absl::StatusOr<ModelSpec> GetModel(const std::string& pool) const;
 
-  // Cluster mode: where a pool this store has not seen is looked up (its
-  // cluster-wide model; nullopt when no member registered it).
-  struct PoolDefinition {
-    ModelSpec model;
-    PoolOptions options;
-  };
-  using PoolResolver =
-      std::function<absl::StatusOr<std::optional<PoolDefinition>>(const std::string& pool)>;
-  void SetPoolResolver(PoolResolver resolver);
-  // GetModel; for a pool unknown here, the resolver's model, registered here
-  // first (a pool registered on another member takes samples on this one).
+  // Where pools this store has not seen are looked up and, where it fixes
+  // them, a pool's fields before its first batch here (pool_directory.h: a
+  // cluster's, in etcd). Set once before serving, read without the lock;
+  // null (a store alone): every pool is registered here, and its first
+  // accepted sample fixes its fields. `pools` must outlive the store's calls.
+  void AttachPoolDirectory(PoolDirectory* pools) { pool_directory_ = pools; }
+  // GetModel; for a pool unknown here, the directory's definition,
+  // registered here first (a pool registered on another member takes
+  // samples on this one).
   absl::StatusOr<ModelSpec> GetOrAdoptModel(const std::string& pool);
-
-  // Cluster mode: fixes a pool's fields for the whole cluster (`proposed`:
-  // the first sample's of the first batch this member stores for the pool,
-  // or the declared ones, and its ragged names) and returns the one that
-  // holds (`proposed`, or the one another member fixed first).
-  using SchemaResolver = std::function<absl::StatusOr<std::map<std::string, FieldSchema>>(
-      const std::string& pool, const std::map<std::string, FieldSchema>& proposed)>;
-  void SetSchemaResolver(SchemaResolver resolver);
 
   // Commits already-validated samples all or nothing: INVALID_ARGUMENT when
   // a sample's token fields differ from the pool's (fixed by the first
@@ -176,17 +168,7 @@ class SampleStore {
   // port's sessions): its tokens so far, where its routing rows end (-1:
   // none yet), the pieces stored and its scalars. NOT_FOUND when `pool` has
   // no sample `sample_id`; FAILED_PRECONDITION when it is sealed.
-  struct OpenSampleState {
-    std::vector<int32_t> tokens;
-    int64_t rows_end = -1;
-    int32_t pieces = 0;
-    std::map<std::string, double> scalars;
-    // Its token fields' dtypes and trailing shapes: every later piece
-    // carries the same.
-    std::map<std::string, FieldSchema> token_fields;
-    // Its ragged fields' names: every later piece with tokens carries them.
-    std::vector<std::string> ragged_fields;
-  };
+  using OpenSampleState = ::rollpack::OpenSampleState;
   absl::StatusOr<OpenSampleState> GetOpenSample(const std::string& pool,
                                                 const std::string& sample_id) const;
   // Names of the pools with a registered model, sorted.
@@ -436,19 +418,6 @@ class SampleStore {
     // counted towards completeness (lifecycle.md section 6).
     int32_t unready = 0;
   };
-  // A sample whose pieces are still arriving (lifecycle.md section 5): kept
-  // apart from the sealed ones and mutable, so each piece costs what it
-  // carries, not what the sample already holds.
-  struct OpenSample {
-    // The pieces so far, in the whole-sample form a sealed sample has.
-    StoredSample sample;
-    // Where the stored routed-expert rows end; -1 while no piece carried any.
-    int64_t rows_end = -1;
-    // Per MoE layer: some covered row has a nonzero id; and how many rows
-    // are covered (the all-zero-layer rule, checked at seal).
-    std::vector<uint8_t> layer_nonzero;
-    int64_t covered_rows = 0;
-  };
   struct Pool {
     ModelSpec model;
     PoolOptions options;
@@ -464,7 +433,8 @@ class SampleStore {
     // fixed them (declared `schema`s included: sample_store_schema.cc).
     std::optional<std::set<std::string>> ragged_schema;
     absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
-    absl::flat_hash_map<std::string, OpenSample> open;
+    // Samples whose pieces are still arriving (lifecycle.md section 5).
+    OpenSamples open{&SampleStore::MemoryBytes};
     // R2: samples' committed recompute routing (counted in stored_bytes).
     RecomputeBook recompute_routing;
     // Free samples by arrival sequence number: the oldest first. The map
@@ -500,29 +470,17 @@ class SampleStore {
     absl::Time expires;
   };
 
-  // A piece message or an open sample's snapshot (sample_store_pieces.cc).
-  enum class PieceAction { kDuplicate, kOpen, kExtend, kRestoreOpen };
-  struct PiecePlan {
-    PieceAction action = PieceAction::kDuplicate;
-    // Memory the piece adds.
-    int64_t new_bytes = 0;
-    // The piece seals the sample: it becomes free.
-    bool seals = false;
-  };
-  static bool IsPieceOrOpen(const StoredSample& sample) {
-    return sample.piece_message.has_value() ||
-           (!sample.pieces.empty() && sample.pieces.back().partial);
-  }
-  // What storing `piece` would do, or the refusal (lifecycle.md section 5);
-  // changes nothing.
-  absl::StatusOr<PiecePlan> PlanPiece(const std::string& pool_name, const Pool& pool,
-                                      const StoredSample& piece) const
+  // A piece message or an open sample's snapshot, planned by the pool's
+  // OpenSamples (sample_store_lifecycle.cc): what storing `piece` would do,
+  // or the refusal (lifecycle.md section 5); changes nothing.
+  absl::StatusOr<OpenSamples::Plan> PlanPiece(const std::string& pool_name, const Pool& pool,
+                                              const StoredSample& piece) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Stores a planned piece; one that seals moves its sample to the free ones.
-  // The bytes it added to the store's count (what the plan said, as it
-  // grows the buffers as the plan counted them).
-  int64_t ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece, int64_t now_nanos)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores a planned piece, with its group's count of open samples; one
+  // that seals moves its sample to the free ones. The bytes it added to
+  // the store's count (what the plan said).
+  int64_t ApplyPiece(Pool& pool, const OpenSamples::Plan& plan, StoredSample piece,
+                     int64_t now_nanos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes open samples (their group was dropped).
   void EraseOpen(Pool& pool, absl::Span<const std::string> ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -652,9 +610,8 @@ class SampleStore {
 
   const int64_t max_memory_bytes_;
   DurableLog* log_ = nullptr;
-  // Set once before serving (cluster mode), read without the lock.
-  PoolResolver pool_resolver_;
-  SchemaResolver schema_resolver_;
+  // Set once before serving (AttachPoolDirectory), read without the lock.
+  PoolDirectory* pool_directory_ = nullptr;
   mutable absl::Mutex mu_;
   std::map<std::string, Pool> pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Step>> steps_ ABSL_GUARDED_BY(mu_);

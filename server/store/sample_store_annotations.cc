@@ -191,10 +191,8 @@ absl::Status SampleStore::CheckAnnotations(const std::string& pool_name, const P
   *new_bytes = 0;
   for (const ScalarAnnotation& a : annotations) {
     const std::string& id = a.sample_id;
-    const StoredSample* sample = nullptr;
-    if (auto open = pool.open.find(id); open != pool.open.end()) {
-      sample = &open->second.sample;
-    } else {
+    const StoredSample* sample = pool.open.Find(id);
+    if (sample == nullptr) {
       auto sealed = pool.samples.find(id);
       if (sealed == pool.samples.end()) {
         return absl::NotFoundError(
@@ -239,9 +237,8 @@ absl::Status SampleStore::ApplyAnnotations(const std::string& pool_name, Pool& p
   // What changes: each sample's scalars it lacks (the rest are no-ops).
   std::vector<ScalarAnnotation> changes;
   for (const ScalarAnnotation& a : annotations) {
-    auto open = pool.open.find(a.sample_id);
-    const StoredSample& sample = open != pool.open.end() ? open->second.sample
-                                                         : *pool.samples.at(a.sample_id);
+    const StoredSample* open = pool.open.Find(a.sample_id);
+    const StoredSample& sample = open != nullptr ? *open : *pool.samples.at(a.sample_id);
     ScalarAnnotation change{a.sample_id, {}};
     for (const auto& [name, value] : a.scalars) {
       if (sample.scalars.count(name) == 0) change.scalars.emplace(name, value);
@@ -266,12 +263,8 @@ absl::Status SampleStore::ApplyAnnotations(const std::string& pool_name, Pool& p
     // whole count their scalars' bytes themselves, EncodedSampleBytes).
     const int64_t logged = record_bytes / static_cast<int64_t>(changes.size());
     int64_t before = 0, after = 0;
-    if (auto open = pool.open.find(id); open != pool.open.end()) {
-      StoredSample& sample = open->second.sample;
-      before = MemoryBytes(sample);
-      AddLaterScalars(change.scalars, &sample);
-      if (sample.logged_bytes > 0) sample.logged_bytes += logged;
-      after = MemoryBytes(sample);
+    if (pool.open.contains(id)) {
+      after = pool.open.AddScalars(id, change.scalars, logged);  // `before` stays 0
     } else {
       std::shared_ptr<const StoredSample>& slot = pool.samples.at(id);
       const bool was_unready = MissingScalar(pool, *slot) != nullptr;
@@ -431,13 +424,12 @@ absl::Status SampleStore::ReplayAnnotations(const v1::AnnotationsRecord& record)
   annotations.reserve(record.annotations_size());
   for (const v1::SampleAnnotation& a : record.annotations()) {
     const std::string& id = a.sample_id();
-    auto open = pool.open.find(id);
+    const StoredSample* open = pool.open.Find(id);
     auto sealed = pool.samples.find(id);
-    if (open == pool.open.end() && sealed == pool.samples.end()) {
+    if (open == nullptr && sealed == pool.samples.end()) {
       return absl::DataLossError(absl::StrCat("annotation of unknown sample \"", id, "\""));
     }
-    const StoredSample& sample =
-        open != pool.open.end() ? open->second.sample : *sealed->second;
+    const StoredSample& sample = open != nullptr ? *open : *sealed->second;
     for (const auto& [name, value] : a.scalars()) {
       auto has = sample.scalars.find(name);
       if (has != sample.scalars.end() && !SameBits(has->second, value)) {

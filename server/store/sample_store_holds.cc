@@ -71,9 +71,9 @@ absl::Status SampleStore::CheckFree(const Pool& pool, const std::string& pool_na
           absl::StrCat("step \"", step_id, "\": sample \"", id, "\" is listed twice"));
     }
     auto arrival = pool.arrival_of.find(id);
-    if (auto open = pool.open.find(id); open != pool.open.end()) {
+    if (const StoredSample* open = pool.open.Find(id); open != nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "sample \"", id, "\" is open (", open->second.sample.pieces.size(),
+          "sample \"", id, "\" is open (", open->pieces.size(),
           " pieces stored, the last partial): it is selectable once a piece seals it"));
     }
     if (arrival == pool.arrival_of.end()) {

@@ -1,8 +1,11 @@
 // SampleStore's sample lifecycle (../shared/spec/lifecycle.md): groups,
-// the trainer's policy version and stale samples, reuse at release, and the
-// pool statistics that report them.
+// samples sent in pieces (their pool's OpenSamples), the trainer's policy
+// version and stale samples, reuse at release, and the pool statistics that
+// report them.
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -112,7 +115,7 @@ absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& poo
     ASSIGN_OR_RETURN(*ticket, log_->Append(RecordType::kDropSamples, bytes));
     int64_t dead = LogRecordBytes(bytes.size());
     for (const std::string& id : ids) dead += LoggedSampleBytes(*pool.samples.at(id));
-    for (const std::string& id : open_ids) dead += LoggedSampleBytes(pool.open.at(id).sample);
+    for (const std::string& id : open_ids) dead += LoggedSampleBytes(*pool.open.Find(id));
     log_->AddDeadBytes(dead);
   }
   for (const std::string& id : ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
@@ -433,6 +436,86 @@ absl::Status SampleStore::ReplayUses(const v1::SampleUsesRecord& record) {
     it->second.uses[record.sample_ids(i)] = record.uses(i);
   }
   return absl::OkStatus();
+}
+
+// Samples sent in pieces (lifecycle.md section 5): the pool's OpenSamples
+// keeps the pieces; the store adds what the rest of the pool knows (the
+// sealed sample of the id, a prepared annotation) and does what the rest of
+// the pool must (groups, byte counts, the free set).
+
+absl::StatusOr<OpenSamples::Plan> SampleStore::PlanPiece(const std::string& pool_name,
+                                                         const Pool& pool,
+                                                         const StoredSample& piece) const {
+  auto sealed = pool.samples.find(piece.sample_id);
+  const ScalarAnnotation* pending = nullptr;
+  if (!pool.reserved.empty()) ReservationOf(pool, piece.sample_id, absl::Now(), &pending);
+  return pool.open.PlanPiece(pool_name, pool.model, piece,
+                             sealed == pool.samples.end() ? nullptr : sealed->second.get(),
+                             pending);
+}
+
+int64_t SampleStore::ApplyPiece(Pool& pool, const OpenSamples::Plan& plan, StoredSample piece,
+                                int64_t now_nanos) {
+  const bool opens =
+      plan.action == OpenSamples::Action::kOpen || plan.action == OpenSamples::Action::kRestoreOpen;
+  if (opens && piece.grouped()) {
+    Group& group = pool.groups[piece.group_id];
+    group.size = piece.group_size;
+    group.open++;
+  }
+  OpenSamples::Applied applied = pool.open.ApplyPiece(plan, std::move(piece), pool.model);
+  pool.stored_bytes += applied.added_bytes;
+  stored_bytes_ += applied.added_bytes;
+  if (!applied.sealed.has_value()) return applied.added_bytes;
+
+  // Sealed: from now on it is a sample like any other, free and selectable;
+  // its ingest time is now.
+  StoredSample& sealed = *applied.sealed;
+  if (sealed.grouped()) pool.groups[sealed.group_id].open--;
+  const uint64_t arrival = next_arrival_++;
+  pool.arrival_of.emplace(sealed.sample_id, arrival);
+  pool.arrival_unix_nanos.emplace(sealed.sample_id, now_nanos);
+  AddToGroup(pool, sealed, now_nanos);
+  auto stored = std::make_shared<const StoredSample>(std::move(sealed));
+  pool.free_by_arrival.emplace(arrival, stored);
+  pool.samples.emplace(stored->sample_id, std::move(stored));
+  return applied.added_bytes;
+}
+
+void SampleStore::EraseOpen(Pool& pool, absl::Span<const std::string> ids) {
+  for (const std::string& id : ids) {
+    const StoredSample* open = pool.open.Find(id);
+    if (open == nullptr) continue;
+    if (open->grouped()) {
+      auto group = pool.groups.find(open->group_id);
+      if (group != pool.groups.end() && --group->second.open == 0 && group->second.stored == 0) {
+        pool.groups.erase(group);
+      }
+    }
+    pool.reserved.erase(id);
+    const int64_t bytes = pool.open.Erase(id);
+    pool.stored_bytes -= bytes;
+    stored_bytes_ -= bytes;
+  }
+}
+
+absl::StatusOr<SampleStore::OpenSampleState> SampleStore::GetOpenSample(
+    const std::string& pool_name, const std::string& sample_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto pool = pools_.find(pool_name);
+  if (pool == pools_.end()) {
+    return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
+  }
+  std::optional<OpenSampleState> state = pool->second.open.State(sample_id);
+  if (!state.has_value()) {
+    if (pool->second.samples.contains(sample_id)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sample \"", sample_id, "\" of pool \"", pool_name, "\" is sealed"));
+    }
+    return absl::NotFoundError(
+        absl::StrCat("pool \"", pool_name, "\" has no sample \"", sample_id, "\""));
+  }
+  return *std::move(state);
 }
 
 }  // namespace rollpack

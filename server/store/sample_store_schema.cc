@@ -47,7 +47,10 @@ void SampleStore::FixSchema(Pool& pool, BatchSchema batch) {
 
 absl::Status SampleStore::FixSchemaClusterWide(const std::string& pool_name,
                                                const std::vector<StoredSample>& samples) {
-  if (!schema_resolver_ || samples.empty()) return absl::OkStatus();
+  if (pool_directory_ == nullptr || !pool_directory_->FixesSchemasBeforePut() ||
+      samples.empty()) {
+    return absl::OkStatus();
+  }
   std::optional<std::map<std::string, FieldSchema>> declared;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -78,7 +81,7 @@ absl::Status SampleStore::FixSchemaClusterWide(const std::string& pool_name,
   for (const auto& [name, field] : first->ragged_fields) {
     proposed[name] = FieldSchema{field.dtype, {}, /*ragged=*/true};
   }
-  ASSIGN_OR_RETURN(auto fixed, schema_resolver_(pool_name, proposed));
+  ASSIGN_OR_RETURN(auto fixed, pool_directory_->FixSchema(pool_name, proposed));
   // A schema fixed before ragged fields existed holds none.
   BatchSchema batch;
   for (auto& [name, field] : fixed) {

@@ -1,8 +1,7 @@
-// SampleStore's rollouts in pieces (../shared/spec/lifecycle.md section 5):
-// a sample opened by a partial first piece, extended piece by piece, and
-// selectable once a piece seals it. An open sample is mutable and kept
-// apart from the sealed ones, so a piece costs time and log bytes in
-// proportion to what it carries.
+// OpenSamples (open_samples.h): a sample opened by a partial first piece,
+// extended piece by piece, and handed to the store once a piece seals it.
+#include "server/store/open_samples.h"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -11,13 +10,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "server/store/durable_log.h"
 #include "server/store/heap_bytes.h"
 #include "server/store/log_records.h"
 #include "server/store/ndarray.h"
-#include "server/store/sample_store.h"
 
 namespace rollpack {
 namespace {
@@ -51,7 +49,7 @@ void Grow(std::string& s, int64_t needed, bool last) {
 }
 
 // What appending the next `piece` to the open sample `whole` adds to
-// SampleStore::MemoryBytes(whole): the buffers that must grow to hold it,
+// the MemoryBytes of `whole`: the buffers that must grow to hold it,
 // grown as ApplyPiece grows them (exactly to size by the piece that seals).
 int64_t ExtendedBytes(const StoredSample& whole, const StoredSample& piece, int64_t row_bytes,
                       bool seals) {
@@ -272,30 +270,35 @@ bool SamePiece(const StoredSample& whole, const StoredSample& piece, int64_t row
 
 }  // namespace
 
-absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string& pool_name,
-                                                              const Pool& pool,
-                                                              const StoredSample& piece) const {
-  const int64_t row_bytes = ExpertRowBytes(pool.model);
+const StoredSample* OpenSamples::Find(const std::string& sample_id) const {
+  auto it = open_.find(sample_id);
+  return it == open_.end() ? nullptr : &it->second.sample;
+}
+
+absl::StatusOr<OpenSamples::Plan> OpenSamples::PlanPiece(const std::string& pool_name,
+                                                         const ModelSpec& model,
+                                                         const StoredSample& piece,
+                                                         const StoredSample* sealed,
+                                                         const ScalarAnnotation* pending) const {
+  const int64_t row_bytes = ExpertRowBytes(model);
   const std::string& id = piece.sample_id;
-  PiecePlan plan;
-  auto open_it = pool.open.find(id);
-  auto sealed_it = pool.samples.find(id);
+  Plan plan;
+  auto open_it = open_.find(id);
   if (!piece.piece_message.has_value()) {
     // An open sample's snapshot (a compacted log): it starts open again.
-    if (open_it != pool.open.end() || sealed_it != pool.samples.end()) {
+    if (open_it != open_.end() || sealed != nullptr) {
       return absl::DataLossError(absl::StrCat("open sample \"", id, "\" is stored twice"));
     }
-    plan.action = PieceAction::kRestoreOpen;
-    plan.new_bytes = MemoryBytes(piece);
+    plan.action = Action::kRestoreOpen;
+    plan.new_bytes = memory_bytes_(piece);
     return plan;
   }
   const PieceMessage& message = *piece.piece_message;
-  const StoredSample* stored = open_it != pool.open.end()       ? &open_it->second.sample
-                               : sealed_it != pool.samples.end() ? sealed_it->second.get()
-                                                                 : nullptr;
+  const StoredSample* stored = open_it != open_.end() ? &open_it->second.sample : sealed;
   const int64_t stored_pieces = stored == nullptr ? 0
-                                : stored->pieces.empty() ? 1  // sent whole
-                                                         : static_cast<int64_t>(stored->pieces.size());
+                                : stored->pieces.empty()
+                                    ? 1  // sent whole
+                                    : static_cast<int64_t>(stored->pieces.size());
   if (stored != nullptr && message.index < stored_pieces) {
     if (!SamePiece(*stored, piece, row_bytes)) {
       return absl::AlreadyExistsError(absl::StrCat(
@@ -307,12 +310,12 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
   if (message.index == 0) {
     // A new sample, opened (a piece 0 that seals is a whole sample).
     const int64_t n = piece.num_tokens();
-    plan.action = PieceAction::kOpen;
+    plan.action = Action::kOpen;
     // The open sample is the piece with its id assigned afresh, its rows
     // laid out over all its tokens and its first bounds (ApplyPiece).
     const int64_t inline_capacity = InlineStringCapacity();
     plan.new_bytes =
-        MemoryBytes(piece) - StringHeapBytes(piece.sample_id) - StringHeapBytes(piece.experts) -
+        memory_bytes_(piece) - StringHeapBytes(piece.sample_id) - StringHeapBytes(piece.experts) -
         VectorHeapBytes(piece.row_valid) - VectorHeapBytes(piece.pieces) +
         StringBufferBytes(
             GrownCapacity(inline_capacity, static_cast<int64_t>(piece.sample_id.size()),
@@ -326,7 +329,7 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
         "sample \"", id, "\" is not in pool \"", pool_name, "\": piece ", message.index,
         " extends a sample whose piece 0 was not stored here (or that was released)"));
   }
-  if (open_it == pool.open.end()) {
+  if (open_it == open_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "sample \"", id, "\" is sealed (", stored_pieces, " pieces); piece ", message.index,
         " cannot extend it"));
@@ -338,10 +341,8 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
   }
 
   // The next piece: the whole sample it makes must obey layout.md section 1.
-  const OpenSample& open = open_it->second;
+  const Entry& open = open_it->second;
   const StoredSample& whole = open.sample;
-  const ScalarAnnotation* pending = nullptr;
-  ReservationOf(pool, id, absl::Now(), &pending);
   RETURN_IF_ERROR(CheckRepeats(whole, piece, pending));
   const int64_t n = whole.num_tokens();
   const int64_t t = piece.num_tokens();
@@ -400,7 +401,7 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
           ", ending at ", rows_end, ", past the sample's ", n_new, " tokens"));
     }
   }
-  if (!message.partial && !pool.model.is_dense()) {
+  if (!message.partial && !model.is_dense()) {
     if (rows_end < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(Who(piece), "seals the sample, but no piece carried routed_experts rows "
@@ -411,8 +412,8 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
           Who(piece), "seals the sample with routed_experts rows ending at ", rows_end,
           "; they must end at n = ", n_new, " or n - 1 = ", n_new - 1));
     }
-    if (!pool.model.allow_all_zero_layers) {
-      const int stored = pool.model.stored_layers();
+    if (!model.allow_all_zero_layers) {
+      const int stored = model.stored_layers();
       std::vector<uint8_t> nonzero = open.layer_nonzero;
       const int64_t covered =
           open.covered_rows + AccumulateLayers(piece.experts, piece.row_valid, stored,
@@ -420,7 +421,7 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
       for (int m = 0; covered > 1 && m < stored; ++m) {
         if (!nonzero[m]) {
           return absl::InvalidArgumentError(absl::StrCat(
-              Who(piece), "routed_experts ", pool.model.StoredLayerName(m), " is 0 for all ",
+              Who(piece), "routed_experts ", model.StoredLayerName(m), " is 0 for all ",
               covered,
               " covered tokens of the sealed sample: a broken capture (register the model with "
               "allow_all_zero_layers to accept it)"));
@@ -428,7 +429,7 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
       }
     }
   }
-  plan.action = PieceAction::kExtend;
+  plan.action = Action::kExtend;
   plan.seals = !message.partial;
   plan.new_bytes = ExtendedBytes(whole, piece, row_bytes, plan.seals);
   // Compaction writes a sample as one log record: it must stay under the
@@ -444,20 +445,21 @@ absl::StatusOr<SampleStore::PiecePlan> SampleStore::PlanPiece(const std::string&
   return plan;
 }
 
-int64_t SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample piece,
-                                int64_t now_nanos) {
-  const int64_t row_bytes = ExpertRowBytes(pool.model);
-  const int num_moe = pool.model.stored_layers();  // MoE layers, then routed MTP layers
+OpenSamples::Applied OpenSamples::ApplyPiece(const Plan& plan, StoredSample piece,
+                                             const ModelSpec& model) {
+  const int64_t row_bytes = ExpertRowBytes(model);
+  const int num_moe = model.stored_layers();  // MoE layers, then routed MTP layers
   const std::string id = piece.sample_id;
   // What the piece's log record holds (its share of a batch's, roughly).
   const int64_t piece_log_bytes = LogRecordBytes(EncodedSampleBytes(piece) + 16);
+  Applied applied;
   int64_t before = 0;
-  OpenSample* open = nullptr;
+  Entry* open = nullptr;
   switch (plan.action) {
-    case PieceAction::kDuplicate:
-      return 0;
-    case PieceAction::kRestoreOpen: {
-      open = &pool.open[id];
+    case Action::kDuplicate:
+      return applied;
+    case Action::kRestoreOpen: {
+      open = &open_[id];
       open->sample = std::move(piece);
       open->sample.logged_bytes = piece_log_bytes;
       for (const PieceBounds& b : open->sample.pieces) {
@@ -465,15 +467,10 @@ int64_t SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample 
       }
       open->covered_rows = AccumulateLayers(open->sample.experts, open->sample.row_valid, num_moe,
                                             row_bytes, &open->layer_nonzero);
-      if (open->sample.grouped()) {
-        Group& group = pool.groups[open->sample.group_id];
-        group.size = open->sample.group_size;
-        group.open++;
-      }
       break;
     }
-    case PieceAction::kOpen: {
-      open = &pool.open[id];
+    case Action::kOpen: {
+      open = &open_[id];
       StoredSample& s = open->sample;
       const PieceMessage message = *piece.piece_message;
       const int64_t n = piece.num_tokens();
@@ -495,17 +492,12 @@ int64_t SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample 
                           true, message.rows_sent});
       open->covered_rows = AccumulateLayers(piece.experts, piece.row_valid, num_moe, row_bytes,
                                             &open->layer_nonzero);
-      if (s.grouped()) {
-        Group& group = pool.groups[s.group_id];
-        group.size = s.group_size;
-        group.open++;
-      }
       break;
     }
-    case PieceAction::kExtend: {
-      open = &pool.open.at(id);
+    case Action::kExtend: {
+      open = &open_.at(id);
       StoredSample& s = open->sample;
-      before = MemoryBytes(s);
+      before = memory_bytes_(s);
       s.logged_bytes += piece_log_bytes;
       const PieceMessage message = *piece.piece_message;
       const int64_t n_new = s.num_tokens() + piece.num_tokens();
@@ -547,60 +539,36 @@ int64_t SampleStore::ApplyPiece(Pool& pool, const PiecePlan& plan, StoredSample 
       break;
     }
   }
-  const int64_t added = MemoryBytes(open->sample) - before;
-  pool.stored_bytes += added;
-  stored_bytes_ += added;
-  if (!plan.seals) return added;
-
-  // Sealed: from now on it is a sample like any other, free and selectable;
-  // its ingest time is now.
-  auto node = pool.open.extract(id);
-  StoredSample sealed = std::move(node.mapped().sample);
-  if (sealed.grouped()) pool.groups[sealed.group_id].open--;
-  const uint64_t arrival = next_arrival_++;
-  pool.arrival_of.emplace(id, arrival);
-  pool.arrival_unix_nanos.emplace(id, now_nanos);
-  AddToGroup(pool, sealed, now_nanos);
-  auto stored = std::make_shared<const StoredSample>(std::move(sealed));
-  pool.free_by_arrival.emplace(arrival, stored);
-  pool.samples.emplace(id, std::move(stored));
-  return added;
+  applied.added_bytes = memory_bytes_(open->sample) - before;
+  if (plan.seals) {
+    // Sealed: the store takes it among its sealed samples.
+    auto node = open_.extract(id);
+    applied.sealed.emplace(std::move(node.mapped().sample));
+  }
+  return applied;
 }
 
-void SampleStore::EraseOpen(Pool& pool, absl::Span<const std::string> ids) {
-  for (const std::string& id : ids) {
-    auto it = pool.open.find(id);
-    if (it == pool.open.end()) continue;
-    const int64_t bytes = MemoryBytes(it->second.sample);
-    if (it->second.sample.grouped()) {
-      auto group = pool.groups.find(it->second.sample.group_id);
-      if (group != pool.groups.end() && --group->second.open == 0 && group->second.stored == 0) {
-        pool.groups.erase(group);
-      }
-    }
-    pool.reserved.erase(id);
-    pool.open.erase(it);
-    pool.stored_bytes -= bytes;
-    stored_bytes_ -= bytes;
-  }
+int64_t OpenSamples::AddScalars(const std::string& sample_id,
+                                const std::map<std::string, double>& scalars,
+                                int64_t logged_bytes) {
+  StoredSample& sample = open_.at(sample_id).sample;
+  const int64_t before = memory_bytes_(sample);
+  AddLaterScalars(scalars, &sample);
+  if (sample.logged_bytes > 0) sample.logged_bytes += logged_bytes;
+  return memory_bytes_(sample) - before;
 }
 
-absl::StatusOr<SampleStore::OpenSampleState> SampleStore::GetOpenSample(
-    const std::string& pool_name, const std::string& sample_id) const {
-  absl::ReaderMutexLock lock(&mu_);
-  auto pool = pools_.find(pool_name);
-  if (pool == pools_.end()) {
-    return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
-  }
-  auto open = pool->second.open.find(sample_id);
-  if (open == pool->second.open.end()) {
-    if (pool->second.samples.contains(sample_id)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("sample \"", sample_id, "\" of pool \"", pool_name, "\" is sealed"));
-    }
-    return absl::NotFoundError(
-        absl::StrCat("pool \"", pool_name, "\" has no sample \"", sample_id, "\""));
-  }
+int64_t OpenSamples::Erase(const std::string& sample_id) {
+  auto it = open_.find(sample_id);
+  if (it == open_.end()) return 0;
+  const int64_t bytes = memory_bytes_(it->second.sample);
+  open_.erase(it);
+  return bytes;
+}
+
+std::optional<OpenSampleState> OpenSamples::State(const std::string& sample_id) const {
+  auto open = open_.find(sample_id);
+  if (open == open_.end()) return std::nullopt;
   const StoredSample& sample = open->second.sample;
   OpenSampleState state;
   state.tokens = sample.tokens;
