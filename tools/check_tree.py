@@ -29,8 +29,8 @@ MAX_CLASS_FILES = 2
 # ceiling as a class sheds files; remove the entry once it fits.
 SPREAD_ALLOWED = {
     # The store's facade, its parts moving out (step_holds.h,
-    # recompute_book.h, open_samples.h so far).
-    "SampleStore": 9,
+    # recompute_book.h, open_samples.h, pool.h so far).
+    "SampleStore": 7,
     "ClusterSteps": 9,
     "RollpackServer": 4,
     "Cluster": 4,

@@ -1,4 +1,4 @@
-// A pool's fields as the store fixes them (sample_store_schema.cc): every
+// A pool's fields as the store fixes them (pool.h, "Schema"): every
 // sample of a pool carries the same token fields and ragged field names.
 #ifndef ROLLPACK_SERVER_STORE_FIELD_SCHEMA_H_
 #define ROLLPACK_SERVER_STORE_FIELD_SCHEMA_H_

@@ -1,5 +1,5 @@
 // Bytes a buffer takes from glibc's malloc, for counting what the store
-// holds (sample_store_memory.cc) and what storing a piece will add
+// holds (pool_memory.cc) and what storing a piece will add
 // (open_samples.cc). Internal to server/store.
 #ifndef ROLLPACK_SERVER_STORE_HEAP_BYTES_H_
 #define ROLLPACK_SERVER_STORE_HEAP_BYTES_H_

@@ -63,7 +63,7 @@ absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
     absl::MutexLock lock(&mu_);
     // Each pool has its own metric series: the bound keeps /metrics bounded.
     RETURN_IF_ERROR(PoolRoomLocked(pool_name));
-    auto emplaced = pools_.try_emplace(pool_name);
+    auto emplaced = pools_.try_emplace(pool_name, model, options.value_or(PoolOptions{}));
     auto it = emplaced.first;
     inserted = emplaced.second;
     if (!inserted && it->second.model != model) {
@@ -75,18 +75,6 @@ absl::StatusOr<bool> SampleStore::RegisterModel(const std::string& pool_name,
       return absl::FailedPreconditionError(absl::StrCat(
           "pool \"", pool_name, "\" was registered with other options (",
           ToProto(it->second.options).ShortDebugString(), "); a pool's options are fixed"));
-    }
-    if (inserted) {
-      it->second.model = model;
-      it->second.options = options.value_or(PoolOptions{});
-      // Declared fields are the pool's fields from the start: its first
-      // sample proposes nothing (nor, in a cluster, races to fix them).
-      if (!it->second.options.token_fields.empty()) {
-        for (const DeclaredTokenField& f : it->second.options.token_fields) {
-          it->second.schema[f.name] = FieldSchema{f.dtype, f.trailing_shape};
-        }
-        it->second.schema_fixed = true;
-      }
     }
     if (log_ == nullptr) return inserted;
     if (inserted) {
@@ -171,8 +159,8 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
 
   // The first sample of an empty pool fixes the fields for the batch too.
   BatchSchema batch_schema;
-  if (!pool.schema_fixed || !pool.ragged_schema.has_value()) {
-    batch_schema = ProposeSchema(samples);
+  if (!pool.schema_complete()) {
+    batch_schema = Pool::ProposeSchema(samples);
   }
 
   PutResult result;
@@ -198,7 +186,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
       samples[i].group_size = pool.options.default_group_size;
     }
     const StoredSample& sample = samples[i];
-    if (!later_piece) RETURN_IF_ERROR(CheckSchema(pool, sample, batch_schema));
+    if (!later_piece) RETURN_IF_ERROR(pool.CheckSchema(sample, batch_schema));
     if (OpenSamples::IsPieceOrOpen(sample)) {
       // Each piece is planned against the store as it is: two messages for
       // one sample in a request would need the first applied first.
@@ -213,7 +201,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
         continue;
       }
       if (plan.action != OpenSamples::Action::kExtend) {
-        RETURN_IF_ERROR(CheckGroup(pool, sample, batch_group_counts));
+        RETURN_IF_ERROR(pool.CheckGroup(sample, batch_group_counts));
         if (sample.grouped()) ++batch_group_counts[sample.group_id];
       }
       is_new[i] = true;
@@ -248,7 +236,7 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
       ++result.duplicates;
       continue;
     }
-    RETURN_IF_ERROR(CheckGroup(pool, sample, batch_group_counts));
+    RETURN_IF_ERROR(pool.CheckGroup(sample, batch_group_counts));
     if (sample.grouped()) ++batch_group_counts[sample.group_id];
     is_new[i] = true;
     new_bytes += MemoryBytes(sample);
@@ -302,23 +290,19 @@ absl::StatusOr<PutResult> SampleStore::PutLocked(const std::string& pool_name,
     }
   }
 
-  if (!samples.empty()) FixSchema(pool, std::move(batch_schema));
+  if (!samples.empty()) pool.FixSchema(std::move(batch_schema));
   const int64_t now_nanos = absl::GetCurrentTimeNanos();
   for (size_t i = 0; i < samples.size(); ++i) {
     if (!is_new[i]) continue;
     if (piece_plans[i].has_value()) {
-      result.stored_bytes += ApplyPiece(pool, *piece_plans[i], std::move(samples[i]), now_nanos);
+      const int64_t added =
+          pool.ApplyPiece(*piece_plans[i], std::move(samples[i]), now_nanos, &next_arrival_);
+      stored_bytes_ += added;
+      result.stored_bytes += added;
       continue;
     }
-    const uint64_t arrival = next_arrival_++;
     const int64_t bytes = MemoryBytes(samples[i]);
-    std::string id = samples[i].sample_id;
-    pool.arrival_of.emplace(id, arrival);
-    pool.arrival_unix_nanos.emplace(id, now_nanos);
-    AddToGroup(pool, samples[i], now_nanos);
-    auto stored = std::make_shared<const StoredSample>(std::move(samples[i]));
-    pool.free_by_arrival.emplace(arrival, stored);
-    pool.samples.emplace(std::move(id), std::move(stored));
+    pool.AddSealed(std::move(samples[i]), next_arrival_++, now_nanos);
     pool.stored_bytes += bytes;
     stored_bytes_ += bytes;
     result.stored_bytes += bytes;
@@ -356,7 +340,7 @@ absl::StatusOr<PoolStats> SampleStore::GetPool(const std::string& pool_name) con
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
   }
-  return StatsLocked(pool_name, it->second);
+  return it->second.Stats(pool_name);
 }
 
 StoreStats SampleStore::Stats() const {
@@ -410,7 +394,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
     }
     Pool& pool = pool_it->second;
     model = pool.model;
-    const SelectionRequest selection = Effective(pool, request.selection);
+    const SelectionRequest selection = pool.Effective(request.selection);
     const std::string what = absl::StrCat("step \"", step_id, "\": pool \"", pool_name, "\"");
     if (!request.sample_ids.empty()) {
       RETURN_IF_ERROR(CheckFree(pool, pool_name, step_id, request.sample_ids));
@@ -418,7 +402,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
       for (const std::string& id : request.sample_ids) {
         samples.push_back(pool.samples.at(id));
         const StoredSample& s = *samples.back();
-        chosen.push_back(Candidate(pool, s, pool.arrival_of.at(s.sample_id)));
+        chosen.push_back(pool.Candidate(s, pool.arrival_of.at(s.sample_id)));
       }
       if (request.replay) {
         num_groups = CountCompleteGroups(chosen);
@@ -443,7 +427,7 @@ absl::StatusOr<std::shared_ptr<const Step>> SampleStore::CreateStep(const StepRe
       std::vector<Pool::FreeSamples::const_iterator> where;
       Selection chosen;
       while (true) {
-        candidates = FreeCandidates(pool, std::min(limit, free), &where);
+        candidates = pool.FreeCandidates(std::min(limit, free), &where);
         const bool prefix = static_cast<int64_t>(candidates.size()) < free;
         ASSIGN_OR_RETURN(chosen, SelectSamples(candidates, selection, what, prefix));
         if (!chosen.needs_more) break;
@@ -580,29 +564,10 @@ absl::StatusOr<ReleaseResult> SampleStore::ReleaseStepLocked(const std::string& 
 ReleaseResult SampleStore::EraseSamples(Pool& pool, absl::Span<const std::string> sample_ids) {
   ReleaseResult result;
   for (const std::string& id : sample_ids) {
-    auto it = pool.samples.find(id);
-    ForgetAnnotations(pool, *it->second);
-    int64_t bytes = MemoryBytes(*it->second);
-    if (!pool.recompute_routing.empty()) {
-      const RecomputeBook::Change routing = pool.recompute_routing.Erase(id);
-      bytes -= routing.bytes;
-      if (log_ != nullptr && routing.dead_log_bytes > 0) {
-        log_->AddDeadBytes(routing.dead_log_bytes);
-      }
-    }
-    if (it->second->grouped()) {
-      auto group = pool.groups.find(it->second->group_id);
-      if (group != pool.groups.end() && --group->second.stored == 0 && group->second.open == 0) {
-        pool.groups.erase(group);
-      }
-    }
-    pool.uses.erase(id);
-    pool.arrival_of.erase(id);
-    pool.arrival_unix_nanos.erase(id);
-    pool.samples.erase(it);
-    pool.stored_bytes -= bytes;
-    stored_bytes_ -= bytes;
-    result.freed_bytes += bytes;
+    const Pool::Erased erased = pool.EraseSealed(id);
+    if (log_ != nullptr && erased.dead_log_bytes > 0) log_->AddDeadBytes(erased.dead_log_bytes);
+    stored_bytes_ -= erased.bytes;
+    result.freed_bytes += erased.bytes;
     result.released_samples++;
   }
   return result;

@@ -26,8 +26,8 @@
 #include "server/store/field_schema.h"
 #include "server/store/open_samples.h"
 #include "server/store/pool_directory.h"
+#include "server/store/pool.h"
 #include "server/store/pool_options.h"
-#include "server/store/recompute_book.h"
 #include "server/store/scalar_annotation.h"
 #include "server/store/step.h"
 #include "server/store/step_builder.h"
@@ -40,42 +40,6 @@ struct PutResult {
   int64_t accepted = 0;
   int64_t duplicates = 0;
   int64_t stored_bytes = 0;
-};
-
-// A group's samples stored here (lifecycle.md section 2).
-struct GroupShareStats {
-  std::string group_id;
-  int32_t group_size = 0;
-  // Sealed samples that count towards completeness: with the pool's
-  // required_scalars, only those that have every one (lifecycle.md 6).
-  int32_t num_sealed = 0;
-  int64_t first_sealed_unix_nanos = 0;
-};
-
-struct PoolStats {
-  std::string pool;
-  ModelSpec model;
-  PoolOptions options;
-  int64_t num_samples = 0;
-  int64_t num_free_samples = 0;
-  int64_t num_live_steps = 0;
-  int64_t stored_bytes = 0;
-  std::map<std::string, FieldSchema> token_fields;
-  int64_t num_complete_groups = 0;
-  int64_t num_incomplete_groups = 0;
-  int64_t num_open_samples = 0;
-  int64_t policy_version = 0;
-  int64_t num_stale_dropped = 0;
-  int64_t num_incomplete_groups_dropped = 0;
-  // Free samples stale at policy_version under the pool's max_staleness.
-  int64_t num_stale_samples = 0;
-  // Sealed free samples still missing one of options.required_scalars
-  // (counted in num_free_samples too, but not selectable).
-  int64_t num_unannotated_samples = 0;
-  // The incomplete groups, by id (a cluster sums them over its members).
-  std::vector<GroupShareStats> incomplete_groups;
-  // Ragged token fields' names, sorted (layout.md section 13).
-  std::vector<std::string> ragged_fields;
 };
 
 struct StoreStats {
@@ -122,9 +86,10 @@ class SampleStore {
 
   // Bytes holding `sample` costs in memory, the unit of --max-memory and
   // --max-pool-memory: its object, buffers and map nodes and its entries in
-  // the store's indexes, as glibc's malloc sizes them (sample_store_memory.cc).
-  // A function of the sample alone: the same on every run and member.
-  static int64_t MemoryBytes(const StoredSample& sample);
+  // the store's indexes, as glibc's malloc sizes them (Pool::MemoryBytes,
+  // pool_memory.cc). A function of the sample alone: the same on every run
+  // and member.
+  static int64_t MemoryBytes(const StoredSample& sample) { return Pool::MemoryBytes(sample); }
 
   // RESOURCE_EXHAUSTED when RegisterModel would refuse `pool` as one pool
   // too many (--max-pools): asked before a cluster fixes the pool anywhere.
@@ -403,65 +368,6 @@ class SampleStore {
       const std::string& pool, const std::vector<std::string>& group_ids) const;
 
  private:
-  // A group's samples stored here.
-  struct Group {
-    int32_t size = 0;
-    // Sealed samples stored here.
-    int32_t stored = 0;
-    // Open samples (lifecycle.md section 5): they will be members, so they
-    // count against the group's size, but not towards completeness.
-    int32_t open = 0;
-    int64_t first_sealed_unix_nanos = 0;
-    // Dropped for staying incomplete while some samples were in live steps.
-    bool expired = false;
-    // Sealed samples stored here still missing a required scalar: not
-    // counted towards completeness (lifecycle.md section 6).
-    int32_t unready = 0;
-  };
-  struct Pool {
-    ModelSpec model;
-    PoolOptions options;
-    int64_t policy_version = 0;
-    absl::flat_hash_map<std::string, Group> groups;
-    // Releases from reuse steps, by sample (absent: 0).
-    absl::flat_hash_map<std::string, int32_t> uses;
-    int64_t stale_dropped = 0;
-    int64_t incomplete_groups_dropped = 0;
-    bool schema_fixed = false;
-    std::map<std::string, FieldSchema> schema;
-    // The ragged fields' names every sample carries, once its first sample
-    // fixed them (declared `schema`s included: sample_store_schema.cc).
-    std::optional<std::set<std::string>> ragged_schema;
-    absl::flat_hash_map<std::string, std::shared_ptr<const StoredSample>> samples;
-    // Samples whose pieces are still arriving (lifecycle.md section 5).
-    OpenSamples open{&SampleStore::MemoryBytes};
-    // R2: samples' committed recompute routing (counted in stored_bytes).
-    RecomputeBook recompute_routing;
-    // Free samples by arrival sequence number: the oldest first. The map
-    // holds the sample itself, so that CreateStep takes what it selects
-    // through the map's iterators, with no lookup by id per sample: each
-    // lookup is a cache miss in tables of 10^6 entries, and three of them
-    // per sample made a step of 10^6 one-token samples grow faster than
-    // n log n (issue 18, docs/performance.md).
-    using FreeSamples = std::map<uint64_t, std::shared_ptr<const StoredSample>>;
-    FreeSamples free_by_arrival;
-    absl::flat_hash_map<std::string, uint64_t> arrival_of;
-    absl::flat_hash_map<std::string, int64_t> arrival_unix_nanos;
-    int64_t stored_bytes = 0;
-    int64_t live_steps = 0;
-    // lifecycle.md section 6 (sample_store_annotations.cc): sealed samples
-    // missing a required scalar; for samples that were sealed without one,
-    // when they got the last (a sequence number of the arrival clock, and
-    // ns since the Unix epoch), by id; samples a prepared annotation
-    // reserved, by id: its ticket.
-    int64_t unannotated = 0;
-    struct Ready {
-      uint64_t seq = 0;
-      int64_t unix_nanos = 0;
-    };
-    absl::flat_hash_map<std::string, Ready> ready_at;
-    absl::flat_hash_map<std::string, std::string> reserved;
-  };
   // A prepared annotation (PrepareAnnotations): its samples are reserved
   // until it is committed, aborted or expires.
   struct AnnotationTicket {
@@ -471,27 +377,12 @@ class SampleStore {
   };
 
   // A piece message or an open sample's snapshot, planned by the pool's
-  // OpenSamples (sample_store_lifecycle.cc): what storing `piece` would do,
+  // OpenSamples (sample_store_lifecycle.cc), with the pool's sealed sample of
+  // its id and a prepared annotation of it: what storing `piece` would do,
   // or the refusal (lifecycle.md section 5); changes nothing.
   absl::StatusOr<OpenSamples::Plan> PlanPiece(const std::string& pool_name, const Pool& pool,
                                               const StoredSample& piece) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Stores a planned piece, with its group's count of open samples; one
-  // that seals moves its sample to the free ones. The bytes it added to
-  // the store's count (what the plan said).
-  int64_t ApplyPiece(Pool& pool, const OpenSamples::Plan& plan, StoredSample piece,
-                     int64_t now_nanos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Deletes open samples (their group was dropped).
-  void EraseOpen(Pool& pool, absl::Span<const std::string> ids)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  static BatchSchema ProposeSchema(const std::vector<StoredSample>& samples);
-  // INVALID_ARGUMENT naming a field of `sample` not the pool's (or, where it
-  // has none fixed, `batch`'s), or one of those `sample` lacks.
-  absl::Status CheckSchema(const Pool& pool, const StoredSample& sample,
-                           const BatchSchema& batch) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Makes `batch` the pool's fields where none are fixed yet.
-  static void FixSchema(Pool& pool, BatchSchema batch);
 
   absl::StatusOr<PutResult> PutLocked(const std::string& pool,
                                       std::vector<StoredSample> samples,
@@ -507,16 +398,6 @@ class SampleStore {
   // and returned to the free ones (erased past max_uses).
   ReleaseResult ReleaseSamples(Pool& pool, absl::Span<const std::string> sample_ids, bool reuse)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Refuses a new sample its group cannot take (size mismatch, full group);
-  // `batch_counts` counts the batch's new samples per group so far.
-  absl::Status CheckGroup(const Pool& pool, const StoredSample& sample,
-                          const absl::flat_hash_map<std::string, int32_t>& batch_counts) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The first required scalar `sample` lacks, or null.
-  static const std::string* MissingScalar(const Pool& pool, const StoredSample& sample);
-  // The sealed `sample` (its arrival `arrival`) as selection sees it.
-  static SampleCandidate Candidate(const Pool& pool, const StoredSample& sample,
-                                   uint64_t arrival);
   // Annotations (sample_store_annotations.cc): the checks of AnnotateSamples
   // (`ticket`: the caller's own reservation, "" for none) with the bytes the
   // new scalars add; their application, logged first unless replaying.
@@ -536,21 +417,6 @@ class SampleStore {
   absl::Status CheckUnreserved(const Pool& pool, const std::string& step_id,
                                absl::Span<const SampleCandidate> candidates,
                                absl::Span<const int32_t> chosen) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // What the pool keeps about a sealed sample beside it, forgotten as it is
-  // erased.
-  void ForgetAnnotations(Pool& pool, const StoredSample& sample)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddToGroup(Pool& pool, const StoredSample& sample, int64_t now_nanos)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Free samples in ingest order as selection sees them, the first `limit`
-  // (< 0: all); with `where`, candidate i's entry of free_by_arrival too.
-  std::vector<SampleCandidate> FreeCandidates(
-      const Pool& pool, int64_t limit,
-      std::vector<Pool::FreeSamples::const_iterator>* where = nullptr) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The request's selection with the pool's policy version and bound.
-  SelectionRequest Effective(const Pool& pool, SelectionRequest selection) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Raises the pool's policy version; with drop_stale deletes free stale
   // samples. Logs both; *ticket is the last record's.
@@ -572,11 +438,6 @@ class SampleStore {
   absl::StatusOr<ReleaseResult> ReturnToFree(const std::string& pool_name, Pool& pool,
                                              absl::Span<const std::string> ids, bool log_drop)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the groups, or marks those with samples in live steps expired.
-  void ExpireGroups(Pool& pool, absl::Span<const std::string> groups)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  PoolStats StatsLocked(const std::string& pool_name, const Pool& pool) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ReleaseResult> ReleaseHoldLocked(const std::string& step_id, int64_t* ticket)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when every id is stored in `pool`, free and listed once; else the
@@ -586,7 +447,8 @@ class SampleStore {
                          const std::string& step_id,
                          absl::Span<const std::string> sample_ids) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Before a pool's first batch here: the cluster's schema becomes the pool's.
+  // Before a pool's first batch here: the cluster's schema becomes the pool's
+  // (sample_store_pools.cc).
   absl::Status FixSchemaClusterWide(const std::string& pool,
                                     const std::vector<StoredSample>& samples);
   // Stores `routing` as the recompute routing of `sample_ids` (all in

@@ -77,30 +77,6 @@ absl::Status ValidateAnnotationIds(absl::Span<const ScalarAnnotation> annotation
 
 }  // namespace
 
-const std::string* SampleStore::MissingScalar(const Pool& pool, const StoredSample& sample) {
-  for (const std::string& name : pool.options.required_scalars) {
-    if (sample.scalars.count(name) == 0) return &name;
-  }
-  return nullptr;
-}
-
-SampleCandidate SampleStore::Candidate(const Pool& pool, const StoredSample& s,
-                                       uint64_t arrival) {
-  SampleCandidate c;
-  c.sample_id = s.sample_id;
-  c.num_tokens = s.num_tokens();
-  c.policy_version = s.policy_version;
-  c.group_id = s.group_id;
-  c.group_size = s.group_size;
-  if (pool.options.required_scalars.empty()) return c;
-  if (const std::string* missing = MissingScalar(pool, s)) c.missing_scalar = *missing;
-  // On the arrival clock, so that a group an annotation completed sorts
-  // after the samples sealed before it (+1: 0 means "not keyed").
-  auto ready = pool.ready_at.find(s.sample_id);
-  c.ready_key = static_cast<int64_t>(ready == pool.ready_at.end() ? arrival : ready->second.seq) + 1;
-  return c;
-}
-
 const SampleStore::AnnotationTicket* SampleStore::ReservationOf(
     const Pool& pool, absl::string_view id, absl::Time now,
     const ScalarAnnotation** entry) const {
@@ -132,18 +108,6 @@ absl::Status SampleStore::CheckUnreserved(const Pool& pool, const std::string& s
     }
   }
   return absl::OkStatus();
-}
-
-void SampleStore::ForgetAnnotations(Pool& pool, const StoredSample& sample) {
-  if (MissingScalar(pool, sample) != nullptr) {
-    pool.unannotated--;
-    if (sample.grouped()) {
-      auto group = pool.groups.find(sample.group_id);
-      if (group != pool.groups.end()) group->second.unready--;
-    }
-  }
-  if (!pool.ready_at.empty()) pool.ready_at.erase(sample.sample_id);
-  if (!pool.reserved.empty()) pool.reserved.erase(sample.sample_id);
 }
 
 void SampleStore::ExpireTicketsLocked(absl::Time now) {
@@ -267,7 +231,7 @@ absl::Status SampleStore::ApplyAnnotations(const std::string& pool_name, Pool& p
       after = pool.open.AddScalars(id, change.scalars, logged);  // `before` stays 0
     } else {
       std::shared_ptr<const StoredSample>& slot = pool.samples.at(id);
-      const bool was_unready = MissingScalar(pool, *slot) != nullptr;
+      const bool was_unready = pool.MissingScalar(*slot) != nullptr;
       before = MemoryBytes(*slot);
       // Held by the pool's two indexes only: changed in place. Otherwise a
       // released step still streaming holds it too: copied.
@@ -280,14 +244,8 @@ absl::Status SampleStore::ApplyAnnotations(const std::string& pool_name, Pool& p
       AddLaterScalars(change.scalars, &sample);
       if (sample.logged_bytes > 0) sample.logged_bytes += logged;
       after = MemoryBytes(sample);
-      if (was_unready && MissingScalar(pool, sample) == nullptr) {
-        // Selectable from now on; a group it completes completed now.
-        pool.unannotated--;
-        if (sample.grouped()) {
-          auto group = pool.groups.find(sample.group_id);
-          if (group != pool.groups.end()) group->second.unready--;
-        }
-        pool.ready_at[id] = Pool::Ready{next_arrival_++, now_nanos};
+      if (was_unready && pool.MissingScalar(sample) == nullptr) {
+        pool.MarkReady(sample, next_arrival_++, now_nanos);
       }
     }
     pool.stored_bytes += after - before;

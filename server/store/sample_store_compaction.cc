@@ -65,7 +65,7 @@ absl::Status SampleStore::CompactLog() {
         if (sample->later_scalars.empty()) continue;
         if (auto ready = pool.ready_at.find(id); ready != pool.ready_at.end()) {
           items.push_back({2 * ready->second.seq, true, &name, sample.get()});
-        } else if (MissingScalar(pool, *sample) == nullptr &&
+        } else if (pool.MissingScalar(*sample) == nullptr &&
                    std::any_of(sample->later_scalars.begin(), sample->later_scalars.end(),
                                [&required = pool.options.required_scalars](
                                    const std::string& later) {

@@ -34,7 +34,7 @@ absl::StatusOr<SampleStore::SampleListing> SampleStore::ListSamples(
     listing.group_ids.push_back(sample.group_id);
     listing.group_sizes.push_back(sample.group_size);
     listing.policy_versions.push_back(sample.policy_version);
-    const std::string* missing = MissingScalar(pool, sample);
+    const std::string* missing = pool.MissingScalar(sample);
     listing.missing_scalars.push_back(missing == nullptr ? std::string() : *missing);
     auto ready = pool.ready_at.find(id);
     listing.ready_unix_nanos.push_back(ready == pool.ready_at.end()

@@ -1,9 +1,8 @@
-// SampleStore's sample lifecycle (../shared/spec/lifecycle.md): groups,
-// samples sent in pieces (their pool's OpenSamples), the trainer's policy
-// version and stale samples, reuse at release, and the pool statistics that
-// report them.
+// SampleStore's sample lifecycle (../shared/spec/lifecycle.md) over its
+// pools (pool.h): groups dropped for staying incomplete, samples sent in
+// pieces, the trainer's policy version and stale samples, and reuse at
+// release.
 #include <algorithm>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -29,74 +28,6 @@ absl::StatusOr<PoolOptions> SampleStore::GetOptions(const std::string& pool_name
   return it->second.options;
 }
 
-absl::Status SampleStore::CheckGroup(
-    const Pool& pool, const StoredSample& sample,
-    const absl::flat_hash_map<std::string, int32_t>& batch_counts) const {
-  if (!sample.grouped()) return absl::OkStatus();
-  int32_t stored = 0;
-  if (auto it = pool.groups.find(sample.group_id); it != pool.groups.end()) {
-    if (it->second.expired) {
-      // Its free samples are gone: it can never be complete again.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sample \"", sample.sample_id, "\": group \"", sample.group_id,
-          "\" was dropped for staying incomplete past incomplete_group_timeout_ms (",
-          pool.options.incomplete_group_timeout_ms, " ms); ", it->second.stored,
-          " of its samples are still in live steps"));
-    }
-    if (it->second.size != sample.group_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sample \"", sample.sample_id, "\": group \"", sample.group_id, "\" has group_size ",
-          it->second.size, ", this sample declares ", sample.group_size));
-    }
-    stored = it->second.stored + it->second.open;
-  }
-  int32_t in_batch = 0;
-  if (auto it = batch_counts.find(sample.group_id); it != batch_counts.end()) in_batch = it->second;
-  if (stored + in_batch + 1 > sample.group_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sample \"", sample.sample_id, "\": group \"", sample.group_id, "\" already has ",
-        stored + in_batch, " samples, its group_size is ", sample.group_size));
-  }
-  return absl::OkStatus();
-}
-
-void SampleStore::AddToGroup(Pool& pool, const StoredSample& sample, int64_t now_nanos) {
-  // Every sealed sample comes through here: one without a required scalar
-  // is counted until AnnotateSamples gives it the last.
-  const bool unready = MissingScalar(pool, sample) != nullptr;
-  if (unready) pool.unannotated++;
-  if (!sample.grouped()) return;
-  Group& group = pool.groups[sample.group_id];
-  group.size = sample.group_size;
-  if (unready) group.unready++;
-  if (group.stored++ == 0) group.first_sealed_unix_nanos = now_nanos;
-}
-
-std::vector<SampleCandidate> SampleStore::FreeCandidates(
-    const Pool& pool, int64_t limit, std::vector<Pool::FreeSamples::const_iterator>* where) const {
-  std::vector<SampleCandidate> candidates;
-  const int64_t free = static_cast<int64_t>(pool.free_by_arrival.size());
-  const size_t size = static_cast<size_t>(limit < 0 ? free : std::min(limit, free));
-  candidates.reserve(size);
-  if (where != nullptr) {
-    where->clear();
-    where->reserve(size);
-  }
-  for (auto it = pool.free_by_arrival.begin();
-       it != pool.free_by_arrival.end() && candidates.size() < size; ++it) {
-    candidates.push_back(Candidate(pool, *it->second, it->first));
-    if (where != nullptr) where->push_back(it);
-  }
-  return candidates;
-}
-
-SelectionRequest SampleStore::Effective(const Pool& pool, SelectionRequest selection) const {
-  // Staleness is judged at the request's version (lifecycle.md: 0 = unknown,
-  // no check), under its bound or else the pool's.
-  if (!selection.max_staleness.has_value()) selection.max_staleness = pool.options.max_staleness;
-  return selection;
-}
-
 absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& pool,
                                          const std::vector<std::string>& ids, int reason,
                                          const std::vector<std::string>& groups,
@@ -120,12 +51,12 @@ absl::Status SampleStore::DropFreeLocked(const std::string& pool_name, Pool& poo
   }
   for (const std::string& id : ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
   EraseSamples(pool, ids);
-  EraseOpen(pool, open_ids);
+  stored_bytes_ -= pool.EraseOpen(open_ids);
   if (reason == v1::DroppedSamplesRecord::STALE) {
     pool.stale_dropped += static_cast<int64_t>(ids.size());
   } else {
     if (count_groups) pool.incomplete_groups_dropped += static_cast<int64_t>(groups.size());
-    ExpireGroups(pool, groups);
+    pool.ExpireGroups(groups);
   }
   return absl::OkStatus();
 }
@@ -176,21 +107,6 @@ absl::StatusOr<ReleaseResult> SampleStore::ReturnToFree(const std::string& pool_
   return result;
 }
 
-void SampleStore::ExpireGroups(Pool& pool, absl::Span<const std::string> groups) {
-  // A group with samples still in live steps stays known, marked, so that it
-  // is neither counted nor dropped again and takes no late samples; it is
-  // forgotten with its last sample.
-  for (const std::string& id : groups) {
-    auto it = pool.groups.find(id);
-    if (it == pool.groups.end()) continue;
-    if (it->second.stored == 0) {
-      pool.groups.erase(it);
-    } else {
-      it->second.expired = true;
-    }
-  }
-}
-
 absl::StatusOr<DropResult> SampleStore::AdvanceVersionLocked(const std::string& pool_name,
                                                              Pool& pool, int64_t policy_version,
                                                              int64_t* ticket) {
@@ -231,7 +147,7 @@ absl::StatusOr<PoolStats> SampleStore::SetPolicyVersion(const std::string& pool_
       return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
     }
     RETURN_IF_ERROR(AdvanceVersionLocked(pool_name, it->second, policy_version, &ticket).status());
-    stats = StatsLocked(pool_name, it->second);
+    stats = it->second.Stats(pool_name);
   }
   if (log_ != nullptr && ticket > 0) RETURN_IF_ERROR(log_->Sync(ticket));
   return stats;
@@ -243,20 +159,8 @@ std::map<std::string, std::vector<std::string>> SampleStore::ExpiredGroups(
   std::map<std::string, std::vector<std::string>> expired;
   absl::ReaderMutexLock lock(&mu_);
   for (const auto& [name, pool] : pools_) {
-    const int64_t timeout_ms = pool.options.incomplete_group_timeout_ms;
-    // Past ~292 years in nanoseconds: never.
-    if (timeout_ms <= 0 || timeout_ms > std::numeric_limits<int64_t>::max() / 1'000'000) continue;
-    const int64_t limit = timeout_ms * 1'000'000;
-    for (const auto& [id, group] : pool.groups) {
-      // The clock starts at the group's first sealed sample.
-      if (!group.expired && group.stored > 0 && group.stored - group.unready < group.size &&
-          now_nanos - group.first_sealed_unix_nanos >= limit) {
-        expired[name].push_back(id);
-      }
-    }
-    if (auto it = expired.find(name); it != expired.end()) {
-      std::sort(it->second.begin(), it->second.end());
-    }
+    std::vector<std::string> groups = pool.ExpiredGroups(now_nanos);
+    if (!groups.empty()) expired.emplace(name, std::move(groups));
   }
   return expired;
 }
@@ -271,14 +175,7 @@ absl::StatusOr<DropResult> SampleStore::DropGroups(const std::string& pool_name,
     auto it = pools_.find(pool_name);
     if (it == pools_.end()) return result;
     Pool& pool = it->second;
-    std::vector<std::string> groups;
-    for (const std::string& id : group_ids) {
-      auto group = pool.groups.find(id);
-      if (group != pool.groups.end() && !group->second.expired &&
-          group->second.stored - group->second.unready < group->second.size) {
-        groups.push_back(id);
-      }
-    }
+    const std::vector<std::string> groups = pool.StillIncomplete(group_ids);
     if (groups.empty()) return result;
     const absl::flat_hash_set<std::string> doomed(groups.begin(), groups.end());
     // Only free samples: one in a live step stays until its release.
@@ -335,48 +232,6 @@ ReleaseResult SampleStore::ReleaseSamples(Pool& pool, absl::Span<const std::stri
   return result;
 }
 
-PoolStats SampleStore::StatsLocked(const std::string& pool_name, const Pool& pool) const {
-  PoolStats stats;
-  stats.pool = pool_name;
-  stats.model = pool.model;
-  stats.options = pool.options;
-  stats.num_samples = static_cast<int64_t>(pool.samples.size());
-  stats.num_open_samples = static_cast<int64_t>(pool.open.size());
-  stats.num_free_samples = static_cast<int64_t>(pool.free_by_arrival.size());
-  stats.num_live_steps = pool.live_steps;
-  stats.stored_bytes = pool.stored_bytes;
-  stats.token_fields = pool.schema;
-  if (pool.ragged_schema.has_value()) {
-    stats.ragged_fields.assign(pool.ragged_schema->begin(), pool.ragged_schema->end());
-  }
-  stats.policy_version = pool.policy_version;
-  stats.num_stale_dropped = pool.stale_dropped;
-  stats.num_incomplete_groups_dropped = pool.incomplete_groups_dropped;
-  stats.num_unannotated_samples = pool.unannotated;
-  for (const auto& [id, group] : pool.groups) {
-    if (group.expired) continue;  // counted as dropped
-    // With required scalars, complete once every member has them.
-    const int32_t sealed = group.stored - group.unready;
-    if (sealed == group.size) {
-      stats.num_complete_groups++;
-      continue;
-    }
-    stats.num_incomplete_groups++;
-    stats.incomplete_groups.push_back({id, group.size, sealed, group.first_sealed_unix_nanos});
-  }
-  std::sort(stats.incomplete_groups.begin(), stats.incomplete_groups.end(),
-            [](const GroupShareStats& a, const GroupShareStats& b) { return a.group_id < b.group_id; });
-  SelectionRequest staleness;
-  staleness.policy_version = pool.policy_version;
-  staleness.max_staleness = pool.options.max_staleness;
-  if (staleness.max_staleness.has_value() && staleness.policy_version > 0) {
-    for (const auto& [arrival, sample] : pool.free_by_arrival) {
-      if (IsStale(staleness, sample->policy_version)) stats.num_stale_samples++;
-    }
-  }
-  return stats;
-}
-
 absl::Status SampleStore::ReplayPolicyVersion(const std::string& pool_name,
                                               int64_t policy_version) {
   absl::MutexLock lock(&mu_);
@@ -411,13 +266,13 @@ absl::Status SampleStore::ReplayDrop(const v1::DroppedSamplesRecord& record) {
   }
   for (const std::string& id : ids) pool.free_by_arrival.erase(pool.arrival_of.at(id));
   EraseSamples(pool, ids);
-  EraseOpen(pool, open_ids);
+  stored_bytes_ -= pool.EraseOpen(open_ids);
   if (record.reason() == v1::DroppedSamplesRecord::STALE) {
     pool.stale_dropped += static_cast<int64_t>(ids.size()) + record.num_samples_counted();
   } else {
     pool.incomplete_groups_dropped += record.num_groups();
     std::vector<std::string> groups(record.group_ids().begin(), record.group_ids().end());
-    ExpireGroups(pool, groups);
+    pool.ExpireGroups(groups);
   }
   return absl::OkStatus();
 }
@@ -439,9 +294,9 @@ absl::Status SampleStore::ReplayUses(const v1::SampleUsesRecord& record) {
 }
 
 // Samples sent in pieces (lifecycle.md section 5): the pool's OpenSamples
-// keeps the pieces; the store adds what the rest of the pool knows (the
-// sealed sample of the id, a prepared annotation) and does what the rest of
-// the pool must (groups, byte counts, the free set).
+// keeps the pieces, the pool their groups and the free set
+// (Pool::ApplyPiece); the store adds what only it knows, a prepared
+// annotation of the sample.
 
 absl::StatusOr<OpenSamples::Plan> SampleStore::PlanPiece(const std::string& pool_name,
                                                          const Pool& pool,
@@ -452,51 +307,6 @@ absl::StatusOr<OpenSamples::Plan> SampleStore::PlanPiece(const std::string& pool
   return pool.open.PlanPiece(pool_name, pool.model, piece,
                              sealed == pool.samples.end() ? nullptr : sealed->second.get(),
                              pending);
-}
-
-int64_t SampleStore::ApplyPiece(Pool& pool, const OpenSamples::Plan& plan, StoredSample piece,
-                                int64_t now_nanos) {
-  const bool opens =
-      plan.action == OpenSamples::Action::kOpen || plan.action == OpenSamples::Action::kRestoreOpen;
-  if (opens && piece.grouped()) {
-    Group& group = pool.groups[piece.group_id];
-    group.size = piece.group_size;
-    group.open++;
-  }
-  OpenSamples::Applied applied = pool.open.ApplyPiece(plan, std::move(piece), pool.model);
-  pool.stored_bytes += applied.added_bytes;
-  stored_bytes_ += applied.added_bytes;
-  if (!applied.sealed.has_value()) return applied.added_bytes;
-
-  // Sealed: from now on it is a sample like any other, free and selectable;
-  // its ingest time is now.
-  StoredSample& sealed = *applied.sealed;
-  if (sealed.grouped()) pool.groups[sealed.group_id].open--;
-  const uint64_t arrival = next_arrival_++;
-  pool.arrival_of.emplace(sealed.sample_id, arrival);
-  pool.arrival_unix_nanos.emplace(sealed.sample_id, now_nanos);
-  AddToGroup(pool, sealed, now_nanos);
-  auto stored = std::make_shared<const StoredSample>(std::move(sealed));
-  pool.free_by_arrival.emplace(arrival, stored);
-  pool.samples.emplace(stored->sample_id, std::move(stored));
-  return applied.added_bytes;
-}
-
-void SampleStore::EraseOpen(Pool& pool, absl::Span<const std::string> ids) {
-  for (const std::string& id : ids) {
-    const StoredSample* open = pool.open.Find(id);
-    if (open == nullptr) continue;
-    if (open->grouped()) {
-      auto group = pool.groups.find(open->group_id);
-      if (group != pool.groups.end() && --group->second.open == 0 && group->second.stored == 0) {
-        pool.groups.erase(group);
-      }
-    }
-    pool.reserved.erase(id);
-    const int64_t bytes = pool.open.Erase(id);
-    pool.stored_bytes -= bytes;
-    stored_bytes_ -= bytes;
-  }
 }
 
 absl::StatusOr<SampleStore::OpenSampleState> SampleStore::GetOpenSample(

@@ -1,7 +1,10 @@
 // SampleStore's whole-pool operations (sample_store.h, "Whole pools"):
-// deleting a pool with everything it holds, and listing its samples'
-// metadata a page at a time.
+// deleting a pool with everything it holds, listing its samples' metadata a
+// page at a time, and fixing its fields (pool.h, "Schema") with the pool
+// directory before its first batch here.
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -186,7 +189,7 @@ absl::StatusOr<SampleStore::SamplePage> SampleStore::ListSamplePage(
     // A sample taken by a step still being planned has no holder yet.
     if (auto h = holder.find(*m.id); h != holder.end()) info.set_step_id(*h->second);
     info.mutable_scalars()->insert(sample.scalars.begin(), sample.scalars.end());
-    if (const std::string* missing = MissingScalar(pool, sample); missing != nullptr) {
+    if (const std::string* missing = pool.MissingScalar(sample); missing != nullptr) {
       info.set_missing_scalar(*missing);
     }
     info.set_stored_bytes(MemoryBytes(sample));
@@ -207,23 +210,58 @@ absl::StatusOr<std::vector<GroupShareStats>> SampleStore::CompleteGroups(
   if (it == pools_.end()) {
     return absl::NotFoundError(absl::StrCat("pool \"", pool_name, "\" has no registered model"));
   }
-  std::vector<GroupShareStats> complete;
-  for (const std::string& id : group_ids) {
-    auto group = it->second.groups.find(id);
-    if (group == it->second.groups.end() || group->second.expired) continue;
-    const int32_t sealed = group->second.stored - group->second.unready;
-    if (sealed != group->second.size) continue;
-    complete.push_back({id, group->second.size, sealed, group->second.first_sealed_unix_nanos});
+  return it->second.CompleteGroups(group_ids);
+}
+
+absl::Status SampleStore::FixSchemaClusterWide(const std::string& pool_name,
+                                               const std::vector<StoredSample>& samples) {
+  if (pool_directory_ == nullptr || !pool_directory_->FixesSchemasBeforePut() ||
+      samples.empty()) {
+    return absl::OkStatus();
   }
-  std::sort(complete.begin(), complete.end(),
-            [](const GroupShareStats& a, const GroupShareStats& b) { return a.group_id < b.group_id; });
-  // An id asked twice is one group.
-  complete.erase(std::unique(complete.begin(), complete.end(),
-                             [](const GroupShareStats& a, const GroupShareStats& b) {
-                               return a.group_id == b.group_id;
-                             }),
-                 complete.end());
-  return complete;
+  std::optional<std::map<std::string, FieldSchema>> declared;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = pools_.find(pool_name);
+    // An unknown pool is refused by the put itself.
+    if (it == pools_.end()) return absl::OkStatus();
+    const Pool& pool = it->second;
+    if (pool.schema_complete()) return absl::OkStatus();
+    if (pool.schema_fixed) declared = pool.schema;
+  }
+  // A later piece carries no fields of its own to propose (and is refused
+  // unless its piece 0 fixed the schema already).
+  auto first = std::find_if(samples.begin(), samples.end(), [](const StoredSample& s) {
+    return !s.piece_message.has_value() || s.piece_message->index == 0;
+  });
+  if (first == samples.end()) return absl::OkStatus();
+  // A pool that declared its token fields proposes those (every member
+  // holds the same), with its first sample's ragged names: one record in
+  // etcd fixes both for the cluster.
+  std::map<std::string, FieldSchema> proposed;
+  if (declared.has_value()) {
+    proposed = *std::move(declared);
+  } else {
+    for (const auto& [name, field] : first->token_fields) {
+      proposed[name] = FieldSchema{field.dtype, field.trailing_shape};
+    }
+  }
+  for (const auto& [name, field] : first->ragged_fields) {
+    proposed[name] = FieldSchema{field.dtype, {}, /*ragged=*/true};
+  }
+  ASSIGN_OR_RETURN(auto fixed, pool_directory_->FixSchema(pool_name, proposed));
+  // A schema fixed before ragged fields existed holds none.
+  BatchSchema batch;
+  for (auto& [name, field] : fixed) {
+    if (field.ragged) {
+      batch.ragged.insert(name);
+    } else {
+      batch.token_fields.emplace(name, std::move(field));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  pools_.at(pool_name).FixSchema(std::move(batch));
+  return absl::OkStatus();
 }
 
 }  // namespace rollpack

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "server/store/heap_bytes.h"
-#include "server/store/sample_store.h"
+#include "server/store/pool.h"
 
 namespace rollpack {
 namespace {
@@ -41,7 +41,7 @@ constexpr int64_t kSharedControlBytes = 16;
 
 }  // namespace
 
-int64_t SampleStore::MemoryBytes(const StoredSample& sample) {
+int64_t Pool::MemoryBytes(const StoredSample& sample) {
   // The object, made by make_shared (an open sample is held in the open
   // map instead: counted as sealed, within ~15% of its entry there, and its
   // count does not change when it is sealed).
