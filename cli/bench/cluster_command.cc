@@ -45,15 +45,7 @@ struct ClusterBenchConfig {
 absl::StatusOr<std::vector<std::vector<std::string>>> FetchAll(
     const std::string& address, const std::string& step_id, const v1::Topology& topology,
     int threads) {
-  std::vector<v1::RankCoords> ranks;
-  for (int d = 0; d < topology.dp(); ++d) {
-    for (int c = 0; c < topology.cp(); ++c) {
-      v1::RankCoords r;
-      r.set_dp(d);
-      r.set_cp(c);
-      ranks.push_back(r);
-    }
-  }
+  const std::vector<v1::RankCoords> ranks = AllRanks(topology);
   std::vector<std::vector<std::string>> out(ranks.size());
   std::vector<absl::Status> errors(ranks.size());
   std::atomic<size_t> next{0};

@@ -177,15 +177,7 @@ absl::StatusOr<FetchResult> FetchAllRanks(Delivery delivery, const std::vector<B
                                           const v1::Topology& topology,
                                           const std::function<absl::Status()>& on_connected) {
   const int m = static_cast<int>(members.size());
-  std::vector<v1::RankCoords> ranks;
-  for (int d = 0; d < topology.dp(); ++d) {
-    for (int c = 0; c < topology.cp(); ++c) {
-      v1::RankCoords r;
-      r.set_dp(d);
-      r.set_cp(c);
-      ranks.push_back(r);
-    }
-  }
+  const std::vector<v1::RankCoords> ranks = AllRanks(topology);
   // Per rank, a connection of its own to each member it reads from, as
   // separate trainer processes have: [rank][member].
   std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels(ranks.size());

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "rollpack/v1/rollouts.pb.h"
+#include "rollpack/v1/scheduler.pb.h"
+#include "rollpack/v1/trainer.pb.h"
 
 namespace rollpack {
 
@@ -62,6 +64,21 @@ inline v1::Sample OneTokenSample(const std::string& id, int32_t token) {
 inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Every rank of `topology`'s dp x cp grid, dp-major: the ranks a benchmark
+// fetches for, one stream each.
+inline std::vector<v1::RankCoords> AllRanks(const v1::Topology& topology) {
+  std::vector<v1::RankCoords> ranks;
+  for (int d = 0; d < topology.dp(); ++d) {
+    for (int c = 0; c < topology.cp(); ++c) {
+      v1::RankCoords r;
+      r.set_dp(d);
+      r.set_cp(c);
+      ranks.push_back(r);
+    }
+  }
+  return ranks;
 }
 
 }  // namespace rollpack
